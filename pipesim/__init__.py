@@ -1,0 +1,10 @@
+"""pipesim: a discrete-event simulator of pipeline bubbles and all-reduce cost in LLM
+inference engines, for any TP x PP split and concurrency."""
+
+from .api import predict, run
+from .errors import UserError
+from .metrics import Result
+from .scenario import Scenario, build_scenario
+
+__all__ = ["predict", "run", "build_scenario", "Scenario", "Result", "UserError"]
+__version__ = "0.1.0"

@@ -1,0 +1,277 @@
+"""The cost model: pure functions from (scenario, profile) to seconds. No SimPy here.
+
+A micro-batch's time on a stage is composed from per-operation latencies of the
+stage's layers. Each operation is read from the profile's measured table
+(interpolated, see interp.py) when it has one, else estimated by a roofline:
+
+    t = max(bytes / memory_bandwidth, flops / tensor_rate) + kernel_floor
+
+For MoE the bytes read grow with the expected number of distinct experts the batch
+touches, E * (1 - (1 - k/E)^T) under uniform routing. TP collectives come from the
+measured collective table by (group size, bytes), else from NCCL's ring model
+(base + 2(n-1) steps of latency, bytes over the ring's narrowest link); a PP hop is
+link latency + bytes / bandwidth along the box's PCIe path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .hardware import Box
+from .interp import bracket
+from .model import BYTES_PER_PARAM, Model
+from .plan import Plan
+from .profile import Profile
+
+ACT_BYTES = 2  # activations are bf16
+# NCCL's own latency model for a ring with the LL protocol (REFERENCE section 4):
+# 6.6 us base + 1.0 us per step, 2(n-1) steps for an all-reduce.
+NCCL_BASE_S, NCCL_STEP_S = 6.6e-6, 1.0e-6
+# Attention cost is smooth in context: decode contexts are bucketed to this many
+# tokens for the stage-time cache (relative error < 1% above ~3k tokens of context).
+CONTEXT_BUCKET = 32
+
+
+class Op(NamedTuple):
+    name: str
+    seconds: float   # for one layer / one occurrence
+    count: int       # occurrences in the stage
+    source: str      # "table" or "roofline"
+    kind: str        # "compute" or "tp_comm"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a micro-batch asks of a stage."""
+
+    decode: int = 0                               # decode tokens (one per request)
+    decode_ctx: int = 0                           # mean context of the decode requests
+    prefill: tuple[tuple[int, int], ...] = ()     # (chunk tokens, prefix tokens) per request
+
+    @property
+    def tokens(self) -> int:
+        return self.decode + sum(c for c, _ in self.prefill)
+
+
+def distinct_experts(tokens: float, experts: int, topk: int) -> float:
+    """Expected number of distinct experts `tokens` tokens touch under uniform top-k routing."""
+    return experts * (1.0 - (1.0 - topk / experts) ** tokens)
+
+
+class CostModel:
+    """Stage, collective and hop costs for one (box, model, plan, profile)."""
+
+    def __init__(self, box: Box, model: Model, plan: Plan, profile: Profile):
+        self.box, self.model, self.plan, self.profile = box, model, plan, profile
+        self.params = profile.params
+        self.floor_s = self.params.kernel_floor_us * 1e-6
+        self._stage_cache: dict = {}
+
+    # ---- primitive operations (per GPU) -------------------------------------------
+    def roofline(self, nbytes: float, flops: float, dtype: str = "bf16") -> float:
+        gpu = self.box.gpu
+        return max(nbytes / gpu.mem_bw_bytes_s, flops / gpu.flops(dtype)) + self.floor_s
+
+    def gemm(self, m: int, n: int, k: int, dtype: str) -> tuple[float, str]:
+        """One GEMM [m x k] @ [k x n] with weights of `dtype`."""
+        table = self.profile.gemm.get(dtype)
+        if table is not None and m >= 1:
+            ns, ks, curves = table
+            total, ok = 0.0, True
+            for i, wn in bracket(ns, n):
+                for j, wk in bracket(ks, k):
+                    curve = curves.get((ns[i], ks[j]))
+                    if curve is None:
+                        ok = False
+                        break
+                    total += wn * wk * curve(m) * 1e-3
+            if ok:
+                return total, "table"
+        nbytes = n * k * BYTES_PER_PARAM[dtype] + ACT_BYTES * (m * k + m * n)
+        return self.roofline(nbytes, 2.0 * m * n * k, dtype), "roofline"
+
+    def moe(self, tokens: int, tp: int) -> tuple[float, str]:
+        """Routed experts of one MoE layer for `tokens` tokens, split over `tp` ranks."""
+        mo, m = self.model.moe, self.model
+        base = (m.expert_dtype, m.hidden, mo.moe_intermediate, mo.topk, mo.n_routed_experts, tp)
+        for dist in (self.params.moe_distribution, "balanced"):
+            curve = self.profile.moe.get(base + (dist,))
+            if curve is not None:
+                return curve(tokens) * 1e-3, "table"
+        touched = distinct_experts(tokens, mo.n_routed_experts, mo.topk)
+        nbytes = touched * m.expert_params() * BYTES_PER_PARAM[m.expert_dtype] / tp + ACT_BYTES * tokens * m.hidden * 2
+        flops = 2.0 * tokens * mo.topk * m.expert_params() / tp
+        return self.roofline(nbytes, flops, m.expert_dtype), "roofline"
+
+    def attention_decode(self, batch: int, context: int, tp: int) -> tuple[float, str]:
+        m = self.model
+        if batch == 0:
+            return 0.0, "table"
+        heads = m.heads // tp
+        if m.mla:
+            surface = self.profile.mla_decode.get((heads,))
+            kv_elems = m.mla.kv_lora_rank + m.mla.qk_rope_head_dim
+            flops = 2.0 * batch * heads * context * (kv_elems + m.mla.kv_lora_rank)
+        else:
+            surface = self.profile.gqa_decode.get((heads, max(m.kv_heads // tp, 1), m.head_dim))
+            kv_elems = 2 * max(m.kv_heads // tp, 1) * m.head_dim
+            flops = 4.0 * batch * heads * context * m.head_dim
+        if surface is not None:
+            return surface(batch, max(context, 1)) * 1e-3, "table"
+        nbytes = batch * context * kv_elems * ACT_BYTES
+        return self.roofline(nbytes, flops), "roofline"
+
+    def attention_prefill(self, chunk: int, prefix: int, tp: int) -> tuple[float, str]:
+        """Causal attention of a `chunk`-token chunk after `prefix` cached tokens.
+
+        The table holds whole prompts (prefix 0); causal work grows as
+        chunk * (prefix + chunk / 2), so a prefix scales it by (chunk + 2 prefix) / chunk.
+        """
+        m = self.model
+        heads = m.heads // tp
+        scale = (chunk + 2.0 * prefix) / chunk
+        surface = (self.profile.mla_prefill.get((heads,)) if m.mla else
+                   self.profile.gqa_prefill.get((heads, max(m.kv_heads // tp, 1), m.head_dim)))
+        if surface is not None:
+            return surface(1, chunk) * 1e-3 * scale, "table"
+        qk = (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim) if m.mla else 2 * m.head_dim
+        flops = 2.0 * heads * chunk * (prefix + chunk / 2.0) * qk
+        return self.roofline(ACT_BYTES * chunk * m.hidden * 3 / tp, flops), "roofline"
+
+    def elementwise(self, tokens: int, width: int, passes: float = 2.0) -> tuple[float, str]:
+        """A norm / activation / rope kernel: reads and writes `passes` x tokens x width."""
+        return self.roofline(passes * tokens * width * ACT_BYTES, 0.0), "roofline"
+
+    # ---- collectives and hops --------------------------------------------------------
+    def collective(self, op: str, gpus: tuple[int, ...], nbytes: float) -> tuple[float, str]:
+        n = len(gpus)
+        if n < 2 or nbytes <= 0:
+            return 0.0, "table"
+        p = self.params
+        impls = ("custom", "nccl") if (op == "all_reduce" and n <= p.custom_allreduce_max_gpus) else ("nccl",)
+        for impl in impls:
+            curve = self.profile.collectives.get((op, impl, n))
+            if curve is not None:
+                t = curve(nbytes) * 1e-3
+                break
+        else:
+            ring = self.box.ring_links(gpus)
+            bw = min(self.box.link(d).bw_bytes_s for d in ring) if ring else self.box.gpu.mem_bw_bytes_s
+            steps, frac = (2 * (n - 1), 2.0 * (n - 1) / n) if op == "all_reduce" else (n - 1, (n - 1) / n)
+            t, impl = NCCL_BASE_S + steps * NCCL_STEP_S + frac * nbytes / bw, "roofline"
+        if op == "all_reduce":
+            t = t * p.allreduce_scale + p.allreduce_offset_us * 1e-6
+        return t, ("table" if impl != "roofline" else "roofline")
+
+    def allreduce_time(self, gpus: tuple[int, ...], nbytes: float) -> float:
+        return self.collective("all_reduce", gpus, nbytes)[0]
+
+    def hop_time(self, src_stage: int, dst_stage: int, nbytes: float) -> float:
+        """Send `nbytes` of activations from one stage to another: each of the tp ranks
+        sends 1/tp to its peer (transfers that share a link share its bandwidth), then
+        the receiving ranks all-gather the pieces."""
+        plan, box = self.plan, self.box
+        pairs = list(zip(plan.stage_gpus(src_stage), plan.stage_gpus(dst_stage)))
+        per_rank = nbytes / plan.tp
+        load: dict = {}
+        latency = 0.0
+        for a, b in pairs:
+            path = box.path(a, b)
+            latency = max(latency, sum(box.link(d).latency_s for d in path))
+            for d in path:
+                load[d] = load.get(d, 0.0) + per_rank
+        wire = max((v / box.link(d).bw_bytes_s for d, v in load.items()), default=0.0)
+        gather = self.collective("all_gather", plan.stage_gpus(dst_stage), nbytes)[0] if plan.tp > 1 else 0.0
+        return latency + wire + gather + self.params.cpu_hop_ms * 1e-3
+
+    def hop_links(self, src_stage: int, dst_stage: int) -> tuple:
+        links = set()
+        for a, b in zip(self.plan.stage_gpus(src_stage), self.plan.stage_gpus(dst_stage)):
+            links.update(self.box.path(a, b))
+        return tuple(sorted(links))
+
+    # ---- a stage -----------------------------------------------------------------------
+    def stage_ops(self, stage: int, shape: Shape) -> list[Op]:
+        """Every operation a micro-batch of `shape` runs on `stage`, per TP rank."""
+        m, tp = self.model, self.plan.tp
+        gpus = self.plan.stage_gpus(stage)
+        layers = self.plan.stage_layers(stage)
+        n_moe = sum(1 for i in layers if m.is_moe_layer(i))
+        n_dense = len(layers) - n_moe
+        T = shape.tokens
+        h, dt = m.hidden, m.attn_dtype
+        ops: list[Op] = []
+
+        def add(name, result, count, kind="compute"):
+            if count:
+                ops.append(Op(name, result[0], count, result[1], kind))
+
+        L = len(layers)
+        if stage == 0:
+            add("embedding", self.elementwise(T, h, 1.0), 1)
+            add("embedding all-reduce", self.collective("all_reduce", gpus, T * h * ACT_BYTES), 1 if tp > 1 else 0, "tp_comm")
+        # attention block
+        add("norms", self.elementwise(T, h), 2 * L)
+        if m.mla:
+            a = m.mla
+            qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+            add("q_a+kv_a proj", self.gemm(T, a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim, h, dt), L)
+            add("q_a/kv_a norms", self.elementwise(T, a.q_lora_rank + a.kv_lora_rank), L)
+            add("q_b proj", self.gemm(T, m.heads // tp * qk, a.q_lora_rank, dt), L)
+            add("kv_b proj (absorbed)", self.gemm(T, m.heads // tp * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, dt), L)
+            o_in = m.heads // tp * a.v_head_dim
+        else:
+            add("qkv proj", self.gemm(T, (m.heads // tp + 2 * max(m.kv_heads // tp, 1)) * m.head_dim, h, dt), L)
+            add("rope", self.elementwise(T, (m.heads // tp) * m.head_dim), L)
+            o_in = m.heads // tp * m.head_dim
+        add("attention decode", self.attention_decode(shape.decode, shape.decode_ctx, tp), L if shape.decode else 0)
+        for chunk, prefix in shape.prefill:
+            add("attention prefill", self.attention_prefill(chunk, prefix, tp), L)
+        add("o proj", self.gemm(T, h, o_in, dt), L)
+        tp_ar = self.collective("all_reduce", gpus, T * h * ACT_BYTES)
+        add("attention all-reduce", tp_ar, L if tp > 1 else 0, "tp_comm")
+        # MLP / MoE block
+        if n_dense:
+            inter = m.intermediate // tp
+            add("dense mlp gate_up", self.gemm(T, 2 * inter, h, dt), n_dense)
+            add("dense mlp act", self.elementwise(T, 2 * inter, 1.5), n_dense)
+            add("dense mlp down", self.gemm(T, h, inter, dt), n_dense)
+        if n_moe:
+            mo = m.moe
+            add("router gate", self.gemm(T, mo.n_routed_experts, h, "bf16"), n_moe)
+            add("routed experts", self.moe(T, tp), n_moe)
+            if mo.n_shared_experts:
+                inter = mo.n_shared_experts * mo.moe_intermediate // tp
+                add("shared expert gate_up", self.gemm(T, 2 * inter, h, dt), n_moe)
+                add("shared expert act", self.elementwise(T, 2 * inter, 1.5), n_moe)
+                add("shared expert down", self.gemm(T, h, inter, dt), n_moe)
+        add("mlp all-reduce", tp_ar, L if tp > 1 else 0, "tp_comm")
+        if stage == self.plan.pp - 1:
+            # logits only for the last token of each request (decode tokens + prefill
+            # chunks that end a prompt; counting every chunk is a small overestimate)
+            rows = shape.decode + len(shape.prefill)
+            add("final norm", self.elementwise(T, h), 1)
+            add("lm_head", self.gemm(rows, m.vocab // tp, h, m.embed_dtype), 1)
+            add("logits all-gather", self.collective("all_gather", gpus, rows * m.vocab * ACT_BYTES), 1 if tp > 1 else 0, "tp_comm")
+            add("sampling", self.elementwise(rows, m.vocab, 2.0), 1)
+        return ops
+
+    def stage_time(self, stage: int, shape: Shape) -> tuple[float, float]:
+        """(compute seconds, TP-collective seconds) of one micro-batch on one stage."""
+        ctx = shape.decode_ctx
+        if ctx > CONTEXT_BUCKET:
+            ctx = (ctx + CONTEXT_BUCKET // 2) // CONTEXT_BUCKET * CONTEXT_BUCKET
+        key = (self._stage_kind(stage), shape.decode, ctx, shape.prefill)
+        hit = self._stage_cache.get(key)
+        if hit is None:
+            ops = self.stage_ops(stage, Shape(shape.decode, ctx, shape.prefill))
+            compute = sum(o.seconds * o.count for o in ops if o.kind == "compute")
+            comm = sum(o.seconds * o.count for o in ops if o.kind == "tp_comm")
+            hit = self._stage_cache[key] = (compute, comm)
+        return hit
+
+    def _stage_kind(self, stage: int) -> tuple:
+        layers = self.plan.stage_layers(stage)
+        n_moe = sum(1 for i in layers if self.model.is_moe_layer(i))
+        return (len(layers) - n_moe, n_moe, stage == 0, stage == self.plan.pp - 1)

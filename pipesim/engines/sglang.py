@@ -1,0 +1,187 @@
+"""SGLang: its knobs, their defaults, and its pipeline-parallel scheduler loop.
+
+Source: sgl-project/sglang, python/sglang/srt/managers/scheduler_pp_mixin.py
+(`event_loop_pp`), scheduler.py, server_args.py, model_executor/model_runner.py.
+
+- The PP loop runs `pp_loop_size = pp_size + pp_async_batch_depth` micro-batch slots;
+  every stage visits them in the same fixed order; each slot owns a running batch.
+- At a slot's turn the first stage first takes that slot's previous results (it
+  blocks on the outputs relayed from the last stage), then forms the slot's next
+  batch: prefill-first (`get_next_batch_to_run`): when requests wait, a (chunked)
+  prefill batch instead of the slot's decode batch; prefill and decode never mix.
+- A request joins the slot that prefilled it and stays there until it finishes.
+- Per-slot cap `pp_max_micro_batch_size`, default `max(max_running_requests //
+  pp_size, 1)` (`Scheduler.__init__`), checked by `get_num_allocatable_reqs`;
+  the total is bounded by `max_running_requests` and free KV-cache tokens.
+- A chunked prefill is scheduler-wide (`self.chunked_req`): its next chunk goes into
+  whichever slot comes next, and is admitted even when that slot is at its cap.
+- With pp_size 1 the normal loop runs: one batch at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..errors import require
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class SGLangConfig:
+    """SGLang launch flags pipesim models. None means SGLang's own default."""
+
+    max_running_requests: int | None = None
+    pp_max_micro_batch_size: int | None = None
+    pp_async_batch_depth: int = 0
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int = 16384
+    mem_fraction_static: float | None = None
+
+    partition_rule = "sglang"
+    name = "sglang"
+
+    def validate(self) -> None:
+        for k in ("max_running_requests", "pp_max_micro_batch_size", "chunked_prefill_size", "max_prefill_tokens"):
+            v = getattr(self, k)
+            require(v is None or (isinstance(v, int) and v >= 1), f"--{k.replace('_', '-')} must be a whole number >= 1, got {v}")
+        require(isinstance(self.pp_async_batch_depth, int) and self.pp_async_batch_depth >= 0,
+                f"--pp-async-batch-depth must be a whole number >= 0, got {self.pp_async_batch_depth}")
+        f = self.mem_fraction_static
+        require(f is None or 0 < f < 1, f"--mem-fraction-static must be in (0, 1), got {f}")
+
+    def memory_fraction(self, gpu_memory_bytes: float, tp: int, pp: int) -> float:
+        """`mem_fraction_static` default (server_args.py, _handle_gpu_memory_settings):
+        reserve 512 MB + 1.5 x chunk + 2 x cuda-graph batch + tp*pp/8 GB, at least
+        10 GB on GPUs above 60 GB."""
+        if self.mem_fraction_static is not None:
+            return self.mem_fraction_static
+        mem_mb = gpu_memory_bytes / MiB
+        graph_bs = (256 if tp < 4 else 512) if mem_mb < 160 * 1024 else 512
+        reserved = 512 + max(self.chunk_size(gpu_memory_bytes), 2048) * 1.5 + graph_bs * 2 + tp * pp / 8 * 1024
+        if mem_mb > 60 * 1024:
+            reserved = max(reserved, 10 * 1024)
+        return round((mem_mb - reserved) / mem_mb, 3)
+
+    def chunk_size(self, gpu_memory_bytes: float) -> int:
+        """`chunked_prefill_size` default by GPU memory (server_args.py)."""
+        if self.chunked_prefill_size is not None:
+            return self.chunked_prefill_size
+        gb = gpu_memory_bytes / MiB / 1024
+        return 2048 if gb < 35 else 4096 if gb < 60 else 8192 if gb < 160 else 16384
+
+    def resolve(self, gpu_memory_bytes: float, plan, model, kv_tokens: int) -> "SGLangSettings":
+        # model_runner.py: req pool = clamp(kv_tokens / context_len * 512, 2048, 4096);
+        # max_running_requests = min(kv_tokens // 2, req pool) unless given.
+        pool = min(max(int(kv_tokens / model.max_context * 512), 2048), 4096)
+        mrr = self.max_running_requests or min(kv_tokens // 2, pool)
+        mrr = max(1, min(mrr, pool))
+        cap = self.pp_max_micro_batch_size or max(mrr // plan.pp, 1)
+        slots = plan.pp + self.pp_async_batch_depth if plan.pp > 1 else 1
+        return SGLangSettings(
+            max_running_requests=mrr, pp_max_micro_batch_size=cap, pp_async_batch_depth=self.pp_async_batch_depth,
+            slots=slots, chunked_prefill_size=self.chunk_size(gpu_memory_bytes),
+            max_prefill_tokens=self.max_prefill_tokens, kv_tokens=kv_tokens,
+            mem_fraction_static=self.memory_fraction(gpu_memory_bytes, plan.tp, plan.pp))
+
+
+@dataclass(frozen=True)
+class SGLangSettings:
+    """Every SGLang knob resolved to the value the engine would run with."""
+
+    max_running_requests: int
+    pp_max_micro_batch_size: int
+    pp_async_batch_depth: int
+    slots: int
+    chunked_prefill_size: int
+    max_prefill_tokens: int
+    kv_tokens: int
+    mem_fraction_static: float
+
+    def describe(self) -> dict:
+        return {"engine": "sglang", **asdict(self)}
+
+    def scheduler(self, sim) -> "SGLangScheduler":
+        return SGLangScheduler(sim, self)
+
+
+class SGLangScheduler:
+    """The first stage's scheduler loop over micro-batch slots."""
+
+    def __init__(self, sim, settings: SGLangSettings):
+        self.sim, self.s = sim, settings
+        self.slot_running: list[list] = [[] for _ in range(settings.slots)]
+        self.inflight: list = [None] * settings.slots
+        self.chunked = None            # request whose prompt is partly prefilled
+        self.cpu_s = sim.costs.params.cpu_iteration_ms * 1e-3
+
+    def run(self):
+        """One pass per slot, in SGLang's order: form and launch this slot's batch,
+        then block until the *next* slot's outputs are back and process them (so a
+        slot's results are ready when its turn comes again)."""
+        sim, n = self.sim, self.s.slots
+        while True:
+            worked = False
+            for slot in range(n):
+                batch = self.form(slot)
+                if batch is not None:
+                    yield from sim.cpu(self.cpu_s)
+                    self.inflight[slot] = sim.launch(slot, *batch)
+                    worked = True
+                nxt = (slot + 1) % n
+                mb = self.inflight[nxt]
+                if mb is not None:
+                    yield mb.returned       # outputs relayed from the last stage
+                    self.inflight[nxt] = None
+                    worked = True
+            if not worked:
+                yield sim.wait_arrival()
+
+    def form(self, slot: int):
+        """(decode requests, prefill chunks) for this slot's turn, or None."""
+        prefill = self._prefill(slot)
+        if prefill:
+            return [], prefill
+        running = self.slot_running[slot]
+        if running:
+            return list(running), []
+        return None
+
+    def _prefill(self, slot: int) -> list:
+        sim, s = self.sim, self.s
+        budget = min(s.chunked_prefill_size, s.max_prefill_tokens)
+        chunks = []
+        if self.chunked is not None:          # a chunked request continues in any slot
+            r = self.chunked
+            chunk = min(r.input_len - r.prefilled, budget)
+            chunks.append((r, chunk, r.prefilled))
+            budget -= chunk
+            if r.prefilled + chunk == r.input_len:
+                self.chunked = None
+        room = s.pp_max_micro_batch_size - len(self.slot_running[slot]) - len(chunks)
+        while sim.waiting and budget > 0 and room > 0:
+            r = sim.waiting[0]
+            if sim.running >= s.max_running_requests or sim.kv_free < r.input_len + r.output_len:
+                break
+            sim.waiting.popleft()
+            sim.admit(r)
+            chunk = min(r.input_len, budget)
+            chunks.append((r, chunk, 0))
+            budget -= chunk
+            room -= 1
+            if chunk < r.input_len:
+                self.chunked = r
+                break
+        return chunks
+
+    def on_return(self, mb, finished) -> None:
+        """Results of a slot's batch: newly prefilled requests join this slot (sticky),
+        finished ones leave it."""
+        running = self.slot_running[mb.slot]
+        for r, _, _ in mb.prefill:
+            if r.prefilled == r.input_len and r.output_len > 1:
+                r.slot = mb.slot
+                running.append(r)
+        if finished:
+            done = {id(r) for r in finished}
+            running[:] = [r for r in running if id(r) not in done]

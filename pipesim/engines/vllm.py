@@ -1,0 +1,144 @@
+"""vLLM V1: its knobs, their defaults, and its batch-queue scheduling.
+
+Source: vllm-project/vllm, vllm/v1/engine/core.py (`step_with_batch_queue`),
+vllm/config/vllm.py (`max_concurrent_batches`), vllm/v1/core/sched/scheduler.py,
+vllm/engine/arg_utils.py (`get_batch_defaults`).
+
+- Up to `max_concurrent_batches` batches in flight: pp_size (pp_size + 1 with async
+  scheduling on the V2 model runner). While the queue has room and requests can be
+  scheduled, the engine schedules and launches a new batch without blocking;
+  otherwise it blocks on the oldest batch.
+- The scheduler skips requests already in flight, so a decoding request stays in the
+  group it was first scheduled with: groups form implicitly. `max_num_seqs` caps the
+  total running requests, not each group.
+- Chunked prefill is mixed with decode in one batch under a token budget
+  (`max_num_batched_tokens`); running requests are scheduled before waiting ones.
+- Defaults for `vllm serve` on GPUs with >= 70 GiB: max_num_seqs 1024,
+  max_num_batched_tokens 8192; gpu_memory_utilization 0.9.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass
+
+from ..errors import require
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    async_scheduling: bool = False
+    gpu_memory_utilization: float = 0.9
+
+    partition_rule = "vllm"
+    name = "vllm"
+
+    def validate(self) -> None:
+        for k in ("max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, k)
+            require(v is None or (isinstance(v, int) and v >= 1), f"--{k.replace('_', '-')} must be a whole number >= 1, got {v}")
+        require(0 < self.gpu_memory_utilization < 1,
+                f"--gpu-memory-utilization must be in (0, 1), got {self.gpu_memory_utilization}")
+
+    def memory_fraction(self, gpu_memory_bytes: float, tp: int, pp: int) -> float:
+        return self.gpu_memory_utilization
+
+    def resolve(self, gpu_memory_bytes: float, plan, model, kv_tokens: int) -> "VLLMSettings":
+        big = gpu_memory_bytes >= 70 * GiB
+        seqs = self.max_num_seqs or (1024 if big else 256)
+        tokens = self.max_num_batched_tokens or (8192 if big else 2048)
+        inflight = plan.pp + 1 if (self.async_scheduling and plan.pp > 1) else (2 if self.async_scheduling else plan.pp)
+        return VLLMSettings(seqs, tokens, self.async_scheduling, inflight, kv_tokens, self.gpu_memory_utilization)
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    async_scheduling: bool
+    max_concurrent_batches: int
+    kv_tokens: int
+    gpu_memory_utilization: float
+
+    # SGLang-only names, so reports can ask every engine the same questions
+    @property
+    def max_running_requests(self) -> int:
+        return self.max_num_seqs
+
+    def describe(self) -> dict:
+        return {"engine": "vllm", **asdict(self)}
+
+    def scheduler(self, sim) -> "VLLMScheduler":
+        return VLLMScheduler(sim, self)
+
+
+class VLLMScheduler:
+    def __init__(self, sim, settings: VLLMSettings):
+        self.sim, self.s = sim, settings
+        self.active: list = []          # admitted requests, in admission order
+        self.queue: deque = deque()     # in-flight batches, oldest first
+        self.pending: dict = {}         # request id -> prompt chunks launched, not yet back
+        self.cpu_s = sim.costs.params.cpu_iteration_ms * 1e-3
+
+    def run(self):
+        sim = self.sim
+        while True:
+            if len(self.queue) < self.s.max_concurrent_batches:
+                batch = self.form()
+                if batch is not None:
+                    yield from sim.cpu(self.cpu_s)
+                    self.queue.append(sim.launch(0, *batch))
+                    continue
+            if self.queue:
+                yield self.queue.popleft().returned
+                continue
+            yield sim.wait_arrival()
+
+    def form(self):
+        sim, s = self.sim, self.s
+        budget = s.max_num_batched_tokens
+        decode, prefill = [], []
+        for r in self.active:                       # running first (vLLM V1 order)
+            if budget <= 0:
+                break
+            if r.prefilled < r.input_len:
+                # prompt chunks advance at schedule time, so a prompt can be in several batches
+                done = r.prefilled + sum(c for q, c, _ in self.pending.get(id(r), ()))
+                left = r.input_len - done
+                if left > 0:
+                    chunk = min(left, budget)
+                    prefill.append((r, chunk, done))
+                    budget -= chunk
+            elif not r.inflight:
+                decode.append(r)
+                budget -= 1
+        while sim.waiting and budget > 0 and len(self.active) < s.max_num_seqs:
+            r = sim.waiting[0]
+            if sim.kv_free < r.input_len + r.output_len:
+                break
+            sim.waiting.popleft()
+            sim.admit(r)
+            self.active.append(r)
+            chunk = min(r.input_len, budget)
+            prefill.append((r, chunk, 0))
+            budget -= chunk
+        if not decode and not prefill:
+            return None
+        for r, c, p in prefill:
+            self.pending.setdefault(id(r), []).append((r, c, p))
+        return decode, prefill
+
+    def on_return(self, mb, finished) -> None:
+        for r, c, p in mb.prefill:
+            lst = self.pending.get(id(r))
+            if lst:
+                lst.remove((r, c, p))
+                if not lst:
+                    del self.pending[id(r)]
+        if finished:
+            done = {id(r) for r in finished}
+            self.active = [r for r in self.active if id(r) not in done]

@@ -1,0 +1,247 @@
+"""Derive pipesim's kernel and collective tables from AIConfigurator measurements.
+
+AIConfigurator (github.com/ai-dynamo/aiconfigurator, Apache-2.0) publishes per-GPU
+kernel and collective latencies measured on real boxes. The raw tables stay outside
+the project (see ``../shared/reference-data/``); this module turns one system folder
+into the few narrow tables the simulator looks up, so a profile can ship its own
+derived data and cite the source.
+
+Every returned table has integer key columns, one float ``latency_ms`` column (the
+source ``latency`` is already in milliseconds) rounded to 6 significant digits, rows
+sorted by the key columns, duplicate keys averaged (the source repeats some
+measurements) and rows with missing values dropped.
+
+Unit and layout conclusions, checked against the data:
+
+* Head counts are per GPU everywhere. In ``generation_mla_perf`` and
+  ``context_mla_perf`` ``num_heads x tp_size`` is 64 for every row except the
+  128-head rows at tp 1 (a 64-head model sharded 1..64 ways, plus a 128-head model
+  at TP1), and each ``num_heads`` occurs with a single ``tp_size``: ``num_heads`` is
+  what one GPU runs, so ``tp_size`` is dropped. The GQA tables have no TP column
+  and time one GPU; shard-only counts such as 3 or 5 query heads over 1 kv head
+  (24/8, 40/8) show ``num_heads`` and ``num_key_value_heads`` are per GPU too.
+* ``nccl_perf.message_size`` counts elements of ``nccl_dtype``; only ``half`` rows
+  are kept, so ``nbytes = 2 * message_size``.
+* ``custom_allreduce_perf.message_size`` also counts elements (of
+  ``allreduce_dtype`` bfloat16), so ``nbytes = 2 * message_size``. Evidence: on
+  both boxes the CUDA-graph custom latency equals NCCL half at the *same*
+  message_size once bandwidth-bound (rtx 2 GPUs, 8 M: 0.474 vs 0.474 ms; h200
+  8 GPUs, 128 M: 1.053 vs 1.053 ms), where bytes would make it match NCCL at half
+  the count; AIConfigurator's ``collect_all_reduce.py`` also builds the tensor with
+  ``message_size`` elements. Note: on rtx_pro_6000_server the 4- and 8-GPU "custom"
+  rows track NCCL closely, down to NCCL's step at 256 K -> 512 K elements on 8 GPUs:
+  over PCIe the engine falls back to NCCL beyond 2 GPUs, so those rows are NCCL.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from pipesim.errors import UserError
+
+KERNEL_SETS = ("sglang", "vllm")
+
+# Source column -> derived column, per table family (tuples of pairs: immutable).
+_GEMM_COLS = (("m", "m"), ("n", "n"), ("k", "k"))
+_MOE_COLS = (
+    ("hidden_size", "hidden"), ("inter_size", "inter"), ("topk", "topk"),
+    ("num_experts", "experts"), ("moe_tp_size", "moe_tp"),
+    ("distribution", "distribution"), ("num_tokens", "tokens"),
+)
+_GQA_COLS = (
+    ("num_heads", "heads_per_gpu"), ("num_key_value_heads", "kv_heads_per_gpu"),
+    ("head_dim", "head_dim"), ("batch_size", "batch"),
+)
+
+
+def _read(folder: Path, stem: str) -> pd.DataFrame:
+    """Read one AIConfigurator table; missing files are a user error, not a crash."""
+    path = folder / f"{stem}.csv.gz"
+    if not path.is_file():
+        raise UserError(f"missing AIConfigurator table {path}")
+    return pd.read_csv(path)
+
+
+def _sig6(x: float) -> float:
+    """Round to 6 significant digits: plenty for ms timings, keeps CSVs small."""
+    return float(f"{x:.6g}")
+
+
+def _finish(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Apply the common contract: drop NaN, average duplicate keys, round, sort."""
+    df = df[keys + ["latency"]].dropna()
+    df = df.groupby(keys, as_index=False, sort=True)["latency"].mean()
+    df["latency_ms"] = df.pop("latency").map(_sig6).astype(float)
+    for col in keys:
+        if pd.api.types.is_numeric_dtype(df[col]):
+            df[col] = df[col].astype("int64")
+    return df.sort_values(keys, kind="mergesort").reset_index(drop=True)
+
+
+def _rename(df: pd.DataFrame, pairs: tuple[tuple[str, str], ...]) -> tuple[pd.DataFrame, list[str]]:
+    """Rename source columns to pipesim's names; return the frame and the new keys."""
+    mapping = dict(pairs)
+    return df.rename(columns=mapping), list(mapping.values())
+
+
+def _pick_kernels(raw: pd.DataFrame, kernels: dict[tuple[str, str], str],
+                  dtype_col: str) -> pd.DataFrame:
+    """Keep the rows of the named (kernel_source, source dtype) pairs, adding `dtype`."""
+    pairs = raw["kernel_source"].str.cat(raw[dtype_col], sep="|")
+    wanted = {f"{k}|{d}": name for (k, d), name in kernels.items()}
+    out = raw[pairs.isin(wanted)].copy()
+    out["dtype"] = pairs[out.index].map(wanted)
+    return out
+
+
+def _gemm(folder: Path, vllm: bool) -> pd.DataFrame:
+    """Dense GEMM latency in bf16 and in fp8 with plain (not block-wise) scales,
+    the kernels behind the engines' bf16 and fp8 linear layers; block-scaled and
+    fp4 GEMMs are left out (vLLM labels the plain one ``fp8`` as well)."""
+    kernels = ({("vllm_default", "bfloat16"): "bf16", ("vllm_default", "fp8"): "fp8"}
+               if vllm else
+               {("sglang_torch_linear", "bfloat16"): "bf16",
+                ("sglang_sgl_kernel_fp8_scaled_mm", "fp8"): "fp8"})
+    df, keys = _rename(_pick_kernels(_read(folder, "gemm_perf"), kernels, "gemm_dtype"),
+                       _GEMM_COLS)
+    return _finish(df, ["dtype"] + keys)
+
+
+def _moe(folder: Path, vllm: bool) -> pd.DataFrame:
+    """Fused MoE layer latency without expert parallelism (moe_ep_size 1).
+
+    fp8 means block-scaled fp8 on both engines, so the two kernel sets agree;
+    vLLM's per-tensor ``fp8`` rows are left out."""
+    kernels = ({("vllm_marlin_int4_moe", "int4_wo"): "int4",
+                ("vllm_fused_moe", "fp8_block"): "fp8",
+                ("vllm_fused_moe", "bfloat16"): "bf16"}
+               if vllm else
+               {("sglang_marlin_moe", "int4_wo"): "int4",
+                ("sglang_fused_moe_triton", "fp8_block"): "fp8",
+                ("sglang_fused_moe_triton", "bfloat16"): "bf16"})
+    raw = _read(folder, "moe_perf")
+    raw = raw[raw["moe_ep_size"] == 1]
+    df, keys = _rename(_pick_kernels(raw, kernels, "moe_dtype"), _MOE_COLS)
+    return _finish(df, ["dtype"] + keys)
+
+
+def _mla(folder: Path, stem: str, length_col: str, length_name: str) -> pd.DataFrame:
+    """MLA attention kernel (SGLang only), bf16 kv cache; num_heads is per GPU."""
+    raw = _read(folder, stem)
+    raw = raw[(raw["mla_dtype"] == "bfloat16") & (raw["kv_cache_dtype"] == "bfloat16")]
+    df = raw.rename(columns={"num_heads": "heads_per_gpu", "batch_size": "batch",
+                             length_col: length_name})
+    return _finish(df, ["heads_per_gpu", "batch", length_name])
+
+
+def _gqa(folder: Path, stem: str, preference: tuple[str, ...],
+         length_col: str, length_name: str) -> pd.DataFrame:
+    """GQA attention, bf16 attention and kv cache, full attention, beam 1.
+
+    Per head_dim, the first kernel in `preference` that measured that head_dim is
+    kept (the engine's default backend where it applies, else its fallback), so
+    each shape has one timing from one backend."""
+    raw = _read(folder, stem)
+    keep = ((raw["attn_dtype"] == "bfloat16") & (raw["kv_cache_dtype"] == "bfloat16")
+            & (raw["beam_width"] == 1))
+    if "window_size" in raw:  # vLLM's tables lack the column: full attention only
+        keep &= raw["window_size"] == 0
+    if length_col != "step":  # prefill: no cached prefix
+        keep &= raw["step"] == 0
+    raw = raw[keep]
+    rank = raw["kernel_source"].map({k: i for i, k in enumerate(preference)})
+    raw = raw[rank.notna()]
+    best = rank[raw.index].groupby(raw["head_dim"]).transform("min")
+    raw = raw[rank[raw.index] == best]
+    df, keys = _rename(raw, _GQA_COLS + ((length_col, length_name),))
+    return _finish(df, keys)
+
+
+def _collectives(nccl_folder: Path, custom_folder: Path) -> pd.DataFrame:
+    """NCCL (half) collectives plus the engine's CUDA-graph custom all-reduce.
+
+    Both sources count message_size in 2-byte elements (see module docstring)."""
+    nccl = _read(nccl_folder, "nccl_perf")
+    nccl = nccl[nccl["nccl_dtype"] == "half"].assign(impl="nccl")
+    custom = _read(custom_folder, "custom_allreduce_perf")
+    custom = custom[(custom["backend"].str.endswith("_graph"))
+                    & (custom["allreduce_dtype"] == "bfloat16")].assign(impl="custom")
+    df = pd.concat([nccl, custom], ignore_index=True)
+    df = df.rename(columns={"op_name": "op", "num_gpus": "gpus"})
+    df["nbytes"] = df["message_size"] * 2
+    return _finish(df, ["op", "impl", "gpus", "nbytes"])
+
+
+def build_tables(src_dir: Path, *, kernel_set: str = "sglang") -> dict[str, pd.DataFrame]:
+    """Read one AIConfigurator system folder and return pipesim's derived tables.
+
+    ``src_dir`` is a system folder such as ``.../aiconfigurator/rtx_pro_6000_server``.
+    With ``kernel_set="sglang"`` (SGLang 0.5.14 kernels) the result has gemm, moe,
+    mla_decode, mla_prefill, gqa_decode, gqa_prefill and collectives.
+
+    With ``kernel_set="vllm"`` the tables come from the ``vllm-*`` subfolder, except
+    NCCL, which is engine-independent and taken from ``src_dir``. mla_decode and
+    mla_prefill are left out: vLLM's ``mla_*_module_perf`` time the whole MLA
+    module of DeepSeek-V3 (the q/kv/o projection GEMMs included: 0.29 ms at 128
+    heads, batch 1, versus 0.017 ms for SGLang's attention kernel alone), a
+    different quantity that would double-count GEMMs; SGLang's MLA kernels are not
+    substituted because that would mix engines silently.
+    """
+    src_dir = Path(src_dir)
+    if kernel_set not in KERNEL_SETS:
+        raise UserError(f"kernel_set {kernel_set!r} unknown; use one of {', '.join(KERNEL_SETS)}")
+    if not src_dir.is_dir():
+        raise UserError(f"AIConfigurator system folder {src_dir} not found")
+    if kernel_set == "sglang":
+        # H200 has no flashinfer attention rows; SGLang's Hopper default fa3 comes next.
+        gqa_pref = ("flashinfer", "fa3", "triton")
+        return {
+            "gemm": _gemm(src_dir, vllm=False),
+            "moe": _moe(src_dir, vllm=False),
+            "mla_decode": _mla(src_dir, "generation_mla_perf", "step", "context"),
+            "mla_prefill": _mla(src_dir, "context_mla_perf", "isl", "isl"),
+            "gqa_decode": _gqa(src_dir, "generation_attention_perf", gqa_pref, "step", "context"),
+            "gqa_prefill": _gqa(src_dir, "context_attention_perf", gqa_pref, "isl", "isl"),
+            "collectives": _collectives(src_dir, src_dir),
+        }
+    subdirs = sorted(p for p in src_dir.glob("vllm-*") if p.is_dir())
+    if len(subdirs) != 1:
+        raise UserError(f"{src_dir} needs exactly one vllm-* subfolder for kernel_set vllm, "
+                        f"found {len(subdirs)}")
+    vdir = subdirs[0]
+    # With a bf16 kv cache vLLM measured only flash_attn; flashinfer rows are fp8-kv only.
+    gqa_pref = ("vllm_flashinfer", "vllm_flash_attn")
+    return {
+        "gemm": _gemm(vdir, vllm=True),
+        "moe": _moe(vdir, vllm=True),
+        "gqa_decode": _gqa(vdir, "generation_attention_perf", gqa_pref, "step", "context"),
+        "gqa_prefill": _gqa(vdir, "context_attention_perf", gqa_pref, "isl", "isl"),
+        "collectives": _collectives(src_dir, vdir),
+    }
+
+
+def _main(argv: list[str]) -> int:
+    """Self-check: print each table's size, columns and a few rows."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m pipesim.importers.aiconfigurator",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("src_dir", type=Path, help="AIConfigurator system folder")
+    parser.add_argument("--kernel-set", choices=KERNEL_SETS, default="sglang")
+    args = parser.parse_args(argv)
+    try:
+        tables = build_tables(args.src_dir, kernel_set=args.kernel_set)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for name, df in tables.items():
+        print(f"== {name}: {len(df)} rows; {', '.join(df.columns)}")
+        print(df.iloc[:: max(1, len(df) // 3)].head(4).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

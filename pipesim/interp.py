@@ -1,0 +1,67 @@
+"""Interpolation in measured latency tables.
+
+Inside a table's range: piecewise-linear between measured points (exact at every
+measured point). Above the largest measured size: proportional scaling of the last
+point (time ~ size once an operation is bandwidth- or compute-bound). Below the
+smallest: the smallest point's latency (a kernel cannot run faster than its launch).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+import numpy as np
+
+
+class Curve:
+    """Latency as a function of one size, from measured (size, latency) points."""
+
+    __slots__ = ("xs", "ys")
+
+    def __init__(self, xs, ys):
+        xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+        keep = ~(np.isnan(xs) | np.isnan(ys))
+        order = np.argsort(xs[keep])
+        self.xs = [float(v) for v in xs[keep][order]]
+        self.ys = [float(v) for v in ys[keep][order]]
+        if not self.xs:
+            raise ValueError("a curve needs at least one measured point")
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1] * x / xs[-1]
+        i = bisect_right(xs, x) - 1
+        w = (x - xs[i]) / (xs[i + 1] - xs[i])
+        return ys[i] + w * (ys[i + 1] - ys[i])
+
+
+def bracket(grid: list[float], x: float) -> list[tuple[int, float]]:
+    """Grid indices and weights that interpolate at x; outside the grid, the edge
+    point with a proportional scale factor (weight = x / edge)."""
+    if x <= grid[0]:
+        return [(0, 1.0)]
+    if x >= grid[-1]:
+        return [(len(grid) - 1, x / grid[-1])]
+    i = bisect_right(grid, x) - 1
+    if grid[i] == x:
+        return [(i, 1.0)]
+    w = (x - grid[i]) / (grid[i + 1] - grid[i])
+    return [(i, 1.0 - w), (i + 1, w)]
+
+
+class Surface:
+    """Latency over (a, b) measured on a grid of a-values, each with its own curve in b.
+
+    Used for attention (batch x context) and GEMMs ((n, k) pairs x m): the outer axis
+    is bracketed, the inner one interpolated by `Curve` on each bracketing row.
+    """
+
+    def __init__(self, rows: dict[float, Curve]):
+        self.keys = sorted(rows)
+        self.rows = [rows[k] for k in self.keys]
+
+    def __call__(self, a: float, b: float) -> float:
+        return sum(w * self.rows[i](b) for i, w in bracket(self.keys, a))

@@ -1,0 +1,245 @@
+"""Model architecture: what a decoder-only transformer is made of, from an HF config.
+
+Two families are understood:
+- dense GQA models (Llama, Qwen dense): attention with `num_key_value_heads`, SwiGLU MLP;
+- MLA + MoE models (DeepSeek-V3, Kimi K2.x): Multi-head Latent Attention, routed and
+  shared experts, the first `first_k_dense_replace` layers dense.
+
+Sizes are counted from the config (parameters x bytes per parameter), never looked up.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from .errors import UserError, require
+
+# Bytes per parameter of each weight format, with its scales:
+# int4 with one bf16 scale per group of 32 -> 4 + 16/32 = 4.5 bits;
+# fp8 with one fp32 scale per 128x128 block -> 8 + 32/16384 bits.
+BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0 + 4.0 / (128 * 128), "int4": 4.5 / 8}
+
+
+@dataclass(frozen=True)
+class MLA:
+    """Multi-head Latent Attention dimensions (DeepSeek-V2/V3 family)."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class MoE:
+    """Mixture-of-experts dimensions."""
+
+    n_routed_experts: int
+    topk: int
+    moe_intermediate: int
+    n_shared_experts: int
+    first_k_dense: int
+    layer_freq: int = 1
+
+
+@dataclass(frozen=True)
+class Model:
+    """A decoder-only transformer, as far as its cost and memory go."""
+
+    name: str
+    num_layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    max_context: int
+    mla: MLA | None = None
+    moe: MoE | None = None
+    attn_dtype: str = "bf16"      # attention projections, dense MLP, shared experts
+    expert_dtype: str = "bf16"    # routed experts
+    embed_dtype: str = "bf16"     # embedding and lm_head
+    kv_cache_dtype: str = "bf16"
+
+    # ---- structure -------------------------------------------------------------
+    def is_moe_layer(self, layer: int) -> bool:
+        m = self.moe
+        return m is not None and layer >= m.first_k_dense and (layer - m.first_k_dense) % m.layer_freq == 0
+
+    @property
+    def family(self) -> str:
+        return "mla" if self.mla else "gqa"
+
+    # ---- parameters (counted from the config) ------------------------------------
+    def attention_params(self) -> int:
+        h = self.hidden
+        if self.mla:
+            a = self.mla
+            qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+            q = h * a.q_lora_rank + a.q_lora_rank * self.heads * qk if a.q_lora_rank else h * self.heads * qk
+            kv = h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank * self.heads * (a.qk_nope_head_dim + a.v_head_dim)
+            o = self.heads * a.v_head_dim * h
+            return q + kv + o
+        return h * (self.heads + 2 * self.kv_heads) * self.head_dim + self.heads * self.head_dim * h
+
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden * self.intermediate
+
+    def expert_params(self) -> int:
+        """One routed expert (gate, up, down)."""
+        assert self.moe
+        return 3 * self.hidden * self.moe.moe_intermediate
+
+    def layer_weight_bytes(self, layer: int) -> float:
+        """Bytes of one decoder layer's weights (whole layer, before any TP split)."""
+        attn = self.attention_params() * BYTES_PER_PARAM[self.attn_dtype]
+        if self.is_moe_layer(layer):
+            m = self.moe
+            routed = m.n_routed_experts * self.expert_params() * BYTES_PER_PARAM[self.expert_dtype]
+            shared = m.n_shared_experts * self.expert_params() * BYTES_PER_PARAM[self.attn_dtype]
+            router = self.hidden * m.n_routed_experts * 2
+            return attn + routed + shared + router
+        return attn + self.dense_mlp_params() * BYTES_PER_PARAM[self.attn_dtype]
+
+    def embedding_bytes(self) -> float:
+        return self.vocab * self.hidden * BYTES_PER_PARAM[self.embed_dtype]
+
+    def total_weight_bytes(self) -> float:
+        return sum(self.layer_weight_bytes(i) for i in range(self.num_layers)) + 2 * self.embedding_bytes()
+
+    # ---- KV cache -----------------------------------------------------------------
+    def kv_bytes_per_token_per_layer(self, tp: int) -> float:
+        """KV-cache bytes one GPU holds per token per layer at tensor parallelism `tp`.
+
+        MLA caches one latent (kv_lora_rank + rope dims) per token, replicated on every
+        TP rank; GQA caches K and V of `kv_heads` heads, split over TP ranks (a head is
+        replicated when there are fewer KV heads than ranks).
+        """
+        elem = 2.0 if self.kv_cache_dtype == "bf16" else 1.0
+        if self.mla:
+            return (self.mla.kv_lora_rank + self.mla.qk_rope_head_dim) * elem
+        heads_per_gpu = max(self.kv_heads // tp, 1)
+        return 2 * heads_per_gpu * self.head_dim * elem
+
+    # ---- sharding rules -------------------------------------------------------------
+    def check_tp(self, tp: int) -> None:
+        """Raise UserError when this model cannot be split `tp` ways by tensor parallelism."""
+        require(self.heads % tp == 0,
+                f"tp={tp} does not divide {self.name}'s {self.heads} attention heads; allowed tp: "
+                f"{', '.join(str(t) for t in _divisors(self.heads))}")
+        if not self.mla:
+            require(self.kv_heads % tp == 0 or tp % self.kv_heads == 0,
+                    f"tp={tp} cannot split {self.name}'s {self.kv_heads} KV heads (need tp | kv_heads or kv_heads | tp)")
+        require(self.intermediate % tp == 0,
+                f"tp={tp} does not divide {self.name}'s MLP intermediate size {self.intermediate}")
+        if self.moe:
+            require(self.moe.moe_intermediate % tp == 0,
+                    f"tp={tp} does not divide {self.name}'s expert intermediate size {self.moe.moe_intermediate}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# ---- loading ------------------------------------------------------------------------
+
+def preset_names() -> list[str]:
+    folder = resources.files("pipesim.data").joinpath("models")
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_model(name_or_path: str | Path) -> Model:
+    """A preset name (see `preset_names()`) or the path of a Hugging Face config.json."""
+    text = str(name_or_path)
+    path = Path(text)
+    if text in preset_names():
+        raw = resources.files("pipesim.data").joinpath("models").joinpath(f"{text}.json").read_text()
+        return from_hf_config(json.loads(raw), name=text)
+    if path.suffix == ".json" or path.is_dir() or path.exists():
+        if path.is_dir():
+            path = path / "config.json"
+        require(path.is_file(), f"model config not found: {path} (give a preset name: "
+                f"{', '.join(preset_names())}, or the path of a Hugging Face config.json)")
+        try:
+            cfg = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"cannot read model config {path}: {exc}") from None
+        return from_hf_config(cfg, name=path.parent.name or path.stem)
+    raise UserError(f"unknown model '{text}'; known presets: {', '.join(preset_names())}, "
+                    "or the path of a Hugging Face config.json")
+
+
+def _get(cfg: dict, key: str, name: str, default=None):
+    cfg = cfg.get("text_config", cfg)
+    if key in cfg and cfg[key] is not None:
+        value = cfg[key]
+    elif default is not None:
+        value = default
+    else:
+        raise UserError(f"model config {name} lacks '{key}', which pipesim needs")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        require(value >= 0, f"model config {name}: '{key}' = {value} must not be negative")
+    return value
+
+
+def from_hf_config(cfg: dict, name: str = "model") -> Model:
+    """Build a `Model` from a Hugging Face-style config dict."""
+    require(isinstance(cfg, dict), f"model config {name} is not a JSON object")
+    g = lambda k, d=None: _get(cfg, k, name, d)  # noqa: E731
+    hidden, heads = int(g("hidden_size")), int(g("num_attention_heads"))
+    require(hidden > 0 and heads > 0, f"model config {name}: hidden_size and num_attention_heads must be positive")
+    mla = None
+    if _get(cfg, "kv_lora_rank", name, 0):
+        mla = MLA(int(g("q_lora_rank", 0)), int(g("kv_lora_rank")), int(g("qk_nope_head_dim")),
+                  int(g("qk_rope_head_dim")), int(g("v_head_dim")))
+    moe = None
+    n_experts = int(_get(cfg, "n_routed_experts", name, 0) or _get(cfg, "num_experts", name, 0) or 0)
+    if n_experts:
+        moe = MoE(n_experts, int(g("num_experts_per_tok")), int(g("moe_intermediate_size")),
+                  int(g("n_shared_experts", 0)), int(g("first_k_dense_replace", 0)), int(g("moe_layer_freq", 1)) or 1)
+    attn_dtype, expert_dtype = _weight_dtypes(cfg.get("quantization_config") or {}, str(g("torch_dtype", "bfloat16")))
+    model = Model(
+        name=name,
+        num_layers=int(g("num_hidden_layers")),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=int(g("num_key_value_heads", heads)),
+        head_dim=int(g("head_dim", hidden // heads)),
+        intermediate=int(g("intermediate_size")),
+        vocab=int(g("vocab_size")),
+        max_context=int(g("max_position_embeddings", 131072)),
+        mla=mla, moe=moe, attn_dtype=attn_dtype, expert_dtype=expert_dtype,
+    )
+    require(model.num_layers >= 1, f"model config {name}: num_hidden_layers must be at least 1")
+    return model
+
+
+def _weight_dtypes(quant: dict, torch_dtype: str) -> tuple[str, str]:
+    """(dtype of attention/dense weights, dtype of routed experts) from a quantization_config.
+
+    - `fp8` (DeepSeek-V3 style block fp8) quantizes every linear layer;
+    - `compressed-tensors` int4 whose `ignore` list names attention, shared experts and
+      dense MLPs (Kimi K2.x) quantizes the routed experts only.
+    """
+    base = "bf16" if torch_dtype in ("bfloat16", "float16", "half", "auto") else "bf16"
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "fp8":
+        return "fp8", "fp8"
+    if method == "compressed-tensors":
+        bits = {int(grp.get("weights", {}).get("num_bits", 16)) for grp in quant.get("config_groups", {}).values()}
+        if bits == {4}:
+            ignore = " ".join(quant.get("ignore", []))
+            attn_quantized = not re.search(r"self_attn", ignore)
+            return ("int4" if attn_quantized else base), "int4"
+        if bits == {8}:
+            return "fp8", "fp8"
+    if method:
+        raise UserError(f"quantization '{method}' is not modelled; supported: fp8 (block), "
+                        "compressed-tensors int4/int8, or none (bf16)")
+    return base, base

@@ -1,0 +1,254 @@
+"""Calibration profiles: what was measured on a box, with where each number came from.
+
+A profile is a directory:
+
+    profile.toml        name, box preset, engine and version, date, the source of every
+                        table, parameters the tables do not pin, and the launch flags of
+                        the measured deployment (if any)
+    <table>.csv.gz      measured latency tables (milliseconds), see TABLE_COLUMNS
+
+Shipped profiles live in the package `pipesim.profiles` (the repository's
+calibration/profiles); any other directory can be given by path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+
+from ._toml import toml_reader
+from .errors import UserError, require
+from .interp import Curve, Surface
+
+# Key columns of each table (latency_ms is the value). Sizes are per GPU.
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "gemm": ("dtype", "m", "n", "k"),
+    "moe": ("dtype", "hidden", "inter", "topk", "experts", "moe_tp", "distribution", "tokens"),
+    "mla_decode": ("heads_per_gpu", "batch", "context"),
+    "mla_prefill": ("heads_per_gpu", "batch", "isl"),
+    "gqa_decode": ("heads_per_gpu", "kv_heads_per_gpu", "head_dim", "batch", "context"),
+    "gqa_prefill": ("heads_per_gpu", "kv_heads_per_gpu", "head_dim", "batch", "isl"),
+    "collectives": ("op", "impl", "gpus", "nbytes"),
+}
+TEXT_COLUMNS = {"dtype", "distribution", "op", "impl"}
+
+
+@dataclass(frozen=True)
+class Params:
+    """Costs the tables do not pin. Each is measured, fitted (with its fit report in the
+    profile) or left at a stated neutral value; `profile.toml` says which."""
+
+    cpu_iteration_ms: float = 0.0     # scheduler CPU time per micro-batch iteration (stage 0)
+    cpu_hop_ms: float = 0.0           # CPU time per PP hop per micro-batch (metadata pickling)
+    allreduce_scale: float = 1.0      # this box's TP path vs its measured all-reduce table
+    allreduce_offset_us: float = 0.0  # extra fixed cost per all-reduce on this box's TP path
+    kernel_floor_us: float = 0.0      # shortest kernel on this GPU (launch + tail)
+    moe_distribution: str = "power_law_1.01"  # routing skew to read the MoE table at
+    custom_allreduce_max_gpus: int = 2  # engines use their custom all-reduce up to this many PCIe GPUs
+
+    @classmethod
+    def from_dict(cls, data: dict, origin: str) -> "Params":
+        known = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        require(not unknown, f"{origin}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        values = {}
+        for f in fields(cls):
+            if f.name not in data:
+                continue
+            v = data[f.name]
+            if f.name == "moe_distribution":
+                values[f.name] = str(v)
+                continue
+            require(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and v == v,
+                    f"{origin}: parameter {f.name} = {v!r} must be a number >= 0")
+            values[f.name] = int(v) if f.name == "custom_allreduce_max_gpus" else float(v)
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    box: str
+    engine: str
+    engine_version: str
+    params: Params
+    meta: dict = field(hash=False, compare=False)
+    tables: dict = field(hash=False, compare=False)  # name -> DataFrame
+
+    @property
+    def sources(self) -> dict:
+        return self.meta.get("sources", {})
+
+    @property
+    def deployment(self) -> dict:
+        """Engine flags of the measured deployment, used as defaults for this profile."""
+        return self.meta.get("deployment", {})
+
+    # ---- lookups built once from the tables ----------------------------------------
+    @cached_property
+    def gemm(self) -> dict:
+        """dtype -> (ns, ks, {(n, k): Curve over m})."""
+        out = {}
+        df = self.tables.get("gemm")
+        if df is None:
+            return out
+        for dtype, part in df.groupby("dtype"):
+            curves = {(int(n), int(k)): Curve(g["m"], g["latency_ms"]) for (n, k), g in part.groupby(["n", "k"])}
+            ns = sorted({n for n, _ in curves})
+            ks = sorted({k for _, k in curves})
+            out[str(dtype)] = (ns, ks, curves)
+        return out
+
+    @cached_property
+    def moe(self) -> dict:
+        """(dtype, hidden, inter, topk, experts, moe_tp, distribution) -> Curve over tokens."""
+        df = self.tables.get("moe")
+        if df is None:
+            return {}
+        keys = list(TABLE_COLUMNS["moe"][:-1])
+        return {tuple(k): Curve(g["tokens"], g["latency_ms"]) for k, g in df.groupby(keys)}
+
+    def _surfaces(self, table: str, outer: str, inner: str) -> dict:
+        df = self.tables.get(table)
+        if df is None:
+            return {}
+        keys = [c for c in TABLE_COLUMNS[table] if c not in (outer, inner)]
+        out = {}
+        for key, g in df.groupby(keys):
+            key = key if isinstance(key, tuple) else (key,)
+            rows = {float(o): Curve(r[inner], r["latency_ms"]) for o, r in g.groupby(outer)}
+            out[tuple(int(k) for k in key)] = Surface(rows)
+        return out
+
+    @cached_property
+    def mla_decode(self) -> dict:
+        """(heads_per_gpu,) -> Surface over (batch, context)."""
+        return self._surfaces("mla_decode", "batch", "context")
+
+    @cached_property
+    def mla_prefill(self) -> dict:
+        """(heads_per_gpu,) -> Surface over (batch, isl)."""
+        return self._surfaces("mla_prefill", "batch", "isl")
+
+    @cached_property
+    def gqa_decode(self) -> dict:
+        return self._surfaces("gqa_decode", "batch", "context")
+
+    @cached_property
+    def gqa_prefill(self) -> dict:
+        return self._surfaces("gqa_prefill", "batch", "isl")
+
+    @cached_property
+    def collectives(self) -> dict:
+        """(op, impl, gpus) -> Curve over nbytes."""
+        df = self.tables.get("collectives")
+        if df is None:
+            return {}
+        return {(str(o), str(i), int(n)): Curve(g["nbytes"], g["latency_ms"])
+                for (o, i, n), g in df.groupby(["op", "impl", "gpus"])}
+
+
+# ---- loading and writing -----------------------------------------------------------------
+
+def _shipped():
+    """Where the shipped profiles are: the installed package `pipesim.profiles`, or
+    calibration/profiles beside the source when pipesim runs uninstalled."""
+    try:
+        return resources.files("pipesim.profiles")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "calibration" / "profiles"
+
+
+def profile_names() -> list[str]:
+    root = _shipped()
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and p.joinpath("profile.toml").is_file())
+
+
+def _profile_dir(name_or_path: str | Path):
+    text = str(name_or_path)
+    if text in profile_names():
+        return _shipped().joinpath(text)
+    path = Path(text)
+    require(path.is_dir() and (path / "profile.toml").is_file(),
+            f"unknown profile '{text}'; known: {', '.join(profile_names()) or 'none'}, "
+            "or a directory holding profile.toml")
+    return path
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    folder = _profile_dir(name_or_path)
+    meta_file = folder.joinpath("profile.toml")
+    try:
+        meta = toml_reader.loads(meta_file.read_text())
+    except toml_reader.TOMLDecodeError as exc:
+        raise UserError(f"{meta_file}: not valid TOML: {exc}") from None
+    for key in ("name", "box", "engine"):
+        require(key in meta, f"{meta_file}: missing '{key}'")
+    params = Params.from_dict(meta.get("params", {}), str(meta_file))
+    tables = {}
+    for table in TABLE_COLUMNS:
+        f = folder.joinpath(f"{table}.csv.gz")
+        if f.is_file():
+            with f.open("rb") as fh:
+                tables[table] = read_table(fh, table, str(f))
+    return Profile(str(meta["name"]), str(meta["box"]), str(meta["engine"]), str(meta.get("engine_version", "")),
+                   params, meta, tables)
+
+
+def read_table(source, table: str, origin: str) -> pd.DataFrame:
+    """Read and check one table: required columns, numbers where numbers belong, no NaN,
+    latencies > 0, sizes >= 1. Errors name the file, the row and the column."""
+    try:
+        df = pd.read_csv(source, compression="gzip" if origin.endswith(".gz") else None)
+    except Exception as exc:  # pandas raises many types for a malformed file
+        raise UserError(f"{origin}: cannot read as CSV ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    needed = TABLE_COLUMNS[table] + ("latency_ms",)
+    missing = [c for c in needed if c not in df.columns]
+    require(not missing, f"{origin}: missing column(s) {', '.join(missing)}; needed: {', '.join(needed)}")
+    for col in needed:
+        if col in TEXT_COLUMNS:
+            bad = df[col].isna()
+        else:
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+            bad = df[col].isna()
+            if not bad.any():
+                bad = df[col] <= 0 if col == "latency_ms" else df[col] < 1
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            raise UserError(f"{origin}: line {row + 2}, column {col}: value {df[col].iloc[row]!r} is not allowed "
+                            f"({'a latency > 0 in ms' if col == 'latency_ms' else 'a text value' if col in TEXT_COLUMNS else 'a size >= 1'})")
+    return df
+
+
+def write_profile(out_dir: str | Path, meta: dict, tables: dict[str, pd.DataFrame]) -> Path:
+    """Write a profile directory atomically: everything goes to a sibling temporary
+    directory that replaces `out_dir` only once complete."""
+    import shutil
+    import tempfile
+
+    from ._toml import dumps
+
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp.chmod(0o755)
+    try:
+        for name, df in tables.items():
+            require(name in TABLE_COLUMNS, f"unknown table {name}")
+            # mtime=0 keeps rebuilt files byte-identical when their content is
+            df.to_csv(tmp / f"{name}.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
+        (tmp / "profile.toml").write_text(dumps(meta))
+        old = out.with_name(f".{out.name}.old")
+        if out.exists():
+            out.rename(old)
+        tmp.rename(out)
+        if old.exists():
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,49 @@
+"""Reports: the short human table and the machine-readable JSON of a `Result`."""
+
+from __future__ import annotations
+
+import json
+
+from .metrics import Result
+
+
+def to_json(result: Result) -> str:
+    return json.dumps(result.to_dict(), indent=2, allow_nan=False)
+
+
+def _ms(v: float) -> str:
+    return "-" if v != v else f"{v:,.1f} ms"
+
+
+def table(result: Result) -> str:
+    r, sc = result, result.scenario
+    eng = sc["engine"]
+    w = sc["workload"]
+    load = (f"C={w['concurrency']} closed loop" if w["kind"] == "closed" else
+            f"{w['rate_rps']} req/s Poisson" if w["kind"] == "poisson" else f"trace {w['trace']}")
+    lines = [
+        f"pipesim  {sc['model']} on {sc['box']} ({sc['profile']})",
+        f"  TP{sc['tp']} x PP{sc['pp']}  layers {','.join(map(str, sc['layers_per_stage']))}  "
+        f"{eng['engine']}  {load}  in/out {w.get('input_len', '-')}/{w.get('output_len', '-')} tokens",
+    ]
+    if eng["engine"] == "sglang":
+        lines.append(f"  max_running_requests {eng['max_running_requests']}  per-slot cap {eng['pp_max_micro_batch_size']}  "
+                     f"slots {eng['slots']} (async depth {eng['pp_async_batch_depth']})  KV {sc['kv_cache_tokens']:,} tokens")
+    else:
+        lines.append(f"  max_num_seqs {eng['max_num_seqs']}  batches in flight {eng['max_concurrent_batches']}  "
+                     f"KV {sc['kv_cache_tokens']:,} tokens")
+    sh = r.time_shares
+    lines += [
+        "",
+        f"  output throughput     {r.output_throughput_tok_s:10,.1f} tok/s   ({r.request_throughput_req_s:.2f} req/s)",
+        f"  per-request decode    {r.per_request_tok_s:10,.1f} tok/s",
+        f"  TTFT   p50 / p99      {_ms(r.ttft_ms_p50):>12} / {_ms(r.ttft_ms_p99)}",
+        f"  TPOT   p50 / p99      {_ms(r.tpot_ms_p50):>12} / {_ms(r.tpot_ms_p99)}",
+        f"  requests/micro-batch  {r.mean_requests_per_microbatch:10.1f}   (decode batches: {r.mean_decode_batch:.1f})",
+        "",
+        f"  GPU time: compute {sh['compute']:.0%}  all-reduce {sh['allreduce']:.0%}  idle (bubble) {sh['idle']:.0%};"
+        f"  P2P links busy {r.p2p_share:.0%}, scheduler CPU busy {r.cpu_share:.0%}",
+        "  stage busy: " + "  ".join(f"s{i} {b:.0%}" for i, b in enumerate(r.stage_busy_fraction)),
+        f"  ({r.completed_requests} requests measured; {r.sim_events:,} events in {r.sim_wall_s:.2f} s)",
+    ]
+    return "\n".join(lines)

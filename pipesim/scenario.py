@@ -1,0 +1,101 @@
+"""A scenario: every input of one prediction, validated and resolved.
+
+Box, model, parallel plan, engine knobs (resolved to the values the engine would run
+with), workload and calibration profile. Knobs are resolved in this order: what the
+user gave, else the launch flags of the profile's measured deployment, else the
+engine's own default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from .engines import ENGINES
+from .errors import UserError, require
+from .hardware import Box, load_box
+from .memory import Memory, plan_memory
+from .model import Model, load_model
+from .plan import Plan, make_plan
+from .profile import Profile, load_profile
+from .workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Workload, closed_loop, from_trace, poisson
+
+DEFAULT_PROFILE = "rtx-pro-6000-sglang-healthy"
+DEFAULT_MODEL = "kimi-k2.6"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    box: Box
+    model: Model
+    plan: Plan
+    engine: object          # SGLangConfig | VLLMConfig, as given
+    settings: object        # SGLangSettings | VLLMSettings, resolved
+    memory: Memory
+    workload: Workload
+    profile: Profile
+
+    def describe(self) -> dict:
+        """Every resolved input, for reports and --json."""
+        m = self.memory
+        return {
+            "box": self.box.name,
+            "gpu": self.box.gpu.name,
+            "model": self.model.name,
+            "profile": self.profile.name,
+            "tp": self.plan.tp,
+            "pp": self.plan.pp,
+            "layers_per_stage": list(self.plan.layers_per_stage),
+            "engine": self.settings.describe(),
+            "workload": self.workload.describe(),
+            "weights_per_gpu_gib": [round(w / 2**30, 2) for w in m.weights_per_gpu_bytes],
+            "kv_cache_tokens": m.kv_tokens,
+            "profile_params": {f.name: getattr(self.profile.params, f.name) for f in fields(self.profile.params)},
+        }
+
+
+def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, model: str | Model = DEFAULT_MODEL,
+                   profile: str | Profile = DEFAULT_PROFILE, engine: str | None = None, box: str | None = None,
+                   layers: tuple[int, ...] | None = None, rate_rps: float | None = None,
+                   num_requests: int | None = None, trace: str | None = None,
+                   input_len: str | int = DEFAULT_INPUT_LEN, output_len: str | int = DEFAULT_OUTPUT_LEN,
+                   seed: int = 0, **knobs) -> Scenario:
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    engine_name = engine or prof.engine
+    require(engine_name in ENGINES, f"unknown engine '{engine_name}'; known: {', '.join(ENGINES)}")
+    config_cls = ENGINES[engine_name]
+    allowed = {f.name for f in fields(config_cls)}
+    unknown = sorted(k for k, v in knobs.items() if v is not None and k not in allowed)
+    require(not unknown, f"{', '.join(unknown)} is not a {engine_name} knob; {engine_name} knobs: {', '.join(sorted(allowed))}")
+    values = {k: v for k, v in prof.deployment.items() if k in allowed} if engine_name == prof.engine else {}
+    values.update({k: v for k, v in knobs.items() if v is not None and k in allowed})
+    config = config_cls(**values)
+    config.validate()
+
+    bx = load_box(box or prof.box)
+    mdl = model if isinstance(model, Model) else load_model(model)
+    plan = make_plan(tp, pp, mdl.num_layers, bx.gpu_count, config.partition_rule, layers)
+    mdl.check_tp(tp)
+    fraction = config.memory_fraction(bx.gpu.memory_bytes, tp, pp)
+    memory = plan_memory(bx, mdl, plan, fraction, engine_name)
+
+    workload = _workload(concurrency, rate_rps, num_requests, trace, input_len, output_len, seed)
+    need = workload.max_request_tokens
+    require(memory.kv_tokens >= need,
+            f"the KV cache holds {memory.kv_tokens} tokens at tp={tp} pp={pp}, but one request needs {need} "
+            f"(input + output); shorten the request or use more GPUs")
+    settings = config.resolve(bx.gpu.memory_bytes, plan, mdl, memory.kv_tokens)
+    return Scenario(bx, mdl, plan, config, settings, memory, workload, prof)
+
+
+def _workload(concurrency, rate_rps, num_requests, trace, input_len, output_len, seed) -> Workload:
+    require(isinstance(seed, int) and seed >= 0, f"seed must be a whole number >= 0, got {seed}")
+    given = [n for n, v in (("concurrency", concurrency), ("rate", rate_rps), ("trace", trace)) if v is not None]
+    require(len(given) <= 1, f"give one of concurrency, rate or trace, not {' and '.join(given)}")
+    if trace is not None:
+        require(num_requests is None or num_requests >= 1, f"number of requests must be >= 1, got {num_requests}")
+        return from_trace(trace, num_requests or 0, seed)
+    if rate_rps is not None:
+        return poisson(rate_rps, num_requests or 200, input_len, output_len, seed)
+    if concurrency is None:
+        raise UserError("give a concurrency (--conc), an arrival rate (--rate) or a trace (--trace)")
+    return closed_loop(concurrency, input_len, output_len, seed)

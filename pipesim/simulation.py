@@ -1,0 +1,295 @@
+"""The discrete-event simulation (SimPy): stages, links, micro-batches, requests.
+
+One long-lived process per pipeline stage (its TP group of GPUs, which run in
+lock-step) takes micro-batches from its inbox in order, computes, runs its TP
+collectives, and hands the micro-batch to the hop process towards the next stage.
+After the last stage the sampled tokens travel back to the first stage, where the
+engine's scheduler (engines/) processes them and forms the next micro-batches.
+
+Links that more than one user crosses (a stage's TP ring, a PP hop, the token relay)
+are SimPy resources: a transfer holds the links it crosses, so TP traffic and PP hops
+that share a PCIe link wait for each other. Links only one user crosses need no
+resource: their cost is already in that user's time.
+
+Every busy interval is recorded once in `Recorder`; metrics.py derives the rest.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from .costs import CostModel, Shape
+from .workload import Workload
+
+ACT_BYTES = 2
+TOKEN_ID_BYTES = 4
+
+
+class Request:
+    __slots__ = ("rid", "arrival_s", "input_len", "output_len", "prefilled", "generated", "slot",
+                 "first_token_s", "finish_s", "client", "kv_reserved", "inflight")
+
+    def __init__(self, rid: int, arrival_s: float, input_len: int, output_len: int, client: int = -1):
+        self.rid, self.arrival_s, self.client = rid, arrival_s, client
+        self.input_len, self.output_len = input_len, output_len
+        self.prefilled = 0          # prompt tokens whose KV is computed
+        self.generated = 0          # output tokens produced
+        self.slot = -1              # SGLang micro-batch slot (sticky once prefilled)
+        self.first_token_s = -1.0
+        self.finish_s = -1.0
+        self.kv_reserved = 0
+        self.inflight = False
+
+    @property
+    def context(self) -> int:
+        return self.prefilled + self.generated
+
+
+class MicroBatch:
+    __slots__ = ("seq", "slot", "decode", "prefill", "shape", "returned", "launch_s")
+
+    def __init__(self, seq: int, slot: int, decode: list, prefill: list, env: simpy.Environment):
+        self.seq, self.slot = seq, slot
+        self.decode = decode            # requests decoding one token
+        self.prefill = prefill          # (request, chunk tokens, prefix tokens)
+        ctx = sum(r.context for r in decode) // len(decode) if decode else 0
+        self.shape = Shape(len(decode), ctx, tuple((c, p) for _, c, p in prefill))
+        self.returned = env.event()
+        self.launch_s = env.now
+
+    @property
+    def size(self) -> int:
+        return len(self.decode) + len(self.prefill)
+
+
+@dataclass
+class Recorder:
+    """What happened, recorded once: busy intervals by resource and cause, tokens out."""
+
+    stages: int
+    compute: list = field(default_factory=list)    # per stage: [(start, end)]
+    comm: list = field(default_factory=list)       # per stage: [(start, end)] TP collectives
+    hops: dict = field(default_factory=dict)       # name -> [(start, end)]
+    cpu: list = field(default_factory=list)        # scheduler CPU [(start, end)]
+    tokens: list = field(default_factory=list)     # (time, output tokens) at each return
+    batches: list = field(default_factory=list)    # (launch time, slot, requests, kind)
+    link_wait: list = field(default_factory=list)  # (start, end) waits for a shared link
+
+    def __post_init__(self):
+        self.compute = [[] for _ in range(self.stages)]
+        self.comm = [[] for _ in range(self.stages)]
+
+
+class Simulation:
+    """The pipeline and the request bookkeeping an engine scheduler drives."""
+
+    def __init__(self, costs: CostModel, workload: Workload, engine_factory, settings,
+                 warmup_requests: int, measure_requests: int):
+        self.env = env = simpy.Environment()
+        self.costs, self.workload, self.settings = costs, workload, settings
+        plan = costs.plan
+        self.pp = plan.pp
+        self.rec = Recorder(plan.pp)
+        self.rng = np.random.default_rng(workload.seed)
+        self.waiting: deque[Request] = deque()
+        self.requests: list[Request] = []
+        self.kv_free = settings.kv_tokens
+        self.running = 0                      # admitted, not finished
+        self.completed = 0
+        self.target = warmup_requests + measure_requests
+        self.warmup_requests = warmup_requests
+        self.warmup_end_s = 0.0
+        self.stop = env.event()
+        self._arrival = env.event()
+        self._seq = 0
+        self._links = self._shared_links()
+        self.inbox = [simpy.Store(env) for _ in range(plan.pp)]
+        self.hop_box = [simpy.Store(env) for _ in range(plan.pp)]   # hop s -> s+1; last: relay to 0
+        for s in range(plan.pp):
+            env.process(self._stage(s))
+            env.process(self._hop(s))
+        self.scheduler = engine_factory(self)
+        env.process(self.scheduler.run())
+        env.process(self._arrivals())
+
+    # ---- links shared by more than one user -------------------------------------
+    def _shared_links(self) -> dict:
+        plan, box, costs = self.costs.plan, self.costs.box, self.costs
+        users: dict = {}
+        for s in range(plan.pp):
+            users[("ar", s)] = box.ring_links(plan.stage_gpus(s)) if plan.tp > 1 else ()
+            nxt = (s + 1) % plan.pp
+            users[("hop", s)] = costs.hop_links(s, nxt) if plan.pp > 1 else ()
+        count: dict = {}
+        for links in users.values():
+            for d in links:
+                count[d] = count.get(d, 0) + 1
+        resources = {d: simpy.Resource(self.env) for d, n in sorted(count.items()) if n > 1}
+        return {u: [resources[d] for d in links if d in resources] for u, links in users.items()}
+
+    def _hold(self, resources: list):
+        """Acquire links one by one in a global order (no deadlock); returns requests."""
+        held = []
+        t0 = self.env.now
+        for r in resources:
+            req = r.request()
+            yield req
+            held.append(req)
+        if self.env.now > t0:
+            self.rec.link_wait.append((t0, self.env.now))
+        return held
+
+    @staticmethod
+    def _release(resources: list, held: list) -> None:
+        for r, req in zip(resources, held):
+            r.release(req)
+
+    # ---- pipeline processes ---------------------------------------------------------
+    def _stage(self, s: int):
+        env, costs, rec = self.env, self.costs, self.rec
+        inbox, out = self.inbox[s], self.hop_box[s]
+        ar_links = self._links[("ar", s)]
+        while True:
+            mb = yield inbox.get()
+            compute_s, comm_s = costs.stage_time(s, mb.shape)
+            t0 = env.now
+            yield env.timeout(compute_s)
+            rec.compute[s].append((t0, env.now))
+            if comm_s:
+                held = (yield from self._hold(ar_links)) if ar_links else []
+                t1 = env.now
+                yield env.timeout(comm_s)
+                rec.comm[s].append((t1, env.now))
+                self._release(ar_links, held)
+            out.put(mb)
+
+    def _hop(self, s: int):
+        """Activations from stage s to s+1; from the last stage, sampled token ids back to
+        stage 0 (relayed as SGLang does, point to point along the ring)."""
+        env, costs, rec = self.env, self.costs, self.rec
+        last = s == self.pp - 1
+        links = self._links[("hop", s)]
+        name = f"stage{s}->stage{(s + 1) % self.pp}"
+        log = rec.hops.setdefault(name, [])
+        hidden = costs.model.hidden
+        while True:
+            mb = yield self.hop_box[s].get()
+            if self.pp > 1:
+                if last:
+                    t = costs.hop_time(s, 0, mb.size * TOKEN_ID_BYTES)
+                else:
+                    # hidden states + residual, bf16, for every token of the micro-batch
+                    t = costs.hop_time(s, s + 1, mb.shape.tokens * 2 * hidden * ACT_BYTES)
+                held = (yield from self._hold(links)) if links else []
+                t0 = env.now
+                yield env.timeout(t)
+                log.append((t0, env.now))
+                self._release(links, held)
+            if last:
+                self._complete(mb)
+            else:
+                self.inbox[s + 1].put(mb)
+
+    # ---- requests ---------------------------------------------------------------------
+    def launch(self, slot: int, decode: list, prefill: list) -> MicroBatch:
+        """The engine hands a formed micro-batch to the first stage."""
+        mb = MicroBatch(self._seq, slot, decode, prefill, self.env)
+        self._seq += 1
+        for r in decode:
+            r.inflight = True
+        for r, _, _ in prefill:
+            r.inflight = True
+        self.rec.batches.append((self.env.now, slot, mb.size, "decode" if not prefill else ("prefill" if not decode else "mixed")))
+        self.inbox[0].put(mb)
+        return mb
+
+    def cpu(self, seconds: float):
+        """Scheduler CPU time on the first stage (a generator to `yield from`)."""
+        if seconds > 0:
+            t0 = self.env.now
+            yield self.env.timeout(seconds)
+            self.rec.cpu.append((t0, self.env.now))
+
+    def admit(self, req: Request) -> None:
+        """Reserve KV for the whole request (prompt + output) at admission."""
+        req.kv_reserved = req.input_len + req.output_len
+        self.kv_free -= req.kv_reserved
+        self.running += 1
+
+    def _complete(self, mb: MicroBatch) -> None:
+        """Sampled tokens are back on the first stage: update requests, free finished ones."""
+        now = self.env.now
+        produced = 0
+        finished = []
+        for r, chunk, _ in mb.prefill:
+            r.inflight = False
+            r.prefilled += chunk
+            if r.prefilled == r.input_len:
+                r.generated = 1
+                r.first_token_s = now
+                produced += 1
+                if r.output_len == 1:
+                    finished.append(r)
+        for r in mb.decode:
+            r.inflight = False
+            r.generated += 1
+            produced += 1
+            if r.generated == r.output_len:
+                finished.append(r)
+        self.rec.tokens.append((now, produced))
+        for r in finished:
+            r.finish_s = now
+            self.kv_free += r.kv_reserved
+            self.running -= 1
+            self.completed += 1
+            if self.completed == self.warmup_requests:
+                self.warmup_end_s = now
+            if self.completed >= self.target and not self.stop.triggered:
+                self.stop.succeed()
+        self.scheduler.on_return(mb, finished)
+        mb.returned.succeed(finished)
+        for r in finished:
+            if self.workload.kind == "closed" and not self.stop.triggered:
+                self._arrive(r.client)
+
+    def _arrive(self, client: int = -1, input_len: int | None = None, output_len: int | None = None) -> None:
+        w = self.workload
+        if input_len is None:
+            input_len = int(w.input_len.sample(self.rng, 1)[0])
+            output_len = int(w.output_len.sample(self.rng, 1)[0])
+        req = Request(len(self.requests), self.env.now, input_len, output_len, client)
+        self.requests.append(req)
+        self.waiting.append(req)
+        if not self._arrival.triggered:
+            self._arrival.succeed()
+
+    def wait_arrival(self):
+        """An event that fires at the next arrival (the engine's idle wait)."""
+        if self._arrival.triggered:
+            self._arrival = self.env.event()
+        return self._arrival
+
+    def _arrivals(self):
+        w, env = self.workload, self.env
+        if w.kind == "closed":
+            for c in range(w.concurrency):
+                self._arrive(c)
+            return
+        if w.kind == "poisson":
+            gaps = self.rng.exponential(1.0 / w.rate_rps, size=w.num_requests)
+            for gap in gaps:
+                yield env.timeout(float(gap))
+                self._arrive()
+            return
+        for arrival_s, n_in, n_out in w.trace:
+            if arrival_s > env.now:
+                yield env.timeout(arrival_s - env.now)
+            self._arrive(-1, n_in, n_out)
+        yield env.timeout(0)
+
+    def run(self, max_sim_s: float) -> None:
+        self.env.run(until=simpy.AnyOf(self.env, [self.stop, self.env.timeout(max_sim_s)]))

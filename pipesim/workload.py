@@ -1,0 +1,124 @@
+"""Workloads: who sends requests, when, and how long they are.
+
+- closed loop: C clients, each sends its next request when its last one finishes
+  (the reference deployment's benchmark);
+- open loop: Poisson arrivals at a rate;
+- trace: replay of a CSV with arrival_s,input_tokens,output_tokens.
+
+All randomness comes from one numpy Generator seeded from the workload's seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import UserError, require
+
+# The default stands for the reference deployment's benchmark: generic coding /
+# explanation prompts, short prompts and a few hundred output tokens (REFERENCE 1).
+DEFAULT_INPUT_LEN = "256"
+DEFAULT_OUTPUT_LEN = "300"
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """A token-length distribution: fixed (lo == hi) or uniform on [lo, hi]."""
+
+    lo: int
+    hi: int
+
+    @classmethod
+    def parse(cls, text: str | int, what: str) -> "Lengths":
+        s = str(text).strip()
+        try:
+            lo, hi = (int(p) for p in s.split(":", 1)) if ":" in s else (int(s), int(s))
+        except ValueError:
+            raise UserError(f"{what} '{s}' is not a token count; allowed: N (fixed) or LO:HI (uniform), whole numbers >= 1") from None
+        require(1 <= lo <= hi, f"{what} '{s}': need 1 <= LO <= HI")
+        return cls(lo, hi)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.lo == self.hi:
+            return np.full(n, self.lo, dtype=np.int64)
+        return rng.integers(self.lo, self.hi + 1, size=n)
+
+    @property
+    def mean(self) -> float:
+        return (self.lo + self.hi) / 2
+
+    def __str__(self) -> str:
+        return str(self.lo) if self.lo == self.hi else f"{self.lo}:{self.hi}"
+
+
+@dataclass(frozen=True)
+class Workload:
+    kind: str                    # "closed", "poisson" or "trace"
+    input_len: Lengths
+    output_len: Lengths
+    concurrency: int = 0         # closed loop
+    rate_rps: float = 0.0        # poisson
+    num_requests: int = 0        # poisson / trace: how many to send (0: all of the trace)
+    trace: tuple = ()            # trace rows (arrival_s, input_tokens, output_tokens)
+    trace_path: str = ""
+    seed: int = 0
+
+    @property
+    def max_request_tokens(self) -> int:
+        if self.kind == "trace":
+            return max(i + o for _, i, o in self.trace)
+        return self.input_len.hi + self.output_len.hi
+
+    def describe(self) -> dict:
+        d = {"kind": self.kind, "seed": self.seed}
+        if self.kind == "closed":
+            d.update(concurrency=self.concurrency, input_len=str(self.input_len), output_len=str(self.output_len))
+        elif self.kind == "poisson":
+            d.update(rate_rps=self.rate_rps, num_requests=self.num_requests,
+                     input_len=str(self.input_len), output_len=str(self.output_len))
+        else:
+            d.update(trace=self.trace_path, num_requests=len(self.trace))
+        return d
+
+
+def closed_loop(concurrency: int, input_len="256", output_len="300", seed: int = 0) -> Workload:
+    require(isinstance(concurrency, int) and concurrency >= 1, f"concurrency must be a whole number >= 1, got {concurrency}")
+    return Workload("closed", Lengths.parse(input_len, "input length"), Lengths.parse(output_len, "output length"),
+                    concurrency=concurrency, seed=seed)
+
+
+def poisson(rate_rps: float, num_requests: int, input_len="256", output_len="300", seed: int = 0) -> Workload:
+    require(rate_rps > 0, f"arrival rate must be > 0 requests/s, got {rate_rps}")
+    require(num_requests >= 1, f"number of requests must be >= 1, got {num_requests}")
+    return Workload("poisson", Lengths.parse(input_len, "input length"), Lengths.parse(output_len, "output length"),
+                    rate_rps=float(rate_rps), num_requests=int(num_requests), seed=seed)
+
+
+def from_trace(path: str | Path, num_requests: int = 0, seed: int = 0) -> Workload:
+    p = Path(path)
+    require(p.is_file(), f"trace file not found: {p}")
+    try:
+        df = pd.read_csv(p)
+    except Exception as exc:
+        raise UserError(f"trace {p}: cannot read as CSV ({type(exc).__name__})") from None
+    cols = ["arrival_s", "input_tokens", "output_tokens"]
+    missing = [c for c in cols if c not in df.columns]
+    require(not missing, f"trace {p}: missing column(s) {', '.join(missing)}; needed: {', '.join(cols)}")
+    for c in cols:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+        bad = df[c].isna() | (df[c] < (0 if c == "arrival_s" else 1))
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            raise UserError(f"trace {p}: line {row + 2}, column {c}: {df[c].iloc[row]!r} is not allowed "
+                            f"({'seconds >= 0' if c == 'arrival_s' else 'tokens >= 1'})")
+    require(len(df) >= 1, f"trace {p} has no requests")
+    df = df.sort_values("arrival_s", kind="stable")
+    if num_requests:
+        df = df.head(num_requests)
+    rows = tuple((float(a), int(i), int(o)) for a, i, o in df[cols].itertuples(index=False))
+    lens_in = Lengths(int(df.input_tokens.min()), int(df.input_tokens.max()))
+    lens_out = Lengths(int(df.output_tokens.min()), int(df.output_tokens.max()))
+    return Workload("trace", lens_in, lens_out, trace=rows, trace_path=str(p), num_requests=len(rows), seed=seed)
