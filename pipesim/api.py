@@ -14,30 +14,41 @@ from .simulation import Simulation
 MAX_SIM_S = 1e6
 
 
-def run(scenario: Scenario, *, warmup_requests: int | None = None, measure_requests: int | None = None) -> Result:
+CI_TARGET = 0.02   # stop when the throughput's 95% CI half-width is within 2% of it
+
+
+def run(scenario: Scenario, *, warmup_requests: int | None = None, measure_requests: int | None = None,
+        max_measure_requests: int | None = None, ci_target: float | None = CI_TARGET) -> Result:
     """Simulate a built scenario.
 
-    Closed loop: the first C completed requests are warm-up; the run then measures
-    until `measure_requests` more complete (default max(2C, 16)) while every client
-    keeps its next request coming. Open loop and traces: every request, no warm-up.
+    Closed loop: the first C completed requests are warm-up. The run then measures at
+    least `measure_requests` completions (default max(2C, 16)) while every client keeps
+    its next request coming, and goes on until the throughput's 95% confidence
+    half-width (batch means) is within `ci_target` of the mean, or
+    `max_measure_requests` (default 20x the minimum) have completed. `ci_target=None`
+    measures exactly `measure_requests`. Open loop and traces: every request.
     """
     w = scenario.workload
     if w.kind == "closed":
         warm = w.concurrency if warmup_requests is None else warmup_requests
         measure = max(2 * w.concurrency, 16) if measure_requests is None else measure_requests
+        cap = 20 * measure if max_measure_requests is None else max_measure_requests
     else:
-        warm, measure = 0, w.num_requests
+        warm, measure, cap, ci_target = 0, w.num_requests, w.num_requests, None
     t = time.perf_counter()
     costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
-    sim = Simulation(costs, w, scenario.settings.scheduler, scenario.settings, warm, measure)
+    sim = Simulation(costs, w, scenario.settings.scheduler, scenario.settings, warm, measure,
+                     max_measure_requests=cap, ci_target=ci_target)
     sim.run(MAX_SIM_S)
     return collect(sim, scenario.describe(), time.perf_counter() - t)
 
 
 def predict(tp: int = 1, pp: int = 1, conc: int | None = None, *, warmup_requests: int | None = None,
-            measure_requests: int | None = None, **kwargs) -> Result:
+            measure_requests: int | None = None, max_measure_requests: int | None = None,
+            ci_target: float | None = CI_TARGET, **kwargs) -> Result:
     """Predict one scenario. Keyword arguments are those of `build_scenario`
     (model, profile, engine, box, layers, rate_rps, num_requests, trace, input_len,
     output_len, seed) and the engine's knobs (e.g. max_running_requests)."""
     scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
-    return run(scenario, warmup_requests=warmup_requests, measure_requests=measure_requests)
+    return run(scenario, warmup_requests=warmup_requests, measure_requests=measure_requests,
+               max_measure_requests=max_measure_requests, ci_target=ci_target)

@@ -67,6 +67,8 @@ class CostModel:
         self.params = profile.params
         self.floor_s = self.params.kernel_floor_us * 1e-6
         self._stage_cache: dict = {}
+        self._hop_cache: dict = {}
+        self._kinds = tuple(self._stage_kind(s) for s in range(plan.pp))
 
     # ---- primitive operations (per GPU) -------------------------------------------
     def roofline(self, nbytes: float, flops: float, dtype: str = "bf16") -> float:
@@ -171,19 +173,27 @@ class CostModel:
         """Send `nbytes` of activations from one stage to another: each of the tp ranks
         sends 1/tp to its peer (transfers that share a link share its bandwidth), then
         the receiving ranks all-gather the pieces."""
-        plan, box = self.plan, self.box
-        pairs = list(zip(plan.stage_gpus(src_stage), plan.stage_gpus(dst_stage)))
-        per_rank = nbytes / plan.tp
-        load: dict = {}
-        latency = 0.0
-        for a, b in pairs:
-            path = box.path(a, b)
-            latency = max(latency, sum(box.link(d).latency_s for d in path))
-            for d in path:
-                load[d] = load.get(d, 0.0) + per_rank
-        wire = max((v / box.link(d).bw_bytes_s for d, v in load.items()), default=0.0)
-        gather = self.collective("all_gather", plan.stage_gpus(dst_stage), nbytes)[0] if plan.tp > 1 else 0.0
-        return latency + wire + gather + self.params.cpu_hop_ms * 1e-3
+        latency_s, s_per_byte = self._hop_path(src_stage, dst_stage)
+        gather = self.collective("all_gather", self.plan.stage_gpus(dst_stage), nbytes)[0] if self.plan.tp > 1 else 0.0
+        return latency_s + nbytes * s_per_byte + gather + self.params.cpu_hop_ms * 1e-3
+
+    def _hop_path(self, src_stage: int, dst_stage: int) -> tuple[float, float]:
+        """(latency, seconds per byte of the whole hop) for a stage-to-stage hop: the
+        slowest pair's latency, and the most loaded link's load / bandwidth."""
+        key = (src_stage, dst_stage)
+        hit = self._hop_cache.get(key)
+        if hit is None:
+            box, plan = self.box, self.plan
+            load: dict = {}
+            latency = 0.0
+            for a, b in zip(plan.stage_gpus(src_stage), plan.stage_gpus(dst_stage)):
+                path = box.path(a, b)
+                latency = max(latency, sum(box.link(d).latency_s for d in path))
+                for d in path:
+                    load[d] = load.get(d, 0.0) + 1.0 / plan.tp
+            per_byte = max((v / box.link(d).bw_bytes_s for d, v in load.items()), default=0.0)
+            hit = self._hop_cache[key] = (latency, per_byte)
+        return hit
 
     def hop_links(self, src_stage: int, dst_stage: int) -> tuple:
         links = set()
@@ -262,7 +272,7 @@ class CostModel:
         ctx = shape.decode_ctx
         if ctx > CONTEXT_BUCKET:
             ctx = (ctx + CONTEXT_BUCKET // 2) // CONTEXT_BUCKET * CONTEXT_BUCKET
-        key = (self._stage_kind(stage), shape.decode, ctx, shape.prefill)
+        key = (self._kinds[stage], shape.decode, ctx, shape.prefill)
         hit = self._stage_cache.get(key)
         if hit is None:
             ops = self.stage_ops(stage, Shape(shape.decode, ctx, shape.prefill))

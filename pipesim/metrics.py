@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from .steady import window_ci
+
 
 def busy_in(intervals, t0: float, t1: float) -> float:
     """Seconds of `intervals` ([(start, end)]) inside [t0, t1]."""
@@ -33,6 +35,7 @@ class Result:
     scenario: dict
     window_s: tuple[float, float]
     output_throughput_tok_s: float
+    output_throughput_ci_tok_s: float     # 95% half-width (batch means)
     request_throughput_req_s: float
     per_request_tok_s: float
     ttft_ms_mean: float
@@ -110,6 +113,8 @@ def collect(sim, scenario: dict, wall_s: float) -> Result:
         scenario=scenario,
         window_s=(t0, t1),
         output_throughput_tok_s=out_tokens / span,
+        output_throughput_ci_tok_s=(sim.throughput_ci() if sim.workload.kind == "closed"
+                                    else window_ci(rec.tokens, t0, t1))[1],
         request_throughput_req_s=len(done) / span,
         per_request_tok_s=float(done.decode_tok_s.mean()) if len(done) else float("nan"),
         ttft_ms_mean=float(ttft.mean()) if len(ttft) else float("nan"),

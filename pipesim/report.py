@@ -35,7 +35,8 @@ def table(result: Result) -> str:
     sh = r.time_shares
     lines += [
         "",
-        f"  output throughput     {r.output_throughput_tok_s:10,.1f} tok/s   ({r.request_throughput_req_s:.2f} req/s)",
+        f"  output throughput     {r.output_throughput_tok_s:10,.1f} tok/s   "
+        f"(95% CI +/- {r.output_throughput_ci_tok_s:,.1f}; {r.request_throughput_req_s:.2f} req/s)",
         f"  per-request decode    {r.per_request_tok_s:10,.1f} tok/s",
         f"  TTFT   p50 / p99      {_ms(r.ttft_ms_p50):>12} / {_ms(r.ttft_ms_p99)}",
         f"  TPOT   p50 / p99      {_ms(r.tpot_ms_p50):>12} / {_ms(r.tpot_ms_p99)}",

@@ -23,10 +23,32 @@ import numpy as np
 import simpy
 
 from .costs import CostModel, Shape
+from .steady import closed_loop_ci
 from .workload import Workload
 
 ACT_BYTES = 2
 TOKEN_ID_BYTES = 4
+
+
+class Channel:
+    """A FIFO hand-off between processes. Cheaper than `simpy.Store`: a put costs no
+    event, a take costs one only when the taker has to wait (REFERENCE 8: events per
+    simulated step decide the simulator's speed)."""
+
+    __slots__ = ("env", "items", "waiter")
+
+    def __init__(self, env: simpy.Environment):
+        self.env, self.items, self.waiter = env, deque(), None
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        if self.waiter is not None:
+            waiter, self.waiter = self.waiter, None
+            waiter.succeed()
+
+    def wait(self) -> simpy.Event:
+        self.waiter = self.env.event()
+        return self.waiter
 
 
 class Request:
@@ -88,7 +110,8 @@ class Simulation:
     """The pipeline and the request bookkeeping an engine scheduler drives."""
 
     def __init__(self, costs: CostModel, workload: Workload, engine_factory, settings,
-                 warmup_requests: int, measure_requests: int):
+                 warmup_requests: int, measure_requests: int, max_measure_requests: int | None = None,
+                 ci_target: float | None = None):
         self.env = env = simpy.Environment()
         self.costs, self.workload, self.settings = costs, workload, settings
         plan = costs.plan
@@ -97,21 +120,34 @@ class Simulation:
         self.rng = np.random.default_rng(workload.seed)
         self.waiting: deque[Request] = deque()
         self.requests: list[Request] = []
+        self.finished: list[Request] = []     # in completion order
         self.kv_free = settings.kv_tokens
         self.running = 0                      # admitted, not finished
         self.completed = 0
+        # Stop after warm-up + measure_requests completions if no CI target is set;
+        # with one, keep measuring until the throughput's 95% half-width is within
+        # ci_target of its mean, or max_measure_requests have completed.
         self.target = warmup_requests + measure_requests
+        self.cap = warmup_requests + max(max_measure_requests or measure_requests, measure_requests)
+        self.ci_target = ci_target
+        self._check_every = max(1, measure_requests // 8)
         self.warmup_requests = warmup_requests
         self.warmup_end_s = 0.0
         self.stop = env.event()
         self._arrival = env.event()
         self._seq = 0
         self._links = self._shared_links()
-        self.inbox = [simpy.Store(env) for _ in range(plan.pp)]
-        self.hop_box = [simpy.Store(env) for _ in range(plan.pp)]   # hop s -> s+1; last: relay to 0
+        self.inbox = [Channel(env) for _ in range(plan.pp)]
+        # hop s -> s+1 (the last stage's hop relays token ids to stage 0). A hop whose
+        # links nobody else uses is a FIFO server computed inline (one event per
+        # transfer); one that shares links runs as a process holding link resources.
+        self.hop_box = [Channel(env) if self._links[("hop", s)] else None for s in range(plan.pp)]
+        self._hop_free_s = [0.0] * plan.pp
         for s in range(plan.pp):
+            self.rec.hops[self._hop_name(s)] = []
             env.process(self._stage(s))
-            env.process(self._hop(s))
+            if self.hop_box[s] is not None:
+                env.process(self._hop(s))
         self.scheduler = engine_factory(self)
         env.process(self.scheduler.run())
         env.process(self._arrivals())
@@ -151,10 +187,12 @@ class Simulation:
     # ---- pipeline processes ---------------------------------------------------------
     def _stage(self, s: int):
         env, costs, rec = self.env, self.costs, self.rec
-        inbox, out = self.inbox[s], self.hop_box[s]
+        inbox = self.inbox[s]
         ar_links = self._links[("ar", s)]
         while True:
-            mb = yield inbox.get()
+            if not inbox.items:
+                yield inbox.wait()
+            mb = inbox.items.popleft()
             compute_s, comm_s = costs.stage_time(s, mb.shape)
             t0 = env.now
             yield env.timeout(compute_s)
@@ -165,34 +203,55 @@ class Simulation:
                 yield env.timeout(comm_s)
                 rec.comm[s].append((t1, env.now))
                 self._release(ar_links, held)
-            out.put(mb)
+            if self.hop_box[s] is not None:
+                self.hop_box[s].put(mb)
+            else:
+                self._send(s, mb)
+
+    def _hop_name(self, s: int) -> str:
+        return f"stage{s}->stage{(s + 1) % self.pp}"
+
+    def _hop_seconds(self, s: int, mb: MicroBatch) -> float:
+        if self.pp == 1:
+            return 0.0
+        if s == self.pp - 1:
+            return self.costs.hop_time(s, 0, mb.size * TOKEN_ID_BYTES)
+        # hidden states + residual, bf16, for every token of the micro-batch
+        return self.costs.hop_time(s, s + 1, mb.shape.tokens * 2 * self.costs.model.hidden * ACT_BYTES)
+
+    def _deliver(self, s: int, mb: MicroBatch) -> None:
+        if s == self.pp - 1:
+            self._complete(mb)
+        else:
+            self.inbox[s + 1].put(mb)
+
+    def _send(self, s: int, mb: MicroBatch) -> None:
+        """A hop on links nobody else uses: a FIFO server, one transfer after another."""
+        env = self.env
+        t = self._hop_seconds(s, mb)
+        start = max(env.now, self._hop_free_s[s])
+        end = self._hop_free_s[s] = start + t
+        if t:
+            self.rec.hops[self._hop_name(s)].append((start, end))
+        if end == env.now:
+            self._deliver(s, mb)
+        else:
+            env.timeout(end - env.now).callbacks.append(lambda _ev, s=s, mb=mb: self._deliver(s, mb))
 
     def _hop(self, s: int):
-        """Activations from stage s to s+1; from the last stage, sampled token ids back to
-        stage 0 (relayed as SGLang does, point to point along the ring)."""
-        env, costs, rec = self.env, self.costs, self.rec
-        last = s == self.pp - 1
-        links = self._links[("hop", s)]
-        name = f"stage{s}->stage{(s + 1) % self.pp}"
-        log = rec.hops.setdefault(name, [])
-        hidden = costs.model.hidden
+        """A hop that shares links with a TP ring or another hop: holds them while it sends."""
+        env, box, links = self.env, self.hop_box[s], self._links[("hop", s)]
+        log = self.rec.hops[self._hop_name(s)]
         while True:
-            mb = yield self.hop_box[s].get()
-            if self.pp > 1:
-                if last:
-                    t = costs.hop_time(s, 0, mb.size * TOKEN_ID_BYTES)
-                else:
-                    # hidden states + residual, bf16, for every token of the micro-batch
-                    t = costs.hop_time(s, s + 1, mb.shape.tokens * 2 * hidden * ACT_BYTES)
-                held = (yield from self._hold(links)) if links else []
-                t0 = env.now
-                yield env.timeout(t)
-                log.append((t0, env.now))
-                self._release(links, held)
-            if last:
-                self._complete(mb)
-            else:
-                self.inbox[s + 1].put(mb)
+            if not box.items:
+                yield box.wait()
+            mb = box.items.popleft()
+            held = yield from self._hold(links)
+            t0 = env.now
+            yield env.timeout(self._hop_seconds(s, mb))
+            log.append((t0, env.now))
+            self._release(links, held)
+            self._deliver(s, mb)
 
     # ---- requests ---------------------------------------------------------------------
     def launch(self, slot: int, decode: list, prefill: list) -> MicroBatch:
@@ -243,18 +302,34 @@ class Simulation:
         self.rec.tokens.append((now, produced))
         for r in finished:
             r.finish_s = now
+            self.finished.append(r)
             self.kv_free += r.kv_reserved
             self.running -= 1
             self.completed += 1
             if self.completed == self.warmup_requests:
                 self.warmup_end_s = now
-            if self.completed >= self.target and not self.stop.triggered:
+            if self.completed >= self.target and not self.stop.triggered and self._steady():
                 self.stop.succeed()
         self.scheduler.on_return(mb, finished)
         mb.returned.succeed(finished)
         for r in finished:
             if self.workload.kind == "closed" and not self.stop.triggered:
                 self._arrive(r.client)
+
+    def _steady(self) -> bool:
+        """Enough measured: no CI target, the cap reached, or the CI within target."""
+        if self.ci_target is None or self.completed >= self.cap:
+            return True
+        if (self.completed - self.target) % self._check_every:
+            return False
+        mean, half = self.throughput_ci()
+        return mean > 0 and half <= self.ci_target * mean
+
+    def throughput_ci(self) -> tuple[float, float]:
+        """Closed-loop output rate and its 95% half-width from the measured requests."""
+        done = [r for r in self.finished if r.finish_s > self.warmup_end_s]
+        return closed_loop_ci(self.workload.concurrency, [r.output_len for r in done],
+                              [r.finish_s - r.arrival_s for r in done])
 
     def _arrive(self, client: int = -1, input_len: int | None = None, output_len: int | None = None) -> None:
         w = self.workload

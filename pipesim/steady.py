@@ -1,0 +1,45 @@
+"""Steady state: when a run has measured enough, and how sure the estimate is.
+
+Closed loop (C clients, no think time): by the renewal-reward theorem the output
+rate is C x E[output tokens] / E[request latency]. Requests in completion order are
+cut into `BATCHES` batches; each batch's C x sum(output) / sum(latency) is one
+sample, and the 95% half-width is t(0.975, BATCHES-1) x std / sqrt(BATCHES). This
+converges even when a fixed-length closed loop runs in synchronized waves, where
+equal-time batches would each see a different phase of the wave.
+
+Open loop and traces: the window is cut into `BATCHES` equal spans of time and each
+span's output rate is one sample.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BATCHES = 10
+T_975_DOF9 = 2.262157  # Student's t, 97.5% quantile, 9 degrees of freedom
+
+
+def _half_width(samples: np.ndarray) -> float:
+    return T_975_DOF9 * float(samples.std(ddof=1)) / np.sqrt(len(samples))
+
+
+def closed_loop_ci(concurrency: int, output_tokens, latency_s) -> tuple[float, float]:
+    """(output tok/s, 95% half-width) from completed requests in completion order."""
+    out = np.asarray(output_tokens, dtype=float)
+    lat = np.asarray(latency_s, dtype=float)
+    if len(out) < BATCHES or lat.sum() <= 0:
+        return float("nan"), float("inf")
+    groups = np.array_split(np.arange(len(out)), BATCHES)
+    samples = np.array([concurrency * out[g].sum() / lat[g].sum() for g in groups])
+    return concurrency * out.sum() / lat.sum(), _half_width(samples)
+
+
+def window_ci(tokens: list, t0: float, t1: float) -> tuple[float, float]:
+    """(output tok/s, 95% half-width) over [t0, t1] from (time, tokens) records."""
+    if t1 <= t0 or not tokens:
+        return float("nan"), float("inf")
+    a = np.asarray(tokens, dtype=float)
+    inside = (a[:, 0] > t0) & (a[:, 0] <= t1)
+    edges = np.linspace(t0, t1, BATCHES + 1)
+    rates = np.histogram(a[inside, 0], bins=edges, weights=a[inside, 1])[0] / ((t1 - t0) / BATCHES)
+    return float(a[inside, 1].sum() / (t1 - t0)), _half_width(rates)
