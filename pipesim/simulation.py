@@ -6,10 +6,9 @@ collectives, and hands the micro-batch to the hop process towards the next stage
 After the last stage the sampled tokens travel back to the first stage, where the
 engine's scheduler (engines/) processes them and forms the next micro-batches.
 
-Links that more than one user crosses (a stage's TP ring, a PP hop, the token relay)
-are SimPy resources: a transfer holds the links it crosses, so TP traffic and PP hops
-that share a PCIe link wait for each other. Links only one user crosses need no
-resource: their cost is already in that user's time.
+Every directed PCIe link is a first-come-first-served server: a TP collective or a PP
+hop occupies every link it crosses for its duration, so TP traffic and PP hops that
+share a link wait for each other (`Simulation._book`).
 
 Every busy interval is recorded once in `Recorder`; metrics.py derives the rest.
 """
@@ -136,59 +135,48 @@ class Simulation:
         self.stop = env.event()
         self._arrival = env.event()
         self._seq = 0
-        self._links = self._shared_links()
+        self._users = self._link_users()
+        self._free_at = {d: 0.0 for links in self._users.values() for d in links}
         self.inbox = [Channel(env) for _ in range(plan.pp)]
-        # hop s -> s+1 (the last stage's hop relays token ids to stage 0). A hop whose
-        # links nobody else uses is a FIFO server computed inline (one event per
-        # transfer); one that shares links runs as a process holding link resources.
-        self.hop_box = [Channel(env) if self._links[("hop", s)] else None for s in range(plan.pp)]
-        self._hop_free_s = [0.0] * plan.pp
         for s in range(plan.pp):
             self.rec.hops[self._hop_name(s)] = []
             env.process(self._stage(s))
-            if self.hop_box[s] is not None:
-                env.process(self._hop(s))
         self.scheduler = engine_factory(self)
         env.process(self.scheduler.run())
         env.process(self._arrivals())
 
-    # ---- links shared by more than one user -------------------------------------
-    def _shared_links(self) -> dict:
+    # ---- links -----------------------------------------------------------------------
+    def _link_users(self) -> dict:
+        """The directed links each user crosses: a stage's TP ring, a PP hop."""
         plan, box, costs = self.costs.plan, self.costs.box, self.costs
         users: dict = {}
         for s in range(plan.pp):
             users[("ar", s)] = box.ring_links(plan.stage_gpus(s)) if plan.tp > 1 else ()
-            nxt = (s + 1) % plan.pp
-            users[("hop", s)] = costs.hop_links(s, nxt) if plan.pp > 1 else ()
-        count: dict = {}
-        for links in users.values():
-            for d in links:
-                count[d] = count.get(d, 0) + 1
-        resources = {d: simpy.Resource(self.env) for d, n in sorted(count.items()) if n > 1}
-        return {u: [resources[d] for d in links if d in resources] for u, links in users.items()}
+            users[("hop", s)] = costs.hop_links(s, (s + 1) % plan.pp) if plan.pp > 1 else ()
+        return users
 
-    def _hold(self, resources: list):
-        """Acquire links one by one in a global order (no deadlock); returns requests."""
-        held = []
-        t0 = self.env.now
-        for r in resources:
-            req = r.request()
-            yield req
-            held.append(req)
-        if self.env.now > t0:
-            self.rec.link_wait.append((t0, self.env.now))
-        return held
-
-    @staticmethod
-    def _release(resources: list, held: list) -> None:
-        for r, req in zip(resources, held):
-            r.release(req)
+    def _book(self, links: tuple, seconds: float) -> tuple[float, float]:
+        """Occupy `links` for `seconds`, first come first served: the transfer starts
+        when every link it crosses is free. This is a SimPy Resource of capacity one
+        per link, acquired for all links at once in request order, kept as each link's
+        free-at time so that it costs no event."""
+        free = self._free_at
+        start = self.env.now
+        for d in links:
+            if free[d] > start:
+                start = free[d]
+        end = start + seconds
+        for d in links:
+            free[d] = end
+        if start > self.env.now:
+            self.rec.link_wait.append((self.env.now, start))
+        return start, end
 
     # ---- pipeline processes ---------------------------------------------------------
     def _stage(self, s: int):
         env, costs, rec = self.env, self.costs, self.rec
         inbox = self.inbox[s]
-        ar_links = self._links[("ar", s)]
+        ring = self._users[("ar", s)]
         while True:
             if not inbox.items:
                 yield inbox.wait()
@@ -198,22 +186,15 @@ class Simulation:
             yield env.timeout(compute_s)
             rec.compute[s].append((t0, env.now))
             if comm_s:
-                held = (yield from self._hold(ar_links)) if ar_links else []
-                t1 = env.now
-                yield env.timeout(comm_s)
-                rec.comm[s].append((t1, env.now))
-                self._release(ar_links, held)
-            if self.hop_box[s] is not None:
-                self.hop_box[s].put(mb)
-            else:
-                self._send(s, mb)
+                start, end = self._book(ring, comm_s)
+                yield env.timeout(end - env.now)
+                rec.comm[s].append((start, end))
+            self._send(s, mb)
 
     def _hop_name(self, s: int) -> str:
         return f"stage{s}->stage{(s + 1) % self.pp}"
 
     def _hop_seconds(self, s: int, mb: MicroBatch) -> float:
-        if self.pp == 1:
-            return 0.0
         if s == self.pp - 1:
             return self.costs.hop_time(s, 0, mb.size * TOKEN_ID_BYTES)
         # hidden states + residual, bf16, for every token of the micro-batch
@@ -226,32 +207,14 @@ class Simulation:
             self.inbox[s + 1].put(mb)
 
     def _send(self, s: int, mb: MicroBatch) -> None:
-        """A hop on links nobody else uses: a FIFO server, one transfer after another."""
-        env = self.env
-        t = self._hop_seconds(s, mb)
-        start = max(env.now, self._hop_free_s[s])
-        end = self._hop_free_s[s] = start + t
-        if t:
-            self.rec.hops[self._hop_name(s)].append((start, end))
-        if end == env.now:
-            self._deliver(s, mb)
-        else:
-            env.timeout(end - env.now).callbacks.append(lambda _ev, s=s, mb=mb: self._deliver(s, mb))
-
-    def _hop(self, s: int):
-        """A hop that shares links with a TP ring or another hop: holds them while it sends."""
-        env, box, links = self.env, self.hop_box[s], self._links[("hop", s)]
-        log = self.rec.hops[self._hop_name(s)]
-        while True:
-            if not box.items:
-                yield box.wait()
-            mb = box.items.popleft()
-            held = yield from self._hold(links)
-            t0 = env.now
-            yield env.timeout(self._hop_seconds(s, mb))
-            log.append((t0, env.now))
-            self._release(links, held)
-            self._deliver(s, mb)
+        """Hand a micro-batch to the next stage (from the last: token ids to stage 0).
+        The stage does not wait: engines send asynchronously (isend)."""
+        if self.pp == 1:
+            self._complete(mb)
+            return
+        start, end = self._book(self._users[("hop", s)], self._hop_seconds(s, mb))
+        self.rec.hops[self._hop_name(s)].append((start, end))
+        self.env.timeout(end - self.env.now).callbacks.append(lambda _ev, s=s, mb=mb: self._deliver(s, mb))
 
     # ---- requests ---------------------------------------------------------------------
     def launch(self, slot: int, decode: list, prefill: list) -> MicroBatch:
