@@ -27,6 +27,13 @@ class Curve:
         if not self.xs:
             raise ValueError("a curve needs at least one measured point")
 
+    @classmethod
+    def from_sorted(cls, xs, ys) -> "Curve":
+        """A curve from points already sorted by x, with no NaN (checked tables)."""
+        c = cls.__new__(cls)
+        c.xs, c.ys = [float(v) for v in xs], [float(v) for v in ys]
+        return c
+
     def __call__(self, x: float) -> float:
         xs, ys = self.xs, self.ys
         if x <= xs[0]:
@@ -50,6 +57,20 @@ def bracket(grid: list[float], x: float) -> list[tuple[int, float]]:
         return [(i, 1.0)]
     w = (x - grid[i]) / (grid[i + 1] - grid[i])
     return [(i, 1.0 - w), (i + 1, w)]
+
+
+def group_curves(keys, xs, ys) -> dict:
+    """{key: Curve} from parallel arrays, one curve per distinct key row.
+
+    `keys` is a 2-D array (one column per key field); much faster than a pandas
+    groupby for the thousands of small groups of a GEMM table."""
+    keys, xs, ys = np.asarray(keys), np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    order = np.lexsort((xs,) + tuple(keys[:, i] for i in reversed(range(keys.shape[1]))))
+    keys, xs, ys = keys[order], xs[order], ys[order]
+    change = np.flatnonzero(np.any(keys[1:] != keys[:-1], axis=1)) + 1
+    bounds = np.concatenate(([0], change, [len(xs)]))
+    return {tuple(k.tolist()): Curve.from_sorted(xs[a:b], ys[a:b])
+            for k, a, b in zip(keys[bounds[:-1]], bounds[:-1], bounds[1:])}
 
 
 class Surface:

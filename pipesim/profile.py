@@ -14,15 +14,16 @@ calibration/profiles); any other directory can be given by path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ._toml import toml_reader
 from .errors import UserError, require
-from .interp import Curve, Surface
+from .interp import Surface, group_curves
 
 # Key columns of each table (latency_ms is the value). Sizes are per GPU.
 TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -97,7 +98,7 @@ class Profile:
         if df is None:
             return out
         for dtype, part in df.groupby("dtype"):
-            curves = {(int(n), int(k)): Curve(g["m"], g["latency_ms"]) for (n, k), g in part.groupby(["n", "k"])}
+            curves = group_curves(part[["n", "k"]].to_numpy(dtype=np.int64), part["m"], part["latency_ms"])
             ns = sorted({n for n, _ in curves})
             ks = sorted({k for _, k in curves})
             out[str(dtype)] = (ns, ks, curves)
@@ -109,20 +110,23 @@ class Profile:
         df = self.tables.get("moe")
         if df is None:
             return {}
-        keys = list(TABLE_COLUMNS["moe"][:-1])
-        return {tuple(k): Curve(g["tokens"], g["latency_ms"]) for k, g in df.groupby(keys)}
+        out = {}
+        for (dtype, dist), part in df.groupby(["dtype", "distribution"]):
+            shape = part[["hidden", "inter", "topk", "experts", "moe_tp"]].to_numpy(dtype=np.int64)
+            for key, curve in group_curves(shape, part["tokens"], part["latency_ms"]).items():
+                out[(str(dtype),) + key + (str(dist),)] = curve
+        return out
 
     def _surfaces(self, table: str, outer: str, inner: str) -> dict:
         df = self.tables.get(table)
         if df is None:
             return {}
         keys = [c for c in TABLE_COLUMNS[table] if c not in (outer, inner)]
-        out = {}
-        for key, g in df.groupby(keys):
-            key = key if isinstance(key, tuple) else (key,)
-            rows = {float(o): Curve(r[inner], r["latency_ms"]) for o, r in g.groupby(outer)}
-            out[tuple(int(k) for k in key)] = Surface(rows)
-        return out
+        curves = group_curves(df[keys + [outer]].to_numpy(dtype=np.int64), df[inner], df["latency_ms"])
+        rows: dict = {}
+        for key, curve in curves.items():
+            rows.setdefault(key[:-1], {})[float(key[-1])] = curve
+        return {k: Surface(v) for k, v in rows.items()}
 
     @cached_property
     def mla_decode(self) -> dict:
@@ -148,8 +152,11 @@ class Profile:
         df = self.tables.get("collectives")
         if df is None:
             return {}
-        return {(str(o), str(i), int(n)): Curve(g["nbytes"], g["latency_ms"])
-                for (o, i, n), g in df.groupby(["op", "impl", "gpus"])}
+        out = {}
+        for (op, impl), part in df.groupby(["op", "impl"]):
+            for (n,), curve in group_curves(part[["gpus"]].to_numpy(dtype=np.int64), part["nbytes"], part["latency_ms"]).items():
+                out[(str(op), str(impl), int(n))] = curve
+        return out
 
 
 # ---- loading and writing -----------------------------------------------------------------
@@ -180,7 +187,17 @@ def _profile_dir(name_or_path: str | Path):
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
+    """Load a profile (cached per process while its files are unchanged: a sweep loads
+    and indexes the tables once)."""
     folder = _profile_dir(name_or_path)
+    stamp = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(Path(str(folder)).iterdir())
+                  if p.is_file()) if Path(str(folder)).is_dir() else ()
+    return _load_profile(str(folder), stamp)
+
+
+@lru_cache(maxsize=8)
+def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
+    folder = Path(folder_text)
     meta_file = folder.joinpath("profile.toml")
     try:
         meta = toml_reader.loads(meta_file.read_text())
