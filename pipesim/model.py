@@ -188,32 +188,41 @@ def _get(cfg: dict, key: str, name: str, default=None):
     return value
 
 
+def _int(cfg: dict, key: str, name: str, default=None) -> int:
+    """A whole-number field of the config, or a UserError naming it."""
+    value = _get(cfg, key, name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise UserError(f"model config {name}: '{key}' = {value!r} must be a whole number")
+    return int(value)
+
+
 def from_hf_config(cfg: dict, name: str = "model") -> Model:
     """Build a `Model` from a Hugging Face-style config dict."""
     require(isinstance(cfg, dict), f"model config {name} is not a JSON object")
-    g = lambda k, d=None: _get(cfg, k, name, d)  # noqa: E731
-    hidden, heads = int(g("hidden_size")), int(g("num_attention_heads"))
+    g = lambda k, d=None: _int(cfg, k, name, d)  # noqa: E731
+    hidden, heads = g("hidden_size"), g("num_attention_heads")
     require(hidden > 0 and heads > 0, f"model config {name}: hidden_size and num_attention_heads must be positive")
     mla = None
     if _get(cfg, "kv_lora_rank", name, 0):
-        mla = MLA(int(g("q_lora_rank", 0)), int(g("kv_lora_rank")), int(g("qk_nope_head_dim")),
-                  int(g("qk_rope_head_dim")), int(g("v_head_dim")))
+        mla = MLA(g("q_lora_rank", 0), g("kv_lora_rank"), g("qk_nope_head_dim"),
+                  g("qk_rope_head_dim"), g("v_head_dim"))
     moe = None
-    n_experts = int(_get(cfg, "n_routed_experts", name, 0) or _get(cfg, "num_experts", name, 0) or 0)
+    n_experts = _int(cfg, "n_routed_experts", name, 0) or _int(cfg, "num_experts", name, 0)
     if n_experts:
-        moe = MoE(n_experts, int(g("num_experts_per_tok")), int(g("moe_intermediate_size")),
-                  int(g("n_shared_experts", 0)), int(g("first_k_dense_replace", 0)), int(g("moe_layer_freq", 1)) or 1)
-    attn_dtype, expert_dtype = _weight_dtypes(cfg.get("quantization_config") or {}, str(g("torch_dtype", "bfloat16")))
+        moe = MoE(n_experts, g("num_experts_per_tok"), g("moe_intermediate_size"),
+                  g("n_shared_experts", 0), g("first_k_dense_replace", 0), g("moe_layer_freq", 1) or 1)
+    attn_dtype, expert_dtype = _weight_dtypes(cfg.get("quantization_config") or {},
+                                              str(_get(cfg, "torch_dtype", name, "bfloat16")))
     model = Model(
         name=name,
-        num_layers=int(g("num_hidden_layers")),
+        num_layers=g("num_hidden_layers"),
         hidden=hidden,
         heads=heads,
         kv_heads=int(g("num_key_value_heads", heads)),
         head_dim=int(g("head_dim", hidden // heads)),
-        intermediate=int(g("intermediate_size")),
-        vocab=int(g("vocab_size")),
-        max_context=int(g("max_position_embeddings", 131072)),
+        intermediate=g("intermediate_size"),
+        vocab=g("vocab_size"),
+        max_context=g("max_position_embeddings", 131072),
         mla=mla, moe=moe, attn_dtype=attn_dtype, expert_dtype=expert_dtype,
     )
     require(model.num_layers >= 1, f"model config {name}: num_hidden_layers must be at least 1")

@@ -95,7 +95,7 @@ def _workload(concurrency, rate_rps, num_requests, trace, input_len, output_len,
         require(num_requests is None or num_requests >= 1, f"number of requests must be >= 1, got {num_requests}")
         return from_trace(trace, num_requests or 0, seed)
     if rate_rps is not None:
-        return poisson(rate_rps, num_requests or 200, input_len, output_len, seed)
+        return poisson(rate_rps, 200 if num_requests is None else num_requests, input_len, output_len, seed)
     if concurrency is None:
         raise UserError("give a concurrency (--conc), an arrival rate (--rate) or a trace (--trace)")
     return closed_loop(concurrency, input_len, output_len, seed)

@@ -51,13 +51,14 @@ class Channel:
 
 
 class Request:
-    __slots__ = ("rid", "arrival_s", "input_len", "output_len", "prefilled", "generated", "slot",
+    __slots__ = ("rid", "arrival_s", "input_len", "output_len", "prefilled", "scheduled", "generated", "slot",
                  "first_token_s", "finish_s", "client", "kv_reserved", "inflight")
 
     def __init__(self, rid: int, arrival_s: float, input_len: int, output_len: int, client: int = -1):
         self.rid, self.arrival_s, self.client = rid, arrival_s, client
         self.input_len, self.output_len = input_len, output_len
-        self.prefilled = 0          # prompt tokens whose KV is computed
+        self.prefilled = 0          # prompt tokens whose KV is computed (chunks back)
+        self.scheduled = 0          # prompt tokens sent in chunks so far (some may be in flight)
         self.generated = 0          # output tokens produced
         self.slot = -1              # SGLang micro-batch slot (sticky once prefilled)
         self.first_token_s = -1.0

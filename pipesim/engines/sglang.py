@@ -153,10 +153,11 @@ class SGLangScheduler:
         chunks = []
         if self.chunked is not None:          # a chunked request continues in any slot
             r = self.chunked
-            chunk = min(r.input_len - r.prefilled, budget)
-            chunks.append((r, chunk, r.prefilled))
+            chunk = min(r.input_len - r.scheduled, budget)
+            chunks.append((r, chunk, r.scheduled))
+            r.scheduled += chunk
             budget -= chunk
-            if r.prefilled + chunk == r.input_len:
+            if r.scheduled == r.input_len:
                 self.chunked = None
         room = s.pp_max_micro_batch_size - len(self.slot_running[slot]) - len(chunks)
         while sim.waiting and budget > 0 and room > 0:
@@ -167,6 +168,7 @@ class SGLangScheduler:
             sim.admit(r)
             chunk = min(r.input_len, budget)
             chunks.append((r, chunk, 0))
+            r.scheduled = chunk
             budget -= chunk
             room -= 1
             if chunk < r.input_len:

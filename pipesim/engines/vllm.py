@@ -81,7 +81,6 @@ class VLLMScheduler:
         self.sim, self.s = sim, settings
         self.active: list = []          # admitted requests, in admission order
         self.queue: deque = deque()     # in-flight batches, oldest first
-        self.pending: dict = {}         # request id -> prompt chunks launched, not yet back
         self.cpu_s = sim.costs.params.cpu_iteration_ms * 1e-3
 
     def run(self):
@@ -107,11 +106,11 @@ class VLLMScheduler:
                 break
             if r.prefilled < r.input_len:
                 # prompt chunks advance at schedule time, so a prompt can be in several batches
-                done = r.prefilled + sum(c for q, c, _ in self.pending.get(id(r), ()))
-                left = r.input_len - done
+                left = r.input_len - r.scheduled
                 if left > 0:
                     chunk = min(left, budget)
-                    prefill.append((r, chunk, done))
+                    prefill.append((r, chunk, r.scheduled))
+                    r.scheduled += chunk
                     budget -= chunk
             elif not r.inflight:
                 decode.append(r)
@@ -125,20 +124,13 @@ class VLLMScheduler:
             self.active.append(r)
             chunk = min(r.input_len, budget)
             prefill.append((r, chunk, 0))
+            r.scheduled = chunk
             budget -= chunk
         if not decode and not prefill:
             return None
-        for r, c, p in prefill:
-            self.pending.setdefault(id(r), []).append((r, c, p))
         return decode, prefill
 
     def on_return(self, mb, finished) -> None:
-        for r, c, p in mb.prefill:
-            lst = self.pending.get(id(r))
-            if lst:
-                lst.remove((r, c, p))
-                if not lst:
-                    del self.pending[id(r)]
         if finished:
             done = {id(r) for r in finished}
             self.active = [r for r in self.active if id(r) not in done]

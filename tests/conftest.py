@@ -1,0 +1,121 @@
+"""Shared fixtures and helpers for the pipesim test suite.
+
+Expected values in the tests come from REFERENCE.md, from the raw measured tables in
+../shared/reference-data, from the box TOML, or from formulas worked out by hand in
+the test; never from the simulator's own output.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+import pipesim
+from pipesim.costs import CostModel
+from pipesim.model import load_model
+from pipesim.profile import load_profile
+from pipesim.simulation import Simulation
+
+PROFILE_NAME = "rtx-pro-6000-sglang-healthy"
+BOX_NAME = "rtx-pro-6000-server-8x"
+REPO = Path(__file__).resolve().parent.parent
+RAW_DIR = REPO.parent / "shared" / "reference-data" / "aiconfigurator" / "rtx_pro_6000_server"
+
+
+@pytest.fixture(scope="session")
+def profile():
+    """The shipped profile, loaded once (its lookups are cached per object)."""
+    return load_profile(PROFILE_NAME)
+
+
+@pytest.fixture(scope="session")
+def kimi():
+    return load_model("kimi-k2.6")
+
+
+@pytest.fixture(scope="session")
+def llama8():
+    return load_model("llama-3.1-8b")
+
+
+@pytest.fixture
+def raw_dir():
+    """The raw AIConfigurator tables; tests comparing against them skip without it."""
+    if not RAW_DIR.is_dir():
+        pytest.skip(f"raw reference tables not present at {RAW_DIR}")
+    return RAW_DIR
+
+
+def _run_kwargs() -> dict:
+    """Fixed-length runs: switch off the adaptive (confidence-interval) stopping rule
+    when this version of pipesim has one, so each run measures exactly what it asks."""
+    params = inspect.signature(pipesim.run).parameters
+    return {"ci_target": None} if "ci_target" in params else {}
+
+
+def fast_predict(profile, **kwargs):
+    """pipesim.predict with the shared profile and a fixed-length measurement."""
+    kwargs.setdefault("profile", profile)
+    return pipesim.predict(**kwargs, **_run_kwargs())
+
+
+def fast_run(scenario, **kwargs):
+    return pipesim.run(scenario, **kwargs, **_run_kwargs())
+
+
+def simulate(scenario, warmup_requests: int, measure_requests: int, setup=None, max_sim_s: float = 1e6):
+    """Build and run a Simulation the way pipesim.run does, but hand back the
+    Simulation itself so a test can read the recorder and the requests. `setup(sim)`
+    runs after construction and before the first event (to wrap methods)."""
+    costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
+    sim = Simulation(costs, scenario.workload, scenario.settings.scheduler, scenario.settings,
+                     warmup_requests, measure_requests)
+    if setup is not None:
+        setup(sim)
+    sim.run(max_sim_s)
+    return sim
+
+
+def record_launches(sim) -> list:
+    """Wrap sim.launch; returns a list that fills with
+    (time, slot, [decode requests], [(request, chunk, prefix)], micro-batch)."""
+    log = []
+    orig = sim.launch
+
+    def launch(slot, decode, prefill):
+        mb = orig(slot, decode, prefill)
+        log.append((sim.env.now, slot, list(decode), list(prefill), mb))
+        return mb
+
+    sim.launch = launch
+    return log
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    """Factory: write an HF-style config.json (Llama-like) into a fresh folder."""
+
+    def make(**overrides):
+        cfg = {
+            "architectures": ["LlamaForCausalLM"],
+            "num_hidden_layers": 4,
+            "hidden_size": 1024,
+            "intermediate_size": 4096,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 4,
+            "head_dim": 64,
+            "vocab_size": 32000,
+            "max_position_embeddings": 8192,
+            "torch_dtype": "bfloat16",
+        }
+        cfg.update(overrides)
+        folder = tmp_path / f"tiny{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        path = folder / "config.json"
+        path.write_text(json.dumps(cfg))
+        return path
+
+    return make
