@@ -67,6 +67,46 @@ def predict(tp, pp, conc, rate, num_requests, trace, model, profile, engine, box
     click.echo(report.to_json(result) if as_json else report.table(result))
 
 
+@cli.group()
+def calibrate():
+    """Measure or import a box's costs into a calibration profile."""
+
+
+@cli.group()
+def profiles():
+    """List and inspect calibration profiles."""
+
+
+@profiles.command("list")
+def profiles_list():
+    """The shipped profiles."""
+    from .profile import load_profile, profile_names
+
+    for name in profile_names():
+        p = load_profile(name)
+        click.echo(f"{name:40s} {p.engine} {p.engine_version:8s} box {p.box}")
+
+
+@profiles.command("show")
+@click.argument("name")
+def profiles_show(name):
+    """One profile: its box, engine, parameters and the source of every table."""
+    from .profile import load_profile
+
+    p = load_profile(name)
+    click.echo(f"{p.name}: {p.meta.get('description', '')}")
+    click.echo(f"  box {p.box}, engine {p.engine} {p.engine_version}")
+    click.echo("  parameters:")
+    for k, v in vars(p.params).items():
+        src = p.meta.get("param_sources", {}).get(k, "")
+        click.echo(f"    {k:28s} {v!s:>12}   {src}")
+    click.echo("  tables:")
+    for t, df in p.tables.items():
+        click.echo(f"    {t:14s} {len(df):>7,} rows   {p.sources.get(t, '')}")
+    if p.deployment:
+        click.echo("  deployment flags: " + ", ".join(f"{k}={v}" for k, v in p.deployment.items()))
+
+
 def main(argv=None) -> None:
     """Entry point: user errors become one line and exit code 2; bugs keep their traceback."""
     try:
