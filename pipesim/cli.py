@@ -46,20 +46,21 @@ def cli():
 @click.option("--pp-max-micro-batch-size", type=int, default=None, help="SGLang: per-slot cap [default: max-running-requests // pp]")
 @click.option("--pp-async-batch-depth", type=int, default=None, help="SGLang: extra micro-batch slots [default 0]")
 @click.option("--chunked-prefill-size", type=int, default=None, help="SGLang: prefill chunk tokens [default by GPU memory]")
+@click.option("--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly")
 @click.option("--max-num-seqs", type=int, default=None, help="vLLM: total running requests")
 @click.option("--max-num-batched-tokens", type=int, default=None, help="vLLM: token budget per batch")
 @click.option("--async-scheduling/--no-async-scheduling", default=None, help="vLLM: async scheduling (one more batch in flight)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of the table")
 def predict(tp, pp, conc, rate, num_requests, trace, model, profile, engine, box, layers, input_len, output_len, seed,
             max_running_requests, pp_max_micro_batch_size, pp_async_batch_depth, chunked_prefill_size,
-            max_num_seqs, max_num_batched_tokens, async_scheduling, as_json):
+            disable_cuda_graph, max_num_seqs, max_num_batched_tokens, async_scheduling, as_json):
     """Predict one scenario (default: Kimi K2.6 with SGLang on 8 x RTX PRO 6000)."""
     from . import api, report
     from .scenario import DEFAULT_MODEL, DEFAULT_PROFILE
 
     knobs = dict(max_running_requests=max_running_requests, pp_max_micro_batch_size=pp_max_micro_batch_size,
                  pp_async_batch_depth=pp_async_batch_depth, chunked_prefill_size=chunked_prefill_size,
-                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                 disable_cuda_graph=disable_cuda_graph or None, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                  async_scheduling=async_scheduling)
     result = api.predict(tp, pp, conc, rate_rps=rate, num_requests=num_requests, trace=trace,
                          model=model or DEFAULT_MODEL, profile=profile or DEFAULT_PROFILE, engine=engine, box=box,

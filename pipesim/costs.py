@@ -48,6 +48,7 @@ class Shape:
     decode: int = 0                               # decode tokens (one per request)
     decode_ctx: int = 0                           # mean context of the decode requests
     prefill: tuple[tuple[int, int], ...] = ()     # (chunk tokens, prefix tokens) per request
+    graphed: bool = True                          # replayed from a CUDA graph (else launched eagerly)
 
     @property
     def tokens(self) -> int:
@@ -272,14 +273,28 @@ class CostModel:
         ctx = shape.decode_ctx
         if ctx > CONTEXT_BUCKET:
             ctx = (ctx + CONTEXT_BUCKET // 2) // CONTEXT_BUCKET * CONTEXT_BUCKET
-        key = (self._kinds[stage], shape.decode, ctx, shape.prefill)
+        key = (self._kinds[stage], shape.decode, ctx, shape.prefill, shape.graphed)
         hit = self._stage_cache.get(key)
         if hit is None:
             ops = self.stage_ops(stage, Shape(shape.decode, ctx, shape.prefill))
             compute = sum(o.seconds * o.count for o in ops if o.kind == "compute")
             comm = sum(o.seconds * o.count for o in ops if o.kind == "tp_comm")
+            compute += self.launch_wait(stage, compute + comm, shape.graphed)
             hit = self._stage_cache[key] = (compute, comm)
         return hit
+
+    def launch_wait(self, stage: int, gpu_s: float, graphed: bool) -> float:
+        """GPU time lost waiting for the CPU to launch kernels one by one.
+
+        Replaying a CUDA graph launches a whole forward pass at once. Without one
+        (eager mode, prefill, batches above the engine's graph sizes) the CPU issues
+        every kernel; when that takes longer than the GPU needs to run them, the stage
+        takes max(launch time, GPU time). Launch time = layers x the profile's
+        eager_launch_us_per_layer (fitted to measurements; 0 = not measured)."""
+        if graphed or not self.params.eager_launch_us_per_layer:
+            return 0.0
+        launch_s = len(self.plan.stage_layers(stage)) * self.params.eager_launch_us_per_layer * 1e-6
+        return max(0.0, launch_s - gpu_s)
 
     def _stage_kind(self, stage: int) -> tuple:
         layers = self.plan.stage_layers(stage)

@@ -48,6 +48,7 @@ class Params:
     allreduce_scale: float = 1.0      # this box's TP path vs its measured all-reduce table
     allreduce_offset_us: float = 0.0  # extra fixed cost per all-reduce on this box's TP path
     kernel_floor_us: float = 0.0      # shortest kernel on this GPU (launch + tail)
+    eager_launch_us_per_layer: float = 0.0  # CPU time to launch one layer's kernels without CUDA graphs
     moe_distribution: str = "power_law_1.01"  # routing skew to read the MoE table at
     custom_allreduce_max_gpus: int = 2  # engines use their custom all-reduce up to this many PCIe GPUs
 

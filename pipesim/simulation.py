@@ -74,12 +74,12 @@ class Request:
 class MicroBatch:
     __slots__ = ("seq", "slot", "decode", "prefill", "shape", "returned", "launch_s")
 
-    def __init__(self, seq: int, slot: int, decode: list, prefill: list, env: simpy.Environment):
+    def __init__(self, seq: int, slot: int, decode: list, prefill: list, env: simpy.Environment, graphed: bool):
         self.seq, self.slot = seq, slot
         self.decode = decode            # requests decoding one token
         self.prefill = prefill          # (request, chunk tokens, prefix tokens)
         ctx = sum(r.context for r in decode) // len(decode) if decode else 0
-        self.shape = Shape(len(decode), ctx, tuple((c, p) for _, c, p in prefill))
+        self.shape = Shape(len(decode), ctx, tuple((c, p) for _, c, p in prefill), graphed)
         self.returned = env.event()
         self.launch_s = env.now
 
@@ -220,7 +220,8 @@ class Simulation:
     # ---- requests ---------------------------------------------------------------------
     def launch(self, slot: int, decode: list, prefill: list) -> MicroBatch:
         """The engine hands a formed micro-batch to the first stage."""
-        mb = MicroBatch(self._seq, slot, decode, prefill, self.env)
+        graphed = self.settings.graphed(len(decode), sum(c for _, c, _ in prefill))
+        mb = MicroBatch(self._seq, slot, decode, prefill, self.env, graphed)
         self._seq += 1
         for r in decode:
             r.inflight = True

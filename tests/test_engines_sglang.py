@@ -255,7 +255,7 @@ def make_scheduler(mrr=16, cap=4, slots=4, chunk=8192, kv=100_000):
     from pipesim.engines.sglang import SGLangScheduler, SGLangSettings
     st = SGLangSettings(max_running_requests=mrr, pp_max_micro_batch_size=cap, pp_async_batch_depth=0,
                         slots=slots, chunked_prefill_size=chunk, max_prefill_tokens=16384, kv_tokens=kv,
-                        mem_fraction_static=0.9)
+                        mem_fraction_static=0.9, cuda_graph_max_bs=256)
     sim = FakeSim(kv)
     return SGLangScheduler(sim, st), sim
 

@@ -37,18 +37,35 @@ class SGLangConfig:
     chunked_prefill_size: int | None = None
     max_prefill_tokens: int = 16384
     mem_fraction_static: float | None = None
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None
 
     partition_rule = "sglang"
     name = "sglang"
 
     def validate(self) -> None:
-        for k in ("max_running_requests", "pp_max_micro_batch_size", "chunked_prefill_size", "max_prefill_tokens"):
+        for k in ("max_running_requests", "pp_max_micro_batch_size", "chunked_prefill_size", "max_prefill_tokens",
+                  "cuda_graph_max_bs"):
             v = getattr(self, k)
             require(v is None or (isinstance(v, int) and v >= 1), f"--{k.replace('_', '-')} must be a whole number >= 1, got {v}")
         require(isinstance(self.pp_async_batch_depth, int) and self.pp_async_batch_depth >= 0,
                 f"--pp-async-batch-depth must be a whole number >= 0, got {self.pp_async_batch_depth}")
         f = self.mem_fraction_static
         require(f is None or 0 < f < 1, f"--mem-fraction-static must be in (0, 1), got {f}")
+
+    def graph_max_bs(self, gpu_memory_bytes: float, tp: int) -> int:
+        """`cuda_graph_max_bs` default by GPU memory and tp (server_args.py): decode
+        batches up to this size replay a CUDA graph."""
+        if self.cuda_graph_max_bs is not None:
+            return self.cuda_graph_max_bs
+        gb = gpu_memory_bytes / MiB / 1024
+        if gb < 20:
+            return 8
+        if gb < 35:
+            return 24 if tp < 4 else 80
+        if gb < 60:
+            return 32 if tp < 4 else 160
+        return (256 if tp < 4 else 512) if gb < 160 else 512
 
     def memory_fraction(self, gpu_memory_bytes: float, tp: int, pp: int) -> float:
         """`mem_fraction_static` default (server_args.py, _handle_gpu_memory_settings):
@@ -57,7 +74,7 @@ class SGLangConfig:
         if self.mem_fraction_static is not None:
             return self.mem_fraction_static
         mem_mb = gpu_memory_bytes / MiB
-        graph_bs = (256 if tp < 4 else 512) if mem_mb < 160 * 1024 else 512
+        graph_bs = self.graph_max_bs(gpu_memory_bytes, tp)
         reserved = 512 + max(self.chunk_size(gpu_memory_bytes), 2048) * 1.5 + graph_bs * 2 + tp * pp / 8 * 1024
         if mem_mb > 60 * 1024:
             reserved = max(reserved, 10 * 1024)
@@ -82,7 +99,8 @@ class SGLangConfig:
             max_running_requests=mrr, pp_max_micro_batch_size=cap, pp_async_batch_depth=self.pp_async_batch_depth,
             slots=slots, chunked_prefill_size=self.chunk_size(gpu_memory_bytes),
             max_prefill_tokens=self.max_prefill_tokens, kv_tokens=kv_tokens,
-            mem_fraction_static=self.memory_fraction(gpu_memory_bytes, plan.tp, plan.pp))
+            mem_fraction_static=self.memory_fraction(gpu_memory_bytes, plan.tp, plan.pp),
+            cuda_graph_max_bs=0 if self.disable_cuda_graph else self.graph_max_bs(gpu_memory_bytes, plan.tp))
 
 
 @dataclass(frozen=True)
@@ -97,9 +115,15 @@ class SGLangSettings:
     max_prefill_tokens: int
     kv_tokens: int
     mem_fraction_static: float
+    cuda_graph_max_bs: int          # 0: CUDA graphs disabled
 
     def describe(self) -> dict:
         return {"engine": "sglang", **asdict(self)}
+
+    def graphed(self, decode: int, prefill_tokens: int) -> bool:
+        """SGLang replays CUDA graphs for decode batches up to cuda_graph_max_bs;
+        prefill (extend) batches run eagerly."""
+        return prefill_tokens == 0 and decode <= self.cuda_graph_max_bs
 
     def scheduler(self, sim) -> "SGLangScheduler":
         return SGLangScheduler(sim, self)

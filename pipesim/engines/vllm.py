@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 from ..errors import require
 
 GiB = 2**30
+# vllm/config/compilation.py: the largest CUDA-graph capture size by default
+CUDAGRAPH_MAX_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class VLLMConfig:
     max_num_batched_tokens: int | None = None
     async_scheduling: bool = False
     gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
 
     partition_rule = "vllm"
     name = "vllm"
@@ -52,7 +55,8 @@ class VLLMConfig:
         seqs = self.max_num_seqs or (1024 if big else 256)
         tokens = self.max_num_batched_tokens or (8192 if big else 2048)
         inflight = plan.pp + 1 if (self.async_scheduling and plan.pp > 1) else (2 if self.async_scheduling else plan.pp)
-        return VLLMSettings(seqs, tokens, self.async_scheduling, inflight, kv_tokens, self.gpu_memory_utilization)
+        return VLLMSettings(seqs, tokens, self.async_scheduling, inflight, kv_tokens, self.gpu_memory_utilization,
+                            0 if self.enforce_eager else CUDAGRAPH_MAX_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,12 @@ class VLLMSettings:
     max_concurrent_batches: int
     kv_tokens: int
     gpu_memory_utilization: float
+    cudagraph_max_tokens: int       # 0: enforce_eager
+
+    def graphed(self, decode: int, prefill_tokens: int) -> bool:
+        """vLLM V1 captures (piecewise) CUDA graphs for batches up to its largest
+        capture size, mixed prefill included."""
+        return 0 < decode + prefill_tokens <= self.cudagraph_max_tokens
 
     # SGLang-only names, so reports can ask every engine the same questions
     @property
