@@ -1,68 +1,84 @@
-"""Build the calibration profiles pipesim ships, from measured tables.
+"""Build the calibration profiles pipesim ships, from measured tables and points.
 
     python calibration/build_profiles.py [--source ../shared/reference-data/aiconfigurator]
 
 Every number in a shipped profile comes from this script: derived tables from
 AIConfigurator's silicon database (Apache-2.0) measured on a real 8 x RTX PRO 6000
-Blackwell Server box, plus parameters computed here from those tables. Nothing is
-edited by hand; rerunning the script reproduces the files byte for byte.
+Blackwell Server box, and parameters fitted by pipesim.fit to the reference
+deployment's measured points (calibration/reference_points.csv). Nothing is edited by
+hand; rerunning the script reproduces the files.
+
+- rtx-pro-6000-sglang-deployment (the default): SGLang 0.5.14 kernel tables, the
+  deployment's measured points and launch flags, free parameters fitted to the points;
+- rtx-pro-6000-sglang-healthy: the same tables and fitted CPU costs, the box's measured
+  NCCL path as is (no all-reduce correction), SGLang's own default flags;
+- rtx-pro-6000-vllm: vLLM 0.19.0 kernel tables of the same box, vLLM's scheduling;
+  CPU costs not measured for vLLM (neutral).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 from pathlib import Path
 
+import pandas as pd
+
+from pipesim.fit import fit
 from pipesim.importers.aiconfigurator import build_tables
-from pipesim.profile import write_profile
+from pipesim.measured import read_points
+from pipesim.profile import Params, Profile, Tables, write_profile
 
 HERE = Path(__file__).resolve().parent
-SOURCE_NOTE = ("AIConfigurator silicon database (github.com/ai-dynamo/aiconfigurator, Apache-2.0, "
-               "commit 095f58a51c4c), system {system}, {kernels} kernels; derived by "
-               "pipesim.importers.aiconfigurator")
+SYSTEM = "rtx_pro_6000_server"
+BOX = "rtx-pro-6000-server-8x"
+SOURCE = ("AIConfigurator silicon database (github.com/ai-dynamo/aiconfigurator, Apache-2.0, commit "
+          "095f58a51c4c), system rtx_pro_6000_server, {kernels} kernels; derived by pipesim.importers.aiconfigurator")
+# Two explanations of the deployment's slow TP8 runs, each with the scheduler CPU:
+HYPOTHESES = {
+    "no CUDA graphs: the CPU launch-bound": ["cpu_iteration_ms", "eager_launch_us_per_layer"],
+    "a slow TP all-reduce path": ["cpu_iteration_ms", "allreduce_offset_us"],
+}
+NEUTRAL_AR = {"allreduce_scale": 1.0, "allreduce_offset_us": 0.0}
 
 
 def kernel_floor_us(tables: dict) -> float:
-    """The shortest kernel measured on this GPU (a tiny GEMM: launch + tail), used as the
-    fixed cost of every roofline-estimated kernel."""
+    """The shortest kernel measured on this GPU (a tiny GEMM: launch + tail), the fixed
+    cost of every roofline-estimated kernel."""
     return round(float(tables["gemm"]["latency_ms"].min()) * 1e3, 3)
 
 
-def build_healthy(source: Path, out: Path) -> None:
-    system = "rtx_pro_6000_server"
-    tables = build_tables(source / system, kernel_set="sglang")
-    note = SOURCE_NOTE.format(system=system, kernels="SGLang 0.5.14")
-    meta = {
-        "name": "rtx-pro-6000-sglang-healthy",
-        "description": ("8 x RTX PRO 6000 Blackwell Server on PCIe with SGLang 0.5.14 kernels and the box's "
-                        "measured (healthy) NCCL path. CPU costs are not measured here: they are 0 "
-                        "until fitted to end-to-end measurements."),
-        "box": "rtx-pro-6000-server-8x",
-        "engine": "sglang",
-        "engine_version": "0.5.14",
-        "built_by": "python calibration/build_profiles.py",
-        "sources": {name: note for name in tables},
-        "params": {
-            "kernel_floor_us": kernel_floor_us(tables),
-            "cpu_iteration_ms": 0.0,
-            "cpu_hop_ms": 0.0,
-            "allreduce_scale": 1.0,
-            "allreduce_offset_us": 0.0,
-            "moe_distribution": "power_law_1.01",
-            "custom_allreduce_max_gpus": 2,
-        },
+def base_meta(name: str, description: str, engine: str, version: str, kernels: str, tables: dict) -> dict:
+    return {
+        "name": name, "description": description, "box": BOX, "engine": engine, "engine_version": version,
+        "model": "kimi-k2.6", "built_by": "python calibration/build_profiles.py",
+        "sources": {t: SOURCE.format(kernels=kernels) for t in tables},
+        "params": {"kernel_floor_us": kernel_floor_us(tables), "moe_distribution": "power_law_1.01",
+                   "custom_allreduce_max_gpus": 2},
         "param_sources": {
             "kernel_floor_us": "minimum of the gemm table (computed by build_profiles.py)",
-            "cpu_iteration_ms": "not measured (neutral 0)",
-            "cpu_hop_ms": "not measured (neutral 0)",
-            "allreduce_scale": "neutral: the measured NCCL table as is",
-            "moe_distribution": "real routing is skewed (REFERENCE section 2): power-law 1.01 rows of the MoE table",
-            "custom_allreduce_max_gpus": "SGLang/vLLM use their custom all-reduce only up to 2 PCIe-only GPUs",
+            "moe_distribution": "real routing is skewed (REFERENCE 2): the power-law 1.01 rows of the MoE table",
+            "custom_allreduce_max_gpus": "SGLang and vLLM use their custom all-reduce only up to 2 PCIe-only GPUs",
         },
     }
-    write_profile(out / meta["name"], meta, tables)
-    print(f"wrote {out / meta['name']}: " + ", ".join(f"{k} {len(v)} rows" for k, v in tables.items()))
+
+
+def fit_deployment(tables: Tables, meta: dict, points: list) -> tuple[dict, str, dict]:
+    """Fit each hypothesis; keep the one with the lowest error. Returns (params, report, fit summary)."""
+    base = Profile(meta["name"], BOX, "sglang", "0.5.14", Params.from_dict(meta["params"], "build"), meta, tables)
+    results = {h: fit(base, names, points) for h, names in HYPOTHESES.items()}
+    best = min(results, key=lambda h: (results[h].mape, results[h].loo_mape))
+    report = ["# Fit of rtx-pro-6000-sglang-deployment", "",
+              "Measured points: calibration/reference_points.csv (REFERENCE section 1).", ""]
+    for h, r in results.items():
+        report += [f"## Hypothesis: {h}{'  (kept)' if h == best else ''}", "", r.report(), ""]
+    report += ["With three points and two free parameters the leave-one-out errors are large: the TP8 C=1 "
+               "point alone pins the launch (or all-reduce) cost. Measure more points before trusting "
+               "predictions far from them.", ""]
+    r = results[best]
+    summary = {"hypothesis": best, "params": ", ".join(f"{k}={v:.4g}" for k, v in r.params.items()),
+               "mape_pct": round(r.mape, 2), "loo_mape_pct": round(r.loo_mape, 2),
+               "points": "measured.csv", "report": "fit_report.md"}
+    return r.params, "\n".join(report), summary
 
 
 def main() -> None:
@@ -71,7 +87,52 @@ def main() -> None:
                     help="folder of the AIConfigurator system tables")
     ap.add_argument("--out", type=Path, default=HERE / "profiles")
     args = ap.parse_args()
-    build_healthy(args.source, args.out)
+
+    tables = Tables(build_tables(args.source / SYSTEM, kernel_set="sglang"))
+    points_df = pd.read_csv(HERE / "reference_points.csv", dtype=str, keep_default_na=False)
+    points = read_points(HERE / "reference_points.csv", "calibration/reference_points.csv")
+
+    # the deployment as measured
+    meta = base_meta("rtx-pro-6000-sglang-deployment",
+                     "The reference deployment: Kimi K2.6 on 8 x RTX PRO 6000 Blackwell Server (PCIe) with SGLang "
+                     "0.5.14 kernels, free parameters fitted to its measured points (REFERENCE 1).",
+                     "sglang", "0.5.14", "SGLang 0.5.14", tables)
+    params, report, summary = fit_deployment(tables, meta, points)
+    meta["params"].update({**NEUTRAL_AR, **params})
+    meta["param_sources"].update({k: f"fitted to measured.csv ({summary['hypothesis']}); see fit_report.md"
+                                  for k in params})
+    meta["deployment"] = {"max_running_requests": 64, "pp_max_micro_batch_size": 64, "pp_async_batch_depth": 0}
+    meta["deployment_notes"] = {"pp_async_batch_depth": "not recorded by the deployment; 0 (SGLang's default) assumed",
+                                "cuda_graphs": "on (after the CUDA 13 upgrade); the TP8 points ran without them"}
+    meta["fit"] = summary
+    write_profile(args.out / meta["name"], meta, tables, points_df, {"fit_report.md": report})
+    print(f"wrote {meta['name']}: {summary}")
+
+    # the same box, healthy NCCL path, SGLang defaults
+    healthy = base_meta("rtx-pro-6000-sglang-healthy",
+                        "8 x RTX PRO 6000 Blackwell Server (PCIe) with SGLang 0.5.14 kernels and the box's measured "
+                        "NCCL path as is; CPU costs from the deployment's fit; SGLang's default flags.",
+                        "sglang", "0.5.14", "SGLang 0.5.14", tables)
+    cpu = {k: v for k, v in params.items() if k in ("cpu_iteration_ms", "eager_launch_us_per_layer", "cpu_hop_ms")}
+    healthy["params"].update({**NEUTRAL_AR, **cpu})
+    healthy["param_sources"].update({k: "fitted to the deployment's points (see rtx-pro-6000-sglang-deployment)"
+                                     for k in cpu})
+    healthy["param_sources"].update({k: "neutral: the measured NCCL table as is" for k in NEUTRAL_AR})
+    write_profile(args.out / healthy["name"], healthy, tables)
+    print(f"wrote {healthy['name']}")
+
+    # vLLM 0.19 kernels on the same box
+    vtables = build_tables(args.source / SYSTEM, kernel_set="vllm")
+    vllm = base_meta("rtx-pro-6000-vllm",
+                     "8 x RTX PRO 6000 Blackwell Server (PCIe) with vLLM 0.19.0 kernels (GEMM, MoE, GQA attention, "
+                     "custom all-reduce) and the box's NCCL table. vLLM's MLA tables time whole modules and are not "
+                     "used: MLA attention is a roofline estimate here. CPU costs not measured for vLLM (0).",
+                     "vllm", "0.19.0", "vLLM 0.19.0", vtables)
+    vllm["params"].update({"cpu_iteration_ms": 0.0, "eager_launch_us_per_layer": 0.0, **NEUTRAL_AR})
+    vllm["param_sources"].update({"cpu_iteration_ms": "not measured for vLLM (neutral 0)",
+                                  "eager_launch_us_per_layer": "not measured for vLLM (neutral 0)"})
+    write_profile(args.out / vllm["name"], vllm, vtables)
+    print(f"wrote {vllm['name']}: " + ", ".join(f"{k} {len(v)} rows" for k, v in vtables.items()))
 
 
 if __name__ == "__main__":

@@ -73,6 +73,182 @@ def calibrate():
     """Measure or import a box's costs into a calibration profile."""
 
 
+@calibrate.group("import")
+def calibrate_import():
+    """Import measurements people already have into a profile."""
+
+
+@calibrate_import.command("aiconfigurator")
+@click.argument("system_dir", type=click.Path(file_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="profile directory to write")
+@click.option("--kernel-set", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True)
+@click.option("--box", required=True, help="box preset or .toml the tables were measured on")
+@click.option("--name", default=None, help="profile name [default: the --out folder's name]")
+def import_aiconfigurator(system_dir, out, kernel_set, box, name):
+    """Tables from an AIConfigurator system folder (e.g. .../rtx_pro_6000_server)."""
+    from pathlib import Path
+
+    from .errors import require
+    from .hardware import load_box
+    from .importers.aiconfigurator import build_tables
+    from .profile import write_profile
+
+    require(Path(system_dir).is_dir(), f"{system_dir} is not a folder of AIConfigurator tables")
+    load_box(box)
+    tables = build_tables(Path(system_dir), kernel_set=kernel_set)
+    note = f"AIConfigurator tables from {Path(system_dir).name} ({kernel_set} kernels), pipesim calibrate import"
+    floor = round(float(tables["gemm"]["latency_ms"].min()) * 1e3, 3) if "gemm" in tables else 0.0
+    meta = {"name": name or Path(out).name, "box": box, "engine": kernel_set, "engine_version": "",
+            "built_by": "pipesim calibrate import aiconfigurator", "sources": {t: note for t in tables},
+            "params": {"kernel_floor_us": floor}}
+    write_profile(out, meta, tables)
+    click.echo(f"wrote {out}: " + ", ".join(f"{k} {len(v)} rows" for k, v in tables.items()))
+
+
+def _rewrite(profile_dir: str, out: str | None, tables: dict | None = None, measured=None, meta_update=None,
+             extra=None):
+    """Write a profile again (atomically) with some parts replaced."""
+    import pandas as pd
+
+    from .measured import points_frame
+    from .profile import load_profile, profile_files, write_profile
+
+    prof = load_profile(profile_dir)
+    meta = {**prof.meta, **(meta_update or {})}
+    new_tables = {**prof.tables, **(tables or {})}
+    if measured is None:
+        measured = points_frame(list(prof.measured)) if prof.measured else pd.DataFrame()
+    write_profile(out or profile_dir, meta, new_tables, measured, {**profile_files(profile_dir), **(extra or {})})
+
+
+@calibrate_import.command("nccl-tests")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--profile", "profile_dir", required=True, help="profile directory to add the table to")
+@click.option("--out", default=None, help="write the result here instead of in place")
+@click.option("--op", default=None, help="all_reduce, all_gather, ... [default: read from the output]")
+@click.option("--gpus", type=int, default=None, help="GPUs in the run [default: read from the output]")
+def import_nccl_tests(file, profile_dir, out, op, gpus):
+    """Collective latencies from nccl-tests text output (all_reduce_perf, all_gather_perf, ...)."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from .errors import require
+    from .importers.nccl_tests import parse
+    from .profile import load_profile
+
+    require(Path(file).is_file(), f"nccl-tests output not found: {file}")
+    rows = parse(Path(file).read_text(errors="replace"), file, op, gpus)
+    prof = load_profile(profile_dir)
+    old = prof.tables.get("collectives")
+    keep = old
+    if old is not None:
+        key = set(zip(rows.op, rows.impl, rows.gpus))
+        keep = old[[k not in key for k in zip(old.op, old.impl, old.gpus)]]
+    merged = pd.concat([keep, rows]) if keep is not None else rows
+    merged = merged.sort_values(["op", "impl", "gpus", "nbytes"]).reset_index(drop=True)
+    sources = {**prof.sources, "collectives": f"{prof.sources.get('collectives', '')}; nccl-tests {Path(file).name}".strip("; ")}
+    _rewrite(profile_dir, out, tables={"collectives": merged}, meta_update={"sources": sources})
+    click.echo(f"added {len(rows)} {rows.op.iloc[0]} rows on {rows.gpus.iloc[0]} GPUs to {out or profile_dir}")
+
+
+@calibrate_import.command("bench")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--profile", "profile_dir", required=True, help="profile directory to add the points to")
+@click.option("--out", default=None, help="write the result here instead of in place")
+@click.option("--format", "fmt", type=click.Choice(["sglang", "vllm", "csv"]), required=True,
+              help="sglang: bench_serving JSON lines; vllm: vllm bench serve JSON; csv: pipesim's measured layout")
+@click.option("--tp", type=int, default=None, help="the run's tp (not in the benchmark output)")
+@click.option("--pp", type=int, default=None, help="the run's pp")
+@click.option("--conc", type=int, default=None, help="concurrency, where the output lacks max_concurrency")
+@click.option("--name", default="", help="a label for the points")
+@click.option("--model", default="", help="model preset or config the run served [default: the profile's]")
+def import_bench(file, profile_dir, out, fmt, tp, pp, conc, name, model):
+    """End-to-end points (becomes the profile's measured set)."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from .errors import require
+    from .importers import bench
+    from .measured import points_frame, read_points
+    from .profile import load_profile
+
+    path = Path(file)
+    require(path.is_file(), f"benchmark output not found: {file}")
+    prof = load_profile(profile_dir)
+    if fmt == "csv":
+        new = points_frame(read_points(path, file, prof.meta.get("model", "kimi-k2.6"), prof.engine))
+    else:
+        require(tp is not None and pp is not None, f"--tp and --pp are needed: {fmt} benchmark output does not record the split")
+        parse = bench.parse_sglang if fmt == "sglang" else bench.parse_vllm
+        new = parse(path.read_text(), file, tp, pp, conc=conc, name=name, model=model)
+        # read back through the checker: same validation as a hand-written CSV
+        import io
+        new = points_frame(read_points(io.StringIO(new.to_csv(index=False)), file,
+                                       prof.meta.get("model", "kimi-k2.6"), prof.engine))
+    old = points_frame(list(prof.measured)) if prof.measured else None
+    merged = pd.concat([old, new]) if old is not None else new
+    _rewrite(profile_dir, out, measured=merged)
+    click.echo(f"added {len(new)} measured point(s) to {out or profile_dir} ({len(merged)} in all)")
+
+
+@calibrate.command("fit")
+@click.option("--profile", "profile_dir", required=True, help="profile directory (with measured points)")
+@click.option("--params", "names", required=True, help="comma-separated parameters to fit, e.g. cpu_iteration_ms,allreduce_offset_us")
+@click.option("--out", default=None, help="write the fitted profile here instead of in place")
+@click.option("--no-loo", is_flag=True, help="skip the leave-one-out errors (faster)")
+def calibrate_fit(profile_dir, names, out, no_loo):
+    """Fit free parameters to the profile's measured points by least squares."""
+    from .fit import fit
+    from .profile import load_profile
+
+    prof = load_profile(profile_dir)
+    result = fit(prof, [n.strip() for n in names.split(",") if n.strip()], loo=not no_loo)
+    params = {**prof.meta.get("params", {}), **result.params}
+    sources = {**prof.meta.get("param_sources", {}),
+               **{k: "fitted to measured.csv by pipesim calibrate fit; see fit_report.md" for k in result.params}}
+    summary = {"params": ", ".join(f"{k}={v:.4g}" for k, v in result.params.items()),
+               "mape_pct": round(result.mape, 2), "loo_mape_pct": round(result.loo_mape, 2), "report": "fit_report.md"}
+    _rewrite(profile_dir, out, meta_update={"params": params, "param_sources": sources, "fit": summary},
+             extra={"fit_report.md": f"# Fit of {prof.name}\n\n{result.report()}\n"})
+    click.echo(result.report())
+
+
+@cli.command()
+@click.option("--profile", default=None, help="profile name or directory [default: the reference deployment]")
+@click.option("--max-error", type=float, default=10.0, show_default=True, help="largest allowed error per point, %")
+@click.option("--json", "as_json", is_flag=True)
+def validate(profile, max_error, as_json):
+    """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error."""
+    import json
+
+    from . import validate as v
+    from .profile import load_profile
+    from .scenario import DEFAULT_PROFILE
+
+    prof = load_profile(profile or DEFAULT_PROFILE)
+    df = v.validate(prof)
+    if as_json:
+        click.echo(json.dumps({"profile": prof.name, "mape_pct": v.mape(df), "max_error_pct": max_error,
+                               "points": df.to_dict("records")}, indent=2))
+    else:
+        click.echo(v.table(df, prof, max_error))
+    if (df["error_pct"].abs() > max_error).any():
+        sys.exit(1)
+
+
+@cli.command()
+@click.option("--profile", default=None, help="profile name or directory [default: the reference deployment]")
+def diagnose(profile):
+    """Where the box loses time: each measured point against the box's own tables."""
+    from .diagnose import diagnose as run_diagnosis
+    from .profile import load_profile
+    from .scenario import DEFAULT_PROFILE
+
+    click.echo(run_diagnosis(load_profile(profile or DEFAULT_PROFILE)).text())
+
+
 @cli.group()
 def profiles():
     """List and inspect calibration profiles."""
@@ -106,6 +282,143 @@ def profiles_show(name):
         click.echo(f"    {t:14s} {len(df):>7,} rows   {p.sources.get(t, '')}")
     if p.deployment:
         click.echo("  deployment flags: " + ", ".join(f"{k}={v}" for k, v in p.deployment.items()))
+
+
+@cli.command()
+@click.option("--gpus", default="8", show_default=True, help="GPU count, or several: 2,4,8 (every tp x pp = count)")
+@click.option("--conc", default="1,2,4,8,16,32,64,128", show_default=True, help="concurrencies, comma-separated")
+@click.option("--model", default=None, help="preset name or path of a Hugging Face config.json [default: kimi-k2.6]")
+@click.option("--profile", default=None, help="calibration profile name or directory [default: the reference box]")
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]")
+@click.option("--box", default=None, help="box preset or .toml [default: the profile's]")
+@click.option("--input-len", default="256", show_default=True, help="prompt tokens: N or LO:HI (uniform)")
+@click.option("--output-len", default="300", show_default=True, help="output tokens: N or LO:HI (uniform)")
+@click.option("--seed", default="0", show_default=True, help="random seed, a whole number >= 0")
+@click.option("--max-running-requests", default=None, help="SGLang: total running requests")
+@click.option("--pp-max-micro-batch-size", default=None, help="SGLang: per-slot cap [default: max-running-requests // pp]")
+@click.option("--pp-async-batch-depth", default=None, help="SGLang: extra micro-batch slots [default 0]")
+@click.option("--chunked-prefill-size", default=None, help="SGLang: prefill chunk tokens [default by GPU memory]")
+@click.option("--max-num-seqs", default=None, help="vLLM: total running requests")
+@click.option("--max-num-batched-tokens", default=None, help="vLLM: token budget per batch")
+@click.option("--async-scheduling/--no-async-scheduling", default=None, help="vLLM: async scheduling")
+@click.option("--out", default=None, help="write the table to this .csv or .parquet file")
+@click.option("--workers", default=None, help="local worker processes [default: every core; 1: in this process]")
+@click.option("--scheduler", default=None, help="run on a Dask cluster: its scheduler address, tcp://HOST:PORT")
+@click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
+def sweep(gpus, conc, out, workers, scheduler, progress, **opts):
+    """Every valid TP x PP split for the GPU count(s) x every concurrency: a table."""
+    import importlib
+    import time
+
+    sw = importlib.import_module("pipesim.sweep")  # the module; `pipesim.sweep` is the function
+
+    if out is not None:
+        sw.check_out_path(out, (".csv", ".parquet"), "output")
+    t = time.perf_counter()
+    df = sw.sweep(gpus, conc, scheduler=scheduler, workers=sw.parse_ints(workers, "--workers")[0] if workers else None, progress=progress,
+                  **sw.scenario_kwargs(opts))
+    wall_s = time.perf_counter() - t
+    click.echo(sw.summary(df))
+    click.echo(f"{len(df)} points in {wall_s:.1f} s" + (f" on {scheduler}" if scheduler else ""))
+    if out is not None:
+        sw.write_table(df, out)
+        click.echo(f"wrote {out}")
+
+
+@cli.command()
+@click.option("--gpus", default="8", show_default=True, help="GPU count, or several: 2,4,8")
+@click.option("--conc", default="1,2,4,8,16,32,64,128", show_default=True, help="concurrencies to try")
+@click.option("--objective", default="throughput", show_default=True,
+              help="throughput | throughput-per-gpu | per-request | ttft")
+@click.option("--min-per-request-tok-s", default=None, help="keep points whose requests decode at least this fast")
+@click.option("--max-ttft-p99-ms", default=None, help="keep points whose TTFT p99 is at most this")
+@click.option("--from", "from_file", default=None, help="search a sweep table (.csv/.parquet) instead of running one")
+@click.option("--model", default=None, help="preset name or path of a Hugging Face config.json [default: kimi-k2.6]")
+@click.option("--profile", default=None, help="calibration profile name or directory [default: the reference box]")
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]")
+@click.option("--box", default=None, help="box preset or .toml [default: the profile's]")
+@click.option("--input-len", default="256", show_default=True, help="prompt tokens: N or LO:HI (uniform)")
+@click.option("--output-len", default="300", show_default=True, help="output tokens: N or LO:HI (uniform)")
+@click.option("--seed", default="0", show_default=True, help="random seed, a whole number >= 0")
+@click.option("--max-running-requests", default=None, help="SGLang: total running requests")
+@click.option("--pp-max-micro-batch-size", default=None, help="SGLang: per-slot cap [default: max-running-requests // pp]")
+@click.option("--pp-async-batch-depth", default=None, help="SGLang: extra micro-batch slots [default 0]")
+@click.option("--chunked-prefill-size", default=None, help="SGLang: prefill chunk tokens [default by GPU memory]")
+@click.option("--max-num-seqs", default=None, help="vLLM: total running requests")
+@click.option("--max-num-batched-tokens", default=None, help="vLLM: token budget per batch")
+@click.option("--async-scheduling/--no-async-scheduling", default=None, help="vLLM: async scheduling")
+@click.option("--workers", default=None, help="local worker processes [default: every core]")
+@click.option("--scheduler", default=None, help="run on a Dask cluster: tcp://HOST:PORT")
+@click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
+def search(gpus, conc, objective, min_per_request_tok_s, max_ttft_p99_ms, from_file, workers, scheduler, progress,
+           **opts):
+    """The best split and concurrency under constraints, the alternatives ranked, and why."""
+    import importlib
+
+    sw = importlib.import_module("pipesim.sweep")  # the module; `pipesim.sweep` is the function
+
+    table = sw.read_table(from_file) if from_file else None
+    result = sw.search(gpus, objective, conc, table=table,
+                       min_per_request_tok_s=sw.parse_number(min_per_request_tok_s, "--min-per-request-tok-s"),
+                       max_ttft_p99_ms=sw.parse_number(max_ttft_p99_ms, "--max-ttft-p99-ms"),
+                       **({} if table is not None else dict(scheduler=scheduler, workers=sw.parse_ints(workers, "--workers")[0] if workers else None,
+                                                           progress=progress, **sw.scenario_kwargs(opts))))
+    click.echo(result.text())
+
+
+@cli.command()
+@click.argument("results")
+@click.option("--out-dir", default=".", show_default=True, help="folder for the figures")
+@click.option("--format", "fmt", default="png", show_default=True, help="png or svg")
+@click.option("--prefix", default="", help="prefix of the file names")
+def plot(results, out_dir, fmt, prefix):
+    """Figures of a sweep table: throughput vs concurrency, the trade-off curve, the time breakdown."""
+    from . import plot as pl
+    from .sweep import read_table
+
+    for path in pl.save_all(read_table(results), out_dir, fmt, prefix):
+        click.echo(f"wrote {path}")
+
+
+@cli.command()
+@click.option("--tp", default="1", show_default=True, help="tensor-parallel size")
+@click.option("--pp", default="1", show_default=True, help="pipeline-parallel size")
+@click.option("--conc", default=None, help="closed-loop concurrency C")
+@click.option("--model", default=None, help="preset name or path of a Hugging Face config.json [default: kimi-k2.6]")
+@click.option("--profile", default=None, help="calibration profile name or directory [default: the reference box]")
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]")
+@click.option("--box", default=None, help="box preset or .toml [default: the profile's]")
+@click.option("--input-len", default="256", show_default=True, help="prompt tokens: N or LO:HI (uniform)")
+@click.option("--output-len", default="300", show_default=True, help="output tokens: N or LO:HI (uniform)")
+@click.option("--seed", default="0", show_default=True, help="random seed, a whole number >= 0")
+@click.option("--max-running-requests", default=None, help="SGLang: total running requests")
+@click.option("--pp-max-micro-batch-size", default=None, help="SGLang: per-slot cap [default: max-running-requests // pp]")
+@click.option("--pp-async-batch-depth", default=None, help="SGLang: extra micro-batch slots [default 0]")
+@click.option("--chunked-prefill-size", default=None, help="SGLang: prefill chunk tokens [default by GPU memory]")
+@click.option("--max-num-seqs", default=None, help="vLLM: total running requests")
+@click.option("--max-num-batched-tokens", default=None, help="vLLM: token budget per batch")
+@click.option("--async-scheduling/--no-async-scheduling", default=None, help="vLLM: async scheduling")
+@click.option("--out", default="trace.json", show_default=True, help="the Chrome trace event file (.json)")
+def trace(tp, pp, conc, out, **opts):
+    """A Chrome / Perfetto trace of one run: a track per GPU and per PP hop."""
+    from . import trace as tr
+    from .sweep import check_out_path, parse_ints, scenario_kwargs
+
+    check_out_path(out, (".json",), "trace")
+    [tp_], [pp_] = parse_ints(tp, "--tp"), parse_ints(pp, "--pp")
+    conc_ = parse_ints(conc, "--conc")[0] if conc is not None else None
+    obj, result = tr.trace(tp_, pp_, conc_, **scenario_kwargs(opts))
+    tr.write_trace(out, obj)
+    meta = obj["otherData"]
+    slices = sum(1 for e in obj["traceEvents"] if e["ph"] == "X")
+    click.echo(f"wrote {out}: {slices:,} slices over {meta['run_ms'] / 1e3:,.2f} s simulated "
+               f"(measured window {meta['window_ms'][0] / 1e3:,.2f}-{meta['window_ms'][1] / 1e3:,.2f} s); "
+               "open it in https://ui.perfetto.dev")
+    click.echo(f"output {result.output_throughput_tok_s:,.1f} tok/s, bubble {result.bubble_fraction:.0%} of GPU time")
+    for st in meta["stages"]:
+        click.echo(f"  stage {st['stage']} (GPU {','.join(map(str, st['gpus']))}): {st['bubbles']:,} bubbles, "
+                   f"{st['bubble_ms']:,.1f} ms idle ({st['idle_share']:.0%}: P2P wait {st['idle_p2p_share']:.0%}, "
+                   f"CPU wait {st['idle_cpu_share']:.0%}, pipeline bubble {st['idle_bubble_share']:.0%})")
 
 
 def main(argv=None) -> None:

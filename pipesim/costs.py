@@ -277,7 +277,7 @@ class CostModel:
         hit = self._stage_cache.get(key)
         if hit is None:
             ops = self.stage_ops(stage, Shape(shape.decode, ctx, shape.prefill))
-            compute = sum(o.seconds * o.count for o in ops if o.kind == "compute")
+            compute = sum(o.seconds * o.count for o in ops if o.kind == "compute") * self.params.kernel_scale
             comm = sum(o.seconds * o.count for o in ops if o.kind == "tp_comm")
             compute += self.launch_wait(stage, compute + comm, shape.graphed)
             hit = self._stage_cache[key] = (compute, comm)

@@ -13,7 +13,7 @@ calibration/profiles); any other directory can be given by path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
@@ -24,6 +24,7 @@ import pandas as pd
 from ._toml import toml_reader
 from .errors import UserError, require
 from .interp import Surface, group_curves
+from .measured import read_points
 
 # Key columns of each table (latency_ms is the value). Sizes are per GPU.
 TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -34,8 +35,10 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "gqa_decode": ("heads_per_gpu", "kv_heads_per_gpu", "head_dim", "batch", "context"),
     "gqa_prefill": ("heads_per_gpu", "kv_heads_per_gpu", "head_dim", "batch", "isl"),
     "collectives": ("op", "impl", "gpus", "nbytes"),
+    "p2p": ("src_gpu", "dst_gpu", "nbytes"),        # one send/recv between two GPUs (not used by costs yet)
 }
 TEXT_COLUMNS = {"dtype", "distribution", "op", "impl"}
+GPU_COLUMNS = {"src_gpu", "dst_gpu"}  # GPU numbers, which start at 0
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Params:
     allreduce_offset_us: float = 0.0  # extra fixed cost per all-reduce on this box's TP path
     kernel_floor_us: float = 0.0      # shortest kernel on this GPU (launch + tail)
     eager_launch_us_per_layer: float = 0.0  # CPU time to launch one layer's kernels without CUDA graphs
+    kernel_scale: float = 1.0         # this deployment's kernels vs the measured kernel tables
     moe_distribution: str = "power_law_1.01"  # routing skew to read the MoE table at
     custom_allreduce_max_gpus: int = 2  # engines use their custom all-reduce up to this many PCIe GPUs
 
@@ -71,31 +75,17 @@ class Params:
         return cls(**values)
 
 
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    box: str
-    engine: str
-    engine_version: str
-    params: Params
-    meta: dict = field(hash=False, compare=False)
-    tables: dict = field(hash=False, compare=False)  # name -> DataFrame
+class Tables(dict):
+    """A profile's tables (name -> DataFrame) and the lookups built from them once.
 
-    @property
-    def sources(self) -> dict:
-        return self.meta.get("sources", {})
+    Kept apart from `Profile` so that a profile with other parameters (a what-if, a
+    fit candidate) shares the same indexed tables."""
 
-    @property
-    def deployment(self) -> dict:
-        """Engine flags of the measured deployment, used as defaults for this profile."""
-        return self.meta.get("deployment", {})
-
-    # ---- lookups built once from the tables ----------------------------------------
     @cached_property
     def gemm(self) -> dict:
         """dtype -> (ns, ks, {(n, k): Curve over m})."""
         out = {}
-        df = self.tables.get("gemm")
+        df = self.get("gemm")
         if df is None:
             return out
         for dtype, part in df.groupby("dtype"):
@@ -108,7 +98,7 @@ class Profile:
     @cached_property
     def moe(self) -> dict:
         """(dtype, hidden, inter, topk, experts, moe_tp, distribution) -> Curve over tokens."""
-        df = self.tables.get("moe")
+        df = self.get("moe")
         if df is None:
             return {}
         out = {}
@@ -119,7 +109,7 @@ class Profile:
         return out
 
     def _surfaces(self, table: str, outer: str, inner: str) -> dict:
-        df = self.tables.get(table)
+        df = self.get(table)
         if df is None:
             return {}
         keys = [c for c in TABLE_COLUMNS[table] if c not in (outer, inner)]
@@ -150,7 +140,7 @@ class Profile:
     @cached_property
     def collectives(self) -> dict:
         """(op, impl, gpus) -> Curve over nbytes."""
-        df = self.tables.get("collectives")
+        df = self.get("collectives")
         if df is None:
             return {}
         out = {}
@@ -158,6 +148,40 @@ class Profile:
             for (n,), curve in group_curves(part[["gpus"]].to_numpy(dtype=np.int64), part["nbytes"], part["latency_ms"]).items():
                 out[(str(op), str(impl), int(n))] = curve
         return out
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    box: str
+    engine: str
+    engine_version: str
+    params: Params
+    meta: dict = field(hash=False, compare=False)
+    tables: Tables = field(hash=False, compare=False)
+    measured: tuple = field(default=(), hash=False, compare=False)   # measured.Point, to fit and validate
+
+    @property
+    def sources(self) -> dict:
+        return self.meta.get("sources", {})
+
+    @property
+    def deployment(self) -> dict:
+        """Engine flags of the measured deployment, used as defaults for this profile."""
+        return self.meta.get("deployment", {})
+
+    def with_params(self, **values) -> "Profile":
+        """The same profile (same indexed tables) with some parameters changed."""
+        return replace(self, params=replace(self.params, **values))
+
+    # lookups, from the shared tables
+    gemm = property(lambda self: self.tables.gemm)
+    moe = property(lambda self: self.tables.moe)
+    mla_decode = property(lambda self: self.tables.mla_decode)
+    mla_prefill = property(lambda self: self.tables.mla_prefill)
+    gqa_decode = property(lambda self: self.tables.gqa_decode)
+    gqa_prefill = property(lambda self: self.tables.gqa_prefill)
+    collectives = property(lambda self: self.tables.collectives)
 
 
 # ---- loading and writing -----------------------------------------------------------------
@@ -207,14 +231,22 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
     for key in ("name", "box", "engine"):
         require(key in meta, f"{meta_file}: missing '{key}'")
     params = Params.from_dict(meta.get("params", {}), str(meta_file))
-    tables = {}
+    box = str(meta["box"])
+    if box.endswith(".toml") and folder.joinpath(box).is_file():
+        box = str(folder.joinpath(box))  # a box file written beside the profile (calibrate live)
+    tables = Tables()
     for table in TABLE_COLUMNS:
         f = folder.joinpath(f"{table}.csv.gz")
         if f.is_file():
             with f.open("rb") as fh:
                 tables[table] = read_table(fh, table, str(f))
-    return Profile(str(meta["name"]), str(meta["box"]), str(meta["engine"]), str(meta.get("engine_version", "")),
-                   params, meta, tables)
+    measured: tuple = ()
+    f = folder.joinpath("measured.csv")
+    if f.is_file():
+        with f.open("r") as fh:
+            measured = tuple(read_points(fh, str(f), str(meta.get("model", "kimi-k2.6")), str(meta["engine"])))
+    return Profile(str(meta["name"]), box, str(meta["engine"]), str(meta.get("engine_version", "")),
+                   params, meta, tables, measured)
 
 
 def read_table(source, table: str, origin: str) -> pd.DataFrame:
@@ -234,17 +266,19 @@ def read_table(source, table: str, origin: str) -> pd.DataFrame:
             df[col] = pd.to_numeric(df[col], errors="coerce")
             bad = df[col].isna()
             if not bad.any():
-                bad = df[col] <= 0 if col == "latency_ms" else df[col] < 1
+                bad = df[col] <= 0 if col == "latency_ms" else df[col] < (0 if col in GPU_COLUMNS else 1)
         if bad.any():
             row = int(bad.to_numpy().nonzero()[0][0])
             raise UserError(f"{origin}: line {row + 2}, column {col}: value {df[col].iloc[row]!r} is not allowed "
-                            f"({'a latency > 0 in ms' if col == 'latency_ms' else 'a text value' if col in TEXT_COLUMNS else 'a size >= 1'})")
+                            f"({'a latency > 0 in ms' if col == 'latency_ms' else 'a text value' if col in TEXT_COLUMNS else 'a GPU number >= 0' if col in GPU_COLUMNS else 'a size >= 1'})")
     return df
 
 
-def write_profile(out_dir: str | Path, meta: dict, tables: dict[str, pd.DataFrame]) -> Path:
+def write_profile(out_dir: str | Path, meta: dict, tables: dict[str, pd.DataFrame],
+                  measured: pd.DataFrame | None = None, extra: dict[str, str] | None = None) -> Path:
     """Write a profile directory atomically: everything goes to a sibling temporary
-    directory that replaces `out_dir` only once complete."""
+    directory that replaces `out_dir` only once complete. `measured` becomes
+    measured.csv; `extra` maps file names (a fit report, a log) to their text."""
     import shutil
     import tempfile
 
@@ -259,8 +293,14 @@ def write_profile(out_dir: str | Path, meta: dict, tables: dict[str, pd.DataFram
             require(name in TABLE_COLUMNS, f"unknown table {name}")
             # mtime=0 keeps rebuilt files byte-identical when their content is
             df.to_csv(tmp / f"{name}.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
+        if measured is not None and len(measured):
+            measured.to_csv(tmp / "measured.csv", index=False)
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
         (tmp / "profile.toml").write_text(dumps(meta))
         old = out.with_name(f".{out.name}.old")
+        if old.exists():
+            shutil.rmtree(old)
         if out.exists():
             out.rename(old)
         tmp.rename(out)
@@ -270,3 +310,11 @@ def write_profile(out_dir: str | Path, meta: dict, tables: dict[str, pd.DataFram
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def profile_files(name_or_path: str | Path) -> dict[str, str]:
+    """The text files of a profile besides its tables (measured.csv, reports), to carry
+    them over when a profile is rewritten."""
+    folder = _profile_dir(name_or_path)
+    return {p.name: p.read_text() for p in folder.iterdir()
+            if p.is_file() and p.name.endswith((".md", ".log"))}

@@ -19,7 +19,7 @@ from .plan import Plan, make_plan
 from .profile import Profile, load_profile
 from .workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Workload, closed_loop, from_trace, poisson
 
-DEFAULT_PROFILE = "rtx-pro-6000-sglang-healthy"
+DEFAULT_PROFILE = "rtx-pro-6000-sglang-deployment"
 DEFAULT_MODEL = "kimi-k2.6"
 
 
@@ -54,7 +54,7 @@ class Scenario:
 
 
 def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, model: str | Model = DEFAULT_MODEL,
-                   profile: str | Profile = DEFAULT_PROFILE, engine: str | None = None, box: str | None = None,
+                   profile: str | Profile = DEFAULT_PROFILE, engine: str | None = None, box: str | Box | None = None,
                    layers: tuple[int, ...] | None = None, rate_rps: float | None = None,
                    num_requests: int | None = None, trace: str | None = None,
                    input_len: str | int = DEFAULT_INPUT_LEN, output_len: str | int = DEFAULT_OUTPUT_LEN,
@@ -71,7 +71,7 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
     config = config_cls(**values)
     config.validate()
 
-    bx = load_box(box or prof.box)
+    bx = box if isinstance(box, Box) else load_box(box or prof.box)
     mdl = model if isinstance(model, Model) else load_model(model)
     plan = make_plan(tp, pp, mdl.num_layers, bx.gpu_count, config.partition_rule, layers)
     mdl.check_tp(tp)

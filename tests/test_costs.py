@@ -9,7 +9,7 @@ import pytest
 from pipesim.costs import CostModel, Shape, distinct_experts
 from pipesim.hardware import load_box
 from pipesim.plan import make_plan
-from pipesim.profile import Profile
+from pipesim.profile import Profile, Tables
 
 BOX = "rtx-pro-6000-server-8x"
 
@@ -127,7 +127,7 @@ def test_distinct_experts_bounded():
 @pytest.fixture(scope="module")
 def no_moe_profile(profile):
     """The shipped profile without its MoE table (a new object: lookups are cached)."""
-    tables = {k: v for k, v in profile.tables.items() if k != "moe"}
+    tables = Tables({k: v for k, v in profile.tables.items() if k != "moe"})
     return Profile(profile.name, profile.box, profile.engine, profile.engine_version, profile.params,
                    profile.meta, tables)
 
@@ -232,7 +232,9 @@ def test_hop_time_tp1_is_p2p(profile, kimi, box):
     assert cm.hop_time(3, 4, nbytes) == pytest.approx(box.p2p_time_s(3, 4, nbytes) + hop_cpu)
 
 
-def test_dataclasses_replace_profile_keeps_tables(profile):
-    # the brief's alternative recipe: a replaced Profile is a fresh object with fresh caches
-    p2 = dataclasses.replace(profile, tables={k: v for k, v in profile.tables.items() if k != "moe"})
+def test_replaced_tables_are_indexed_afresh(profile):
+    # a profile given other tables builds its own lookups; with_params shares them
+    p2 = dataclasses.replace(profile, tables=Tables({k: v for k, v in profile.tables.items() if k != "moe"}))
     assert p2.moe == {} and profile.moe != {}
+    p3 = profile.with_params(cpu_iteration_ms=1.0)
+    assert p3.tables is profile.tables and p3.params.cpu_iteration_ms == 1.0

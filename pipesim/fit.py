@@ -1,0 +1,130 @@
+"""Fitting a profile's free parameters to measured end-to-end points.
+
+The tables pin kernel and collective costs; what they cannot pin (CPU time per
+iteration, CPU launch time without CUDA graphs, how far a box's TP path is from its
+measured NCCL table, a kernel-efficiency factor) is fitted here by bounded least
+squares over the relative errors of the measured points, each predicted by the full
+simulation. Leave-one-out errors (fit on all points but one, predict that one) show
+whether a profile predicts or merely memorises.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from .errors import require
+from .measured import Point
+from .profile import Profile
+
+# name -> (lower bound, upper bound, unit of the optimizer's variable)
+FITTABLE = {
+    "cpu_iteration_ms": (0.0, 200.0, 1.0),
+    "cpu_hop_ms": (0.0, 50.0, 0.1),
+    "allreduce_scale": (0.05, 200.0, 1.0),
+    "allreduce_offset_us": (0.0, 10000.0, 100.0),
+    "eager_launch_us_per_layer": (0.0, 20000.0, 100.0),
+    "kernel_scale": (0.2, 10.0, 1.0),
+}
+
+
+def predict_point(profile: Profile, point: Point) -> float:
+    """The point's metric (tok/s) as the simulator predicts it for the measured run
+    (a deterministic run: C warm-up requests, then max(2C, 4) measured)."""
+    from .api import predict
+
+    r = predict(point.tp, point.pp, point.conc, profile=profile, model=point.model, engine=point.engine,
+                input_len=str(point.input_len), output_len=str(point.output_len), warmup_requests=point.conc,
+                measure_requests=max(2 * point.conc, 4), ci_target=None, **dict(point.knobs))
+    return r.output_throughput_tok_s if point.metric == "output_tok_s" else r.per_request_tok_s
+
+
+@dataclass(frozen=True)
+class FitResult:
+    params: dict                    # fitted values
+    points: tuple                   # the measured points
+    predicted: tuple                # tok/s with the fitted values
+    errors: tuple                   # relative error per point (0 inside a band)
+    loo_errors: tuple               # leave-one-out relative error per point (None if not computed)
+    evaluations: int
+
+    @property
+    def mape(self) -> float:
+        return float(np.mean(np.abs(self.errors))) * 100
+
+    @property
+    def loo_mape(self) -> float:
+        vals = [e for e in self.loo_errors if e is not None]
+        return float(np.mean(np.abs(vals))) * 100 if vals else float("nan")
+
+    def report(self) -> str:
+        """A Markdown fit report: parameters, residuals per point, leave-one-out."""
+        lines = ["| parameter | fitted value |", "|---|---|"]
+        lines += [f"| {k} | {v:.6g} |" for k, v in self.params.items()]
+        lines += ["", "| point | measured tok/s | predicted | error | leave-one-out |", "|---|---|---|---|---|"]
+        for p, pred, e, l in zip(self.points, self.predicted, self.errors, self.loo_errors):
+            meas = f"{p.lo:g}" if p.lo == p.hi else f"{p.lo:g}-{p.hi:g}"
+            loo = "-" if l is None else f"{l * 100:+.1f}%"
+            lines.append(f"| {p.label()} | {meas} | {pred:.1f} | {e * 100:+.1f}% | {loo} |")
+        lines += ["", f"MAPE {self.mape:.1f}%, leave-one-out MAPE {self.loo_mape:.1f}% "
+                  f"({self.evaluations} simulations)"]
+        return "\n".join(lines)
+
+
+class _Objective:
+    def __init__(self, profile: Profile, names: list[str], points: list[Point]):
+        self.profile, self.names, self.points = profile, names, points
+        self.units = np.array([FITTABLE[n][2] for n in names])
+        self.evaluations = 0
+
+    def profile_at(self, u) -> Profile:
+        return self.profile.with_params(**{n: float(v) for n, v in zip(self.names, np.asarray(u) * self.units)})
+
+    def predictions(self, u) -> list[float]:
+        self.evaluations += len(self.points)
+        prof = self.profile_at(u)
+        return [predict_point(prof, p) for p in self.points]
+
+    def __call__(self, u):
+        return np.array([p.error(v) for p, v in zip(self.points, self.predictions(u))])
+
+
+def _solve(obj: _Objective, start) -> np.ndarray:
+    lo = np.array([FITTABLE[n][0] for n in obj.names]) / obj.units
+    hi = np.array([FITTABLE[n][1] for n in obj.names]) / obj.units
+    x0 = np.clip(np.asarray(start, dtype=float), lo, hi)
+    if len(obj.names) <= 2:
+        # the simulated response is not smooth everywhere: start from the best point
+        # of a coarse grid over each parameter's range
+        axes = [np.unique(np.clip(np.concatenate(([x], lo_ + (hi_ - lo_) * np.geomspace(1e-3, 1, 7))), lo_, hi_))
+                for x, lo_, hi_ in zip(x0, lo, hi)]
+        x0 = min((np.array(c) for c in itertools.product(*axes)), key=lambda c: float(np.sum(obj(c) ** 2)))
+    sol = least_squares(obj, x0, bounds=(lo, hi), diff_step=1e-2, xtol=1e-4, ftol=1e-4, max_nfev=60)
+    return sol.x
+
+
+def fit(profile: Profile, names: list[str], points: list[Point] | None = None, loo: bool = True) -> FitResult:
+    """Fit `names` (see FITTABLE) to the profile's measured points (or `points`)."""
+    points = list(points if points is not None else profile.measured)
+    require(points, f"profile {profile.name} has no measured points to fit (import some: pipesim calibrate import bench)")
+    unknown = [n for n in names if n not in FITTABLE]
+    require(not unknown, f"cannot fit {', '.join(unknown)}; fittable: {', '.join(FITTABLE)}")
+    require(names, "name at least one parameter to fit")
+    obj = _Objective(profile, names, points)
+    start = np.array([getattr(profile.params, n) for n in names]) / obj.units
+    x = _solve(obj, start)
+    predicted = obj.predictions(x)
+    errors = [p.error(v) for p, v in zip(points, predicted)]
+    loo_errors: list = [None] * len(points)
+    if loo and len(points) > 1:
+        for i in range(len(points)):
+            rest = points[:i] + points[i + 1:]
+            sub = _Objective(profile, names, rest)
+            xi = _solve(sub, x)
+            obj.evaluations += sub.evaluations
+            loo_errors[i] = points[i].error(predict_point(obj.profile_at(xi), points[i]))
+    values = {n: float(v) for n, v in zip(names, x * obj.units)}
+    return FitResult(values, tuple(points), tuple(predicted), tuple(errors), tuple(loo_errors), obj.evaluations)

@@ -1,0 +1,70 @@
+"""Read nccl-tests output (all_reduce_perf, all_gather_perf, sendrecv_perf, ...).
+
+The text format (NVIDIA/nccl-tests, src/common.cu): comment lines start with '#';
+each data row is
+
+    size count type redop root | time algbw busbw #wrong | time algbw busbw #wrong
+
+out-of-place, then in-place; `size` in bytes, `time` in microseconds (host wall clock,
+average per operation after warm-up). Older versions lack the `root` column and
+`#wrong` can be N/A. The out-of-place time is taken (what engines run).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from ..errors import UserError, require
+
+OPS = {"all_reduce": "all_reduce", "allreduce": "all_reduce", "all_gather": "all_gather", "allgather": "all_gather",
+       "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter", "alltoall": "alltoall",
+       "sendrecv": "sendrecv"}
+
+
+def detect_op(text: str, filename: str = "") -> str | None:
+    for source in (text[:4000], filename):
+        m = re.search(r"(all_?reduce|all_?gather|reduce_?scatter|alltoall|sendrecv)(_perf)?", source, re.IGNORECASE)
+        if m:
+            return OPS[m.group(1).lower()]
+    return None
+
+
+def count_gpus(text: str) -> int | None:
+    ranks = re.findall(r"^#\s+Rank\s+\d+", text, flags=re.MULTILINE)
+    if ranks:
+        return len(ranks)
+    m = re.search(r"nGpus\s+(\d+)", text)
+    return int(m.group(1)) if m else None
+
+
+def parse(text: str, origin: str, op: str | None = None, gpus: int | None = None) -> pd.DataFrame:
+    """Rows (op, impl, gpus, nbytes, latency_ms) from one nccl-tests run."""
+    op = op or detect_op(text, origin)
+    require(op is not None, f"{origin}: cannot tell which collective this is; pass --op "
+            f"({', '.join(sorted(set(OPS.values())))})")
+    require(op in OPS.values(), f"--op {op} is not one of {', '.join(sorted(set(OPS.values())))}")
+    gpus = gpus or count_gpus(text)
+    require(gpus is not None and gpus >= 2, f"{origin}: cannot tell how many GPUs ran; pass --gpus N (N >= 2)")
+    rows = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        parts = s.split()
+        if len(parts) not in (12, 13):
+            if parts[0].isdigit():
+                raise UserError(f"{origin}: line {n}: expected 12 or 13 columns "
+                                "(size count type redop [root] time algbw busbw #wrong x2), got {len(parts)}")
+            continue  # a trailer such as 'Out of bounds values : 0 OK'
+        try:
+            nbytes = int(parts[0])
+            time_us = float(parts[-8])
+        except ValueError:
+            raise UserError(f"{origin}: line {n}: size must be whole bytes and time a number of microseconds") from None
+        require(nbytes > 0 and time_us > 0, f"{origin}: line {n}: size and time must be > 0")
+        rows.append((op, "nccl", gpus, nbytes, time_us / 1000.0))
+    require(rows, f"{origin}: no data rows found (is this nccl-tests output?)")
+    df = pd.DataFrame(rows, columns=["op", "impl", "gpus", "nbytes", "latency_ms"])
+    return df.groupby(["op", "impl", "gpus", "nbytes"], as_index=False)["latency_ms"].mean()

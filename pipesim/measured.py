@@ -1,0 +1,153 @@
+"""Measured end-to-end points: what a real deployment delivered, to fit and validate against.
+
+A profile's `measured.csv` has one row per measured run:
+
+    name, model, engine, tp, pp, conc, input_len, output_len,
+    metric,                                             # output_tok_s (aggregate) or per_request_tok_s
+    tok_s, tok_s_lo, tok_s_hi,                          # value, or a band [lo, hi]
+    ttft_ms, tpot_ms,                                   # optional (blank)
+    max_running_requests, pp_max_micro_batch_size,
+    pp_async_batch_depth, disable_cuda_graph,           # engine flags of the run (blank: default)
+    source
+
+A band is what a user can honestly claim when runs disagree (e.g. 578-808 tok/s): a
+prediction inside the band has no error; outside, the error is relative to the
+nearer edge.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import UserError, require
+
+COLUMNS = ("name", "model", "engine", "tp", "pp", "conc", "input_len", "output_len",
+           "metric", "tok_s", "tok_s_lo", "tok_s_hi", "ttft_ms", "tpot_ms",
+           "max_running_requests", "pp_max_micro_batch_size", "pp_async_batch_depth", "disable_cuda_graph",
+           "source")
+REQUIRED = ("tp", "pp", "conc", "tok_s")
+# what a measured number is compared with: the aggregate output rate of the engine, or
+# one request's decode speed ((output tokens - 1) / decode time, as single-request
+# figures are usually quoted)
+METRICS = ("output_tok_s", "per_request_tok_s")
+KNOBS = ("max_running_requests", "pp_max_micro_batch_size", "pp_async_batch_depth", "disable_cuda_graph")
+INTS = ("tp", "pp", "conc", "input_len", "output_len", "max_running_requests", "pp_max_micro_batch_size",
+        "pp_async_batch_depth")
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    model: str
+    engine: str
+    tp: int
+    pp: int
+    conc: int
+    input_len: int
+    output_len: int
+    metric: str
+    lo: float
+    hi: float
+    knobs: tuple          # ((knob, value), ...) given for this run
+    source: str
+
+    @property
+    def value(self) -> float:
+        return (self.lo + self.hi) / 2
+
+    def error(self, predicted: float) -> float:
+        """Signed relative error: 0 inside the band, else against the nearer edge."""
+        if predicted < self.lo:
+            return (predicted - self.lo) / self.lo
+        if predicted > self.hi:
+            return (predicted - self.hi) / self.hi
+        return 0.0
+
+    def label(self) -> str:
+        return self.name or f"TP{self.tp}xPP{self.pp} C={self.conc}"
+
+
+def read_points(source, origin: str, default_model: str = "kimi-k2.6", default_engine: str = "sglang") -> list[Point]:
+    """Read measured points; errors name the file, the line and the column."""
+    try:
+        df = pd.read_csv(source, dtype=str, keep_default_na=False)
+    except Exception as exc:
+        raise UserError(f"{origin}: cannot read as CSV ({type(exc).__name__})") from None
+    missing = [c for c in REQUIRED if c not in df.columns]
+    require(not missing, f"{origin}: missing column(s) {', '.join(missing)}; needed: {', '.join(REQUIRED)}")
+    unknown = [c for c in df.columns if c not in COLUMNS]
+    require(not unknown, f"{origin}: unknown column(s) {', '.join(unknown)}; allowed: {', '.join(COLUMNS)}")
+    points = []
+    for i, row in enumerate(df.to_dict("records")):
+        line = i + 2
+
+        def num(col, kind, required=False):
+            text = str(row.get(col, "")).strip()
+            if text == "":
+                require(not required, f"{origin}: line {line}, column {col}: a value is required")
+                return None
+            try:
+                v = float(text)
+            except ValueError:
+                raise UserError(f"{origin}: line {line}, column {col}: '{text}' is not a number") from None
+            require(v == v and v > 0 or (col == "pp_async_batch_depth" and v == 0),
+                    f"{origin}: line {line}, column {col}: {text} must be > 0")
+            if kind is int:
+                require(v == int(v), f"{origin}: line {line}, column {col}: {text} must be a whole number")
+                return int(v)
+            return v
+
+        value = num("tok_s", float, True)
+        lo = num("tok_s_lo", float) or value
+        hi = num("tok_s_hi", float) or value
+        require(lo <= value <= hi, f"{origin}: line {line}: need tok_s_lo <= tok_s <= tok_s_hi")
+        metric = str(row.get("metric", "")).strip() or "output_tok_s"
+        require(metric in METRICS, f"{origin}: line {line}, column metric: '{metric}' is not one of {', '.join(METRICS)}")
+        knobs = []
+        for k in KNOBS:
+            text = str(row.get(k, "")).strip()
+            if text == "":
+                continue
+            if k == "disable_cuda_graph":
+                require(text.lower() in ("true", "false", "1", "0"),
+                        f"{origin}: line {line}, column {k}: '{text}' must be true or false")
+                knobs.append((k, text.lower() in ("true", "1")))
+            else:
+                knobs.append((k, num(k, int)))
+        points.append(Point(
+            name=str(row.get("name", "")).strip(), model=str(row.get("model", "")).strip() or default_model,
+            engine=str(row.get("engine", "")).strip() or default_engine,
+            tp=num("tp", int, True), pp=num("pp", int, True), conc=num("conc", int, True),
+            input_len=num("input_len", int) or 256, output_len=num("output_len", int) or 300,
+            metric=metric, lo=lo, hi=hi, knobs=tuple(knobs), source=str(row.get("source", "")).strip()))
+    return points
+
+
+def points_frame(points: list[Point]) -> pd.DataFrame:
+    rows = []
+    for p in points:
+        k = dict(p.knobs)
+        rows.append({"name": p.name, "model": p.model, "engine": p.engine, "tp": p.tp, "pp": p.pp, "conc": p.conc,
+                     "input_len": p.input_len, "output_len": p.output_len, "metric": p.metric, "tok_s": p.value,
+                     "tok_s_lo": p.lo, "tok_s_hi": p.hi, "ttft_ms": "", "tpot_ms": "",
+                     **{c: k.get(c, "") for c in KNOBS}, "source": p.source})
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def write_atomic_csv(df: pd.DataFrame, path: str | Path) -> None:
+    """Write a CSV through a temporary file in the same folder and rename it into place."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            df.to_csv(fh, index=False)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

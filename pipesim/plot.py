@@ -1,0 +1,179 @@
+"""Figures of a sweep: throughput vs concurrency, the per-request vs aggregate
+trade-off, and where each split's GPU time goes.
+
+Figures are built on `matplotlib.figure.Figure` (no pyplot, no global backend
+switch): saving renders PNG with Agg and SVG with the SVG backend, and a notebook
+with the inline backend shows the returned figures as they are.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullLocator
+
+from .errors import require
+from .sweep import check_out_path, write_atomic
+
+# GPU time of a stage: these five add up to 100% (trace.idle_breakdown)
+SHARES = (
+    ("compute_share", "compute", "#4C72B0"),
+    ("allreduce_share", "all-reduce (TP collectives)", "#DD8452"),
+    ("idle_p2p_share", "idle: waiting on a P2P hop", "#55A868"),
+    ("idle_cpu_share", "idle: waiting on the scheduler CPU", "#8172B3"),
+    ("idle_bubble_share", "idle: pipeline bubble", "#C44E52"),
+)
+FIGURES = ("throughput", "tradeoff", "breakdown")
+
+
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+
+
+def _subtitle(df: pd.DataFrame) -> str:
+    """Box, model and engine (and the workload and profile) of the sweep, two lines."""
+    def names(col):
+        return ", ".join(dict.fromkeys(ENGINE_NAMES.get(str(x), str(x)) for x in df[col]))
+
+    return (f"{names('model')} with {names('engine')} on {names('box')}\n"
+            f"{names('gpu')}; in/out {names('input_len')}/{names('output_len')} tokens; profile {names('profile')}")
+
+
+def _label(df: pd.DataFrame, gpus: int, split: str) -> str:
+    return split if df.gpus.nunique() == 1 else f"{split} ({gpus} GPUs)"
+
+
+def _splits(df: pd.DataFrame):
+    for (g, tp, pp), part in df.sort_values(["gpus", "tp", "pp", "conc"]).groupby(["gpus", "tp", "pp"], sort=True):
+        yield _label(df, g, part.split.iloc[0]), part
+
+
+def _conc_axis(ax, concs) -> None:
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(sorted(set(int(c) for c in concs)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("concurrency C (requests in flight, log scale)")
+
+
+def _figure(width: float = 8.0, height: float = 5.0) -> Figure:
+    return Figure(figsize=(width, height), dpi=110, layout="constrained")
+
+
+def throughput(df: pd.DataFrame) -> Figure:
+    """Output tok/s vs concurrency, one line per split (shaded: the 95% CI)."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    for label, part in _splits(df):
+        line, = ax.plot(part.conc, part.output_throughput_tok_s, marker="o", label=label)
+        if "output_throughput_ci_tok_s" in part:
+            ci = part.output_throughput_ci_tok_s.fillna(0)
+            ax.fill_between(part.conc, part.output_throughput_tok_s - ci, part.output_throughput_tok_s + ci,
+                            color=line.get_color(), alpha=0.15, linewidth=0)
+    _conc_axis(ax, df.conc)
+    ax.set_ylabel("output throughput (tok/s, whole engine)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(title="split", loc="upper left")
+    fig.suptitle(f"Output throughput vs concurrency\n{_subtitle(df)}", fontsize=10)
+    return fig
+
+
+def tradeoff(df: pd.DataFrame) -> Figure:
+    """Per-request tok/s vs aggregate tok/s: each split's curve runs from low
+    concurrency (top left: fast requests, little throughput) to high (bottom right)."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    for i, (label, part) in enumerate(_splits(df)):
+        line, = ax.plot(part.output_throughput_tok_s, part.per_request_tok_s, marker="o", label=label)
+        # labels above-right and below-left by turns, so neighbouring curves' labels part
+        dx, dy, ha = (5, 4, "left") if i % 2 == 0 else (-5, -10, "right")
+        for r in part.itertuples():
+            ax.annotate(str(r.conc), (r.output_throughput_tok_s, r.per_request_tok_s), textcoords="offset points",
+                        xytext=(dx, dy), ha=ha, fontsize=7, color=line.get_color())
+    ax.set_xlabel("output throughput (tok/s, whole engine)")
+    ax.set_ylabel("per-request decode speed (tok/s)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(title="split", loc="upper right")
+    fig.suptitle(f"Per-request speed vs total throughput (point labels: concurrency C)\n{_subtitle(df)}", fontsize=10)
+    return fig
+
+
+def breakdown(df: pd.DataFrame) -> Figure:
+    """Where each split's GPU time goes at each concurrency: compute, all-reduce, and
+    idle time by what it waited for (P2P hop, CPU, or the pipeline bubble)."""
+    missing = [c for c, _, _ in SHARES if c not in df.columns]
+    require(not missing, f"the sweep table has no {', '.join(missing)}; rerun it with this version of pipesim")
+    parts = list(_splits(df))
+    cols = min(4, len(parts))
+    rows = math.ceil(len(parts) / cols)
+    fig = _figure(3.2 * cols + 0.6, 3.4 * rows + 1.2)
+    axes = fig.subplots(rows, cols, sharey=True, squeeze=False).ravel()
+    for ax, (label, part) in zip(axes, parts):
+        x = range(len(part))
+        bottom = [0.0] * len(part)
+        for col, name, color in SHARES:
+            vals = (part[col].clip(lower=0) * 100).tolist()
+            ax.bar(x, vals, bottom=bottom, color=color, label=name, width=0.75)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_xticks(list(x), [str(c) for c in part.conc], fontsize=8)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("concurrency C")
+        ax.set_ylim(0, 100)
+        ax.grid(True, axis="y", alpha=0.3)
+    for ax in axes[len(parts):]:
+        ax.set_visible(False)
+    for ax in axes[::cols]:
+        ax.set_ylabel("share of GPU time (%)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8, frameon=False)
+    fig.suptitle(f"Where the GPU time goes, per split (mean over stages, measurement window)\n{_subtitle(df)}",
+                 fontsize=10)
+    return fig
+
+
+def compare(variants: dict[str, pd.DataFrame], column: str = "output_throughput_tok_s",
+            ylabel: str = "best output throughput (tok/s, whole engine)") -> Figure:
+    """What-ifs side by side: for each variant the best split's `column` at each
+    concurrency, the best split named at each point."""
+    from .sweep import best_by_conc
+
+    fig = _figure()
+    ax = fig.add_subplot()
+    concs = []
+    for name, df in variants.items():
+        best = best_by_conc(df, column)
+        concs += best.conc.tolist()
+        line, = ax.plot(best.conc, best[column], marker="o", label=name)
+        for r in best.itertuples():
+            ax.annotate(r.split.replace(" ", ""), (r.conc, getattr(r, column)), textcoords="offset points",
+                        xytext=(4, -9), fontsize=6.5, color=line.get_color())
+    _conc_axis(ax, concs)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(title="what-if", loc="upper left", fontsize=8)
+    first = next(iter(variants.values()))
+    fig.suptitle(f"What-ifs: the best split at each concurrency\n{_subtitle(first)}", fontsize=10)
+    return fig
+
+
+def save(fig: Figure, path) -> Path:
+    """Save a figure atomically as .png or .svg (by the suffix)."""
+    out = check_out_path(path, (".png", ".svg"), "figure")
+    fmt = out.suffix.lower()[1:]
+    return write_atomic(out, lambda tmp: fig.savefig(tmp, format=fmt))
+
+
+def save_all(df: pd.DataFrame, out_dir=".", fmt: str = "png", prefix: str = "") -> list[Path]:
+    """The three figures of a sweep as OUT_DIR/[PREFIX]throughput.FMT, tradeoff, breakdown."""
+    require(fmt in ("png", "svg"), f"unknown figure format '{fmt}'; allowed: png, svg")
+    require(len(df) > 0, "the sweep table is empty")
+    folder = Path(out_dir)
+    require(folder.is_dir(), f"output directory '{folder}' does not exist")
+    makers = {"throughput": throughput, "tradeoff": tradeoff, "breakdown": breakdown}
+    return [save(makers[name](df), folder / f"{prefix}{name}.{fmt}") for name in FIGURES]

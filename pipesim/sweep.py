@@ -1,0 +1,464 @@
+"""Sweeps and search: every TP x PP split of a GPU count x every concurrency.
+
+A split is valid when the model fits and shards (`build_scenario` accepts it); the
+others are skipped with the reason it gave. Points run in parallel on local
+processes, or on a Dask distributed cluster; each point is deterministic for its
+seed, so the table is the same however it was run (rows sorted by gpus, tp, pp, conc).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from .errors import UserError, require
+from .scenario import build_scenario
+
+DEFAULT_CONC = (1, 2, 4, 8, 16, 32, 64, 128)
+RUN_KEYS = ("warmup_requests", "measure_requests", "max_measure_requests", "ci_target")
+WALL_COLUMNS = ("sim_wall_s",)   # the only columns that differ between identical runs
+KEY_COLUMNS = ["gpus", "tp", "pp", "conc"]
+
+# objective -> (column, larger is better, label)
+OBJECTIVES = {
+    "throughput": ("output_throughput_tok_s", True, "output tok/s"),
+    "throughput-per-gpu": ("output_tok_s_per_gpu", True, "output tok/s per GPU"),
+    "per-request": ("per_request_tok_s", True, "per-request tok/s"),
+    "ttft": ("ttft_ms_p99", False, "TTFT p99 ms"),
+}
+
+
+def splits(gpus: int) -> list[tuple[int, int]]:
+    """Every (tp, pp) with tp x pp = gpus, TP largest first."""
+    return [(gpus // pp, pp) for pp in range(1, gpus + 1) if gpus % pp == 0]
+
+
+def split_name(tp: int, pp: int) -> str:
+    return f"TP{tp} x PP{pp}"
+
+
+# ---- one point -----------------------------------------------------------------------
+
+def run_point(tp: int, pp: int, conc: int, kwargs: dict, run_kwargs: dict) -> dict:
+    """One row of the sweep table. Module-level so that worker processes (local or
+    Dask) can unpickle it."""
+    from .trace import idle_breakdown, simulate
+
+    scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
+    sim, r = simulate(scenario, **run_kwargs)
+    idle = idle_breakdown(sim, *r.window_s)
+    sc = r.scenario
+    n = len(idle)
+    return {
+        "box": sc["box"], "gpu": sc["gpu"], "model": sc["model"], "profile": sc["profile"],
+        "engine": sc["engine"]["engine"], "input_len": sc["workload"]["input_len"],
+        "output_len": sc["workload"]["output_len"], "seed": sc["workload"]["seed"],
+        "gpus": tp * pp, "tp": tp, "pp": pp, "conc": conc, "split": split_name(tp, pp),
+        "layers_per_stage": ",".join(map(str, sc["layers_per_stage"])),
+        "output_throughput_tok_s": r.output_throughput_tok_s,
+        "output_throughput_ci_tok_s": r.output_throughput_ci_tok_s,
+        "output_tok_s_per_gpu": r.output_throughput_tok_s / (tp * pp),
+        "request_throughput_req_s": r.request_throughput_req_s,
+        "per_request_tok_s": r.per_request_tok_s,
+        "ttft_ms_p50": r.ttft_ms_p50, "ttft_ms_p99": r.ttft_ms_p99,
+        "tpot_ms_p50": r.tpot_ms_p50, "tpot_ms_p99": r.tpot_ms_p99,
+        "e2e_ms_mean": r.e2e_ms_mean,
+        "compute_share": r.time_shares["compute"],
+        "allreduce_share": r.allreduce_share,
+        "bubble_fraction": r.bubble_fraction,
+        "idle_p2p_share": sum(s.idle_p2p for s in idle) / n,
+        "idle_cpu_share": sum(s.idle_cpu for s in idle) / n,
+        "idle_bubble_share": sum(s.idle_bubble for s in idle) / n,
+        "p2p_share": r.p2p_share, "cpu_share": r.cpu_share,
+        "mean_requests_per_microbatch": r.mean_requests_per_microbatch,
+        "mean_decode_batch": r.mean_decode_batch,
+        "completed_requests": r.completed_requests,
+        "sim_events": r.sim_events,
+        "sim_wall_s": r.sim_wall_s,
+    }
+
+
+# ---- inputs ----------------------------------------------------------------------------
+
+def parse_ints(text, what: str) -> list[int]:
+    """'1,2,4' (or an int, or a list of ints) -> [1, 2, 4]; each >= 1, at least one."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        values = [text]
+    elif isinstance(text, str):
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        try:
+            values = [int(p) for p in parts]
+        except ValueError:
+            raise UserError(f"{what} '{text}' must be comma-separated whole numbers >= 1, e.g. 1,8,32") from None
+    else:
+        values = list(text)
+    require(len(values) > 0, f"{what} is empty; give at least one whole number >= 1, e.g. 1,8,32")
+    for v in values:
+        require(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                f"{what}: {v!r} is not a whole number >= 1")
+    return sorted(set(values))
+
+
+def parse_number(text, what: str) -> float | None:
+    """An optional number >= 0 given on the command line."""
+    if text is None:
+        return None
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise UserError(f"{what} '{text}' is not a number") from None
+    require(v == v and v >= 0, f"{what} must be a number >= 0, got {text}")
+    return v
+
+
+def check_out_path(path, suffixes: tuple[str, ...], what: str) -> Path:
+    """An output file: an allowed suffix and an existing directory, checked before any work."""
+    out = Path(path)
+    require(out.suffix.lower() in suffixes,
+            f"{what} file '{out}' must end in {' or '.join(suffixes)}")
+    parent = out.parent if str(out.parent) else Path(".")
+    require(parent.is_dir(), f"directory '{parent}' of the {what} file does not exist")
+    if out.suffix.lower() == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise UserError("writing Parquet needs pyarrow: pip install 'pipesim[parquet]', or write .csv") from None
+    return out
+
+
+def write_atomic(path: Path, write: Callable[[Path], object]) -> Path:
+    """Call write(temporary path) in the same directory, then rename over `path`:
+    a reader sees the old file or the whole new one, never a half-written one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent or ".")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_table(df: pd.DataFrame, path) -> Path:
+    """A sweep table as .csv or .parquet (by the file's suffix)."""
+    out = check_out_path(path, (".csv", ".parquet"), "output")
+    if out.suffix.lower() == ".parquet":
+        return write_atomic(out, lambda tmp: df.to_parquet(tmp, index=False))
+    return write_atomic(out, lambda tmp: df.to_csv(tmp, index=False))
+
+
+def read_table(path) -> pd.DataFrame:
+    """A sweep table written by `write_table` (or `pipesim sweep --out`)."""
+    p = Path(path)
+    require(p.is_file(), f"sweep file '{p}' does not exist")
+    if p.suffix.lower() == ".parquet":
+        check_out_path(p, (".parquet",), "sweep")
+        df = pd.read_parquet(p)
+    else:
+        require(p.suffix.lower() == ".csv", f"sweep file '{p}' must end in .csv or .parquet")
+        df = pd.read_csv(p)
+    missing = [c for c in KEY_COLUMNS + ["output_throughput_tok_s", "per_request_tok_s"] if c not in df.columns]
+    require(not missing, f"'{p}' is not a pipesim sweep table: no column(s) {', '.join(missing)}")
+    return df
+
+
+# ---- the sweep ---------------------------------------------------------------------------
+
+def _valid_splits(gpu_counts: list[int], conc: int, kwargs: dict) -> tuple[list[tuple[int, int]], list[str]]:
+    """Splits build_scenario accepts, and 'TPa x PPb (N GPUs): reason' for the rest.
+    A reason every split shares (an unknown model, a bad knob) is not about the split:
+    it is raised as is."""
+    valid, reasons = [], {}
+    for g in gpu_counts:
+        for tp, pp in splits(g):
+            try:
+                build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
+                valid.append((tp, pp))
+            except UserError as exc:
+                reasons[(tp, pp)] = str(exc)
+    if not valid:
+        distinct = set(reasons.values())
+        if len(distinct) == 1 and len(reasons) > 1:
+            raise UserError(distinct.pop())
+        raise UserError(f"no valid TP x PP split for {', '.join(map(str, gpu_counts))} GPUs: " +
+                        "; ".join(f"{split_name(*k)}: {v}" for k, v in reasons.items()))
+    skipped = [f"{split_name(tp, pp)} ({tp * pp} GPUs): {why}" for (tp, pp), why in reasons.items()]
+    return valid, skipped
+
+
+def sweep(gpus: int | str | Sequence[int] = 8, conc: int | str | Sequence[int] = DEFAULT_CONC, *,
+          scheduler: str | None = None, workers: int | None = None, progress: bool | None = False,
+          **kwargs) -> pd.DataFrame:
+    """Run every valid (tp, pp) with tp x pp in `gpus` at every closed-loop concurrency
+    in `conc`. Keyword arguments are those of `pipesim.predict` (model, profile,
+    engine, box, input_len, output_len, seed, engine knobs, warmup_requests, ...).
+
+    `workers`: local processes (default: every core; 1 runs in this process).
+    `scheduler`: a Dask scheduler address (tcp://host:port) to run on instead.
+    Returns one row per point, sorted by gpus, tp, pp, conc; `df.attrs["skipped"]`
+    lists the splits that were left out and why.
+    """
+    gpu_counts = parse_ints(gpus, "--gpus")
+    concs = parse_ints(conc, "--conc")
+    for k in ("tp", "pp", "concurrency", "rate_rps", "trace", "num_requests"):
+        require(kwargs.pop(k, None) is None, f"a sweep sets tp, pp and the concurrency itself; it takes no {k}")
+    run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
+    valid, skipped = _valid_splits(gpu_counts, concs[0], kwargs)
+    points = [(tp, pp, c) for tp, pp in valid for c in concs]
+
+    if scheduler:
+        rows = _run_dask(scheduler, points, kwargs, run_kwargs, progress)
+    else:
+        rows = _run_local(points, kwargs, run_kwargs, workers, progress)
+    df = pd.DataFrame(rows).sort_values(KEY_COLUMNS, kind="stable").reset_index(drop=True)
+    df.attrs["skipped"] = skipped
+    return df
+
+
+def _bar(total: int, progress: bool | None):
+    from tqdm.auto import tqdm
+
+    # progress=None: a bar only on a terminal
+    return tqdm(total=total, desc="sweep", unit="run", disable=None if progress is None else not progress)
+
+
+def _run_local(points, kwargs, run_kwargs, workers, progress) -> list[dict]:
+    n = min(workers or os.cpu_count() or 1, len(points))
+    rows = []
+    with _bar(len(points), progress) as bar:
+        if n <= 1:
+            for tp, pp, c in points:
+                rows.append(run_point(tp, pp, c, kwargs, run_kwargs))
+                bar.update()
+            return rows
+        with ProcessPoolExecutor(max_workers=n) as pool:
+            futures = [pool.submit(run_point, tp, pp, c, kwargs, run_kwargs) for tp, pp, c in points]
+            for fut in as_completed(futures):
+                rows.append(fut.result())
+                bar.update()
+    return rows
+
+
+def _run_dask(address: str, points, kwargs, run_kwargs, progress) -> list[dict]:
+    try:
+        from dask.distributed import Client
+        from dask.distributed import as_completed as dask_completed
+    except ImportError:
+        raise UserError("--scheduler needs Dask: pip install 'pipesim[cluster]'") from None
+    try:
+        client = Client(address, timeout="10s", set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise UserError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+    rows = []
+    with client, _bar(len(points), progress) as bar:
+        # the scenario inputs (a Profile object can be megabytes) go to each worker once
+        [shared] = client.scatter([kwargs], broadcast=True, hash=False)
+        futures = [client.submit(run_point, tp, pp, c, shared, run_kwargs, pure=False) for tp, pp, c in points]
+        for fut in dask_completed(futures):
+            rows.append(fut.result())
+            bar.update()
+    return rows
+
+
+# ---- summaries ---------------------------------------------------------------------------
+
+def best_by_conc(df: pd.DataFrame, column: str = "output_throughput_tok_s") -> pd.DataFrame:
+    """The best split at each (gpus, concurrency) by `column` (larger is better)."""
+    idx = df.sort_values(["gpus", "conc", column, "tp"], ascending=[True, True, False, True]) \
+            .groupby(["gpus", "conc"], sort=True).head(1).index
+    return df.loc[idx].sort_values(["gpus", "conc"]).reset_index(drop=True)
+
+
+def summary(df: pd.DataFrame) -> str:
+    """The human table of a sweep: output tok/s (per-request tok/s) by concurrency and
+    split, the best split at each concurrency marked with *."""
+    splits_ = df[["gpus", "tp", "pp", "split"]].drop_duplicates().sort_values(["gpus", "tp", "pp"])
+    best = {(r.gpus, r.conc): (r.tp, r.pp) for r in best_by_conc(df).itertuples()}
+    first = df.iloc[0]
+    lines = [f"pipesim sweep  {first['model']} on {first['box']} ({first['profile']}), {first['engine']}, "
+             f"in/out {first['input_len']}/{first['output_len']} tokens",
+             "output tok/s (per-request tok/s); * = most output tok/s at that concurrency and GPU count", ""]
+    width = 20
+    header = f"{'GPUs':>4} {'C':>5}  " + "".join(f"{s:>{width}}" for s in splits_.split)
+    lines.append(header)
+    cells = df.set_index(["gpus", "tp", "pp", "conc"])
+    for (g, c), _ in df.groupby(["gpus", "conc"], sort=True):
+        row = f"{g:>4} {c:>5}  "
+        for sp in splits_.itertuples():
+            key = (sp.gpus, sp.tp, sp.pp, c)
+            if sp.gpus != g or key not in cells.index:
+                row += f"{'':>{width}}"
+                continue
+            r = cells.loc[key]
+            mark = "*" if best.get((g, c)) == (sp.tp, sp.pp) else " "
+            row += f"{mark + f'{r.output_throughput_tok_s:,.1f} ({r.per_request_tok_s:,.1f})':>{width}}"
+        lines.append(row)
+    for s in df.attrs.get("skipped", []):
+        lines.append(f"skipped {s}")
+    return "\n".join(lines)
+
+
+# ---- search --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Search:
+    """The best point under the constraints, the best point of every split ranked, and why."""
+
+    objective: str
+    constraints: dict
+    winner: pd.Series
+    ranked: pd.DataFrame      # the best qualifying point of each split, best first
+    qualifying: int           # points that met the constraints
+    table: pd.DataFrame       # the whole sweep
+    why: str
+
+    def text(self) -> str:
+        col, _, label = OBJECTIVES[self.objective]
+        w, t = self.winner, self.table
+        lines = [f"pipesim search  {w['model']} on {w['box']} ({w['profile']}), {w['engine']}, "
+                 f"objective {self.objective} ({label})"]
+        if self.constraints:
+            lines.append("  constraints: " + ", ".join(_constraint_text(k, v) for k, v in self.constraints.items()) +
+                         f": {self.qualifying} of {len(t)} points qualify")
+        lines += ["", f"best: {w['split']} ({w['gpus']} GPUs) at C={w['conc']}: {_point_text(w)}", "",
+                  "ranked (the best qualifying point of each split):",
+                  f"  {'#':>2} {'split':>12} {'C':>5} {'out tok/s':>10} {'per-req tok/s':>14} {'TTFT p99 ms':>12} "
+                  f"{'compute':>8} {'all-red':>8} {'bubble':>8}"]
+        for i, r in enumerate(self.ranked.itertuples(), 1):
+            lines.append(f"  {i:>2} {r.split:>12} {r.conc:>5} {r.output_throughput_tok_s:>10,.1f} "
+                         f"{r.per_request_tok_s:>14,.1f} {r.ttft_ms_p99:>12,.0f} {r.compute_share:>8.0%} "
+                         f"{r.allreduce_share:>8.0%} {r.bubble_fraction:>8.0%}")
+        lines += ["", "why: " + self.why]
+        for s in t.attrs.get("skipped", []):
+            lines.append(f"skipped {s}")
+        return "\n".join(lines)
+
+
+def _constraint_text(key: str, value: float) -> str:
+    return {"min_per_request_tok_s": f"per-request >= {value:g} tok/s",
+            "max_ttft_p99_ms": f"TTFT p99 <= {value:g} ms"}[key]
+
+
+def _point_text(r) -> str:
+    return (f"{r['output_throughput_tok_s']:,.1f} output tok/s, {r['per_request_tok_s']:,.1f} tok/s per request, "
+            f"TTFT p99 {r['ttft_ms_p99']:,.0f} ms")
+
+
+def _rank(df: pd.DataFrame, objective: str) -> pd.DataFrame:
+    col, larger, _ = OBJECTIVES[objective]
+    # ties: fewer GPUs, then lower concurrency, then more TP (fewer stages)
+    return df.sort_values([col, "gpus", "conc", "pp"], ascending=[not larger, True, True, True], kind="stable")
+
+
+def search(gpus: int | str | Sequence[int] = 8, objective: str = "throughput",
+           conc: int | str | Sequence[int] = DEFAULT_CONC, *, min_per_request_tok_s: float | None = None,
+           max_ttft_p99_ms: float | None = None, table: pd.DataFrame | None = None, **kwargs) -> Search:
+    """The best split and concurrency by `objective` (one of OBJECTIVES) among the
+    points that meet the constraints. Runs `sweep(gpus, conc, **kwargs)` unless a
+    sweep `table` is given."""
+    require(objective in OBJECTIVES, f"unknown objective '{objective}'; allowed: {', '.join(OBJECTIVES)}")
+    constraints = {k: v for k, v in (("min_per_request_tok_s", min_per_request_tok_s),
+                                     ("max_ttft_p99_ms", max_ttft_p99_ms)) if v is not None}
+    for k, v in constraints.items():
+        require(isinstance(v, (int, float)) and v == v and v >= 0, f"{k} must be a number >= 0, got {v!r}")
+    df = sweep(gpus, conc, **kwargs) if table is None else table
+    ok = df
+    if min_per_request_tok_s is not None:
+        ok = ok[ok.per_request_tok_s >= min_per_request_tok_s]
+    if max_ttft_p99_ms is not None:
+        ok = ok[ok.ttft_ms_p99 <= max_ttft_p99_ms]
+    if ok.empty:
+        fastest = df.loc[df.per_request_tok_s.idxmax()]
+        quickest = df.loc[df.ttft_ms_p99.idxmin()]
+        raise UserError(
+            "no split and concurrency meets " + " and ".join(_constraint_text(k, v) for k, v in constraints.items()) +
+            f"; the fastest per request is {fastest['split']} at C={fastest['conc']} "
+            f"({fastest['per_request_tok_s']:,.1f} tok/s), the lowest TTFT p99 {quickest['split']} at "
+            f"C={quickest['conc']} ({quickest['ttft_ms_p99']:,.0f} ms)")
+    ranked_points = _rank(ok, objective)
+    ranked = ranked_points.groupby(["gpus", "tp", "pp"], sort=False).head(1).reset_index(drop=True)
+    winner = ranked.iloc[0]
+    why = explain(winner, ranked.iloc[1] if len(ranked) > 1 else None, objective, df)
+    return Search(objective, constraints, winner, ranked, len(ok), df, why)
+
+
+def explain(win, runner, objective: str, df: pd.DataFrame) -> str:
+    """Why the winner wins: its objective against the runner-up split's best point,
+    and where the GPU time goes in each (compute, all-reduce, bubble)."""
+    col, larger, label = OBJECTIVES[objective]
+    parts = []
+    if runner is None:
+        parts.append(f"{win['split']} is the only split that qualifies.")
+    else:
+        a, b = win[col], runner[col]
+        rel = (a / b - 1) if b else float("inf")
+        value = (lambda v: f"a TTFT p99 of {v:,.0f} ms") if objective == "ttft" else (lambda v: f"{v:,.1f} {label}")
+        parts.append(f"{win['split']} at C={win['conc']} gives {value(a)}, "
+                     f"{abs(rel):.0%} {'more' if larger else 'less'} than the runner-up split "
+                     f"{runner['split']} (at its best, C={runner['conc']}: {value(b)}).")
+        parts.append(f"GPU time, winner vs runner-up: compute {win['compute_share']:.0%} vs {runner['compute_share']:.0%}, "
+                     f"all-reduce {win['allreduce_share']:.0%} vs {runner['allreduce_share']:.0%}, "
+                     f"bubble {win['bubble_fraction']:.0%} vs {runner['bubble_fraction']:.0%}.")
+        db = runner["bubble_fraction"] - win["bubble_fraction"]      # > 0: the winner idles less
+        da = runner["allreduce_share"] - win["allreduce_share"]      # > 0: the winner all-reduces less
+        if objective in ("throughput", "throughput-per-gpu"):
+            pts = lambda x: f"{abs(x) * 100:.0f} points"  # noqa: E731  (percentage points of GPU time)
+            if db > 0 and da < 0:
+                parts.append(f"Its GPUs sit idle {pts(db)} less of their time, which outweighs {pts(da)} more "
+                             "spent on all-reduce.")
+            elif db < 0 and da > 0:
+                parts.append(f"It spends {pts(da)} less of its GPU time on all-reduce, which outweighs {pts(db)} "
+                             "more bubble.")
+            elif db >= 0 and da >= 0:
+                parts.append("It loses less GPU time to both bubbles and all-reduce.")
+            else:
+                parts.append("It computes a smaller share of the time but each token costs less compute "
+                             "(its micro-batches are larger or its layers are split over more GPUs).")
+        else:
+            parts.append("Per-request speed and TTFT follow one token's trip through every stage: fewer stages and "
+                         "more GPUs per layer shorten it, and a lower concurrency keeps the batches small.")
+    if larger and objective != "per-request":
+        same = df[(df.tp == win["tp"]) & (df.pp == win["pp"]) & (df.gpus == win["gpus"])]
+        if win["conc"] == same.conc.max():
+            parts.append(f"Throughput was still rising at the largest concurrency swept (C={win['conc']}); "
+                         "try a larger --conc.")
+    return " ".join(parts)
+
+
+# ---- command-line flags ---------------------------------------------------------------------
+
+INT_KNOBS = ("max_running_requests", "pp_max_micro_batch_size", "pp_async_batch_depth", "chunked_prefill_size",
+             "max_num_seqs", "max_num_batched_tokens")
+
+
+def scenario_kwargs(opts: dict) -> dict:
+    """The scenario and engine flags of `pipesim sweep / search / trace` (those of
+    `pipesim predict`) as `build_scenario` keyword arguments; numbers are parsed here
+    so that a bad one is one line, exit code 2."""
+    from .scenario import DEFAULT_MODEL, DEFAULT_PROFILE
+
+    kw = {"model": opts.pop("model") or DEFAULT_MODEL, "profile": opts.pop("profile") or DEFAULT_PROFILE,
+          "engine": opts.pop("engine"), "box": opts.pop("box"), "input_len": opts.pop("input_len"),
+          "output_len": opts.pop("output_len"), "async_scheduling": opts.pop("async_scheduling")}
+    seed = opts.pop("seed")
+    try:
+        kw["seed"] = int(seed)
+    except ValueError:
+        raise UserError(f"--seed '{seed}' is not a whole number >= 0") from None
+    for k in INT_KNOBS:
+        v = opts.pop(k)
+        if v is not None:
+            try:
+                kw[k] = int(v)
+            except ValueError:
+                raise UserError(f"--{k.replace('_', '-')} '{v}' is not a whole number") from None
+    return kw

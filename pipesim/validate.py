@@ -1,0 +1,41 @@
+"""Validation: every measured point of a profile, predicted against measured."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .errors import require
+from .fit import predict_point
+from .profile import Profile
+
+
+def validate(profile: Profile) -> pd.DataFrame:
+    """One row per measured point: measured (value or band), predicted, error in %
+    (0 inside a band, else against the nearer edge)."""
+    require(profile.measured, f"profile {profile.name} has no measured points "
+            "(add some: pipesim calibrate import bench ...)")
+    rows = []
+    for p in profile.measured:
+        pred = predict_point(profile, p)
+        rows.append({"point": p.label(), "metric": p.metric, "measured_lo": p.lo, "measured_hi": p.hi,
+                     "predicted": pred, "error_pct": p.error(pred) * 100, "source": p.source})
+    return pd.DataFrame(rows)
+
+
+def mape(df: pd.DataFrame) -> float:
+    return float(np.mean(np.abs(df["error_pct"])))
+
+
+def table(df: pd.DataFrame, profile: Profile, max_error: float) -> str:
+    lines = [f"validation of {profile.name} ({len(df)} measured points)",
+             f"  {'point':28s} {'metric':18s} {'measured':>13s} {'predicted':>10s} {'error':>8s}"]
+    for r in df.itertuples():
+        meas = f"{r.measured_lo:g}" if r.measured_lo == r.measured_hi else f"{r.measured_lo:g}-{r.measured_hi:g}"
+        flag = "" if abs(r.error_pct) <= max_error else "  <- outside"
+        lines.append(f"  {r.point:28s} {r.metric:18s} {meas:>13s} {r.predicted:10.1f} {r.error_pct:+7.1f}%{flag}")
+    lines.append(f"  MAPE {mape(df):.1f}% (max allowed per point {max_error:g}%)")
+    fit = profile.meta.get("fit", {})
+    if fit:
+        lines.append(f"  fitted: {fit.get('params', '')}; leave-one-out MAPE {fit.get('loo_mape_pct', 'n/a')}%")
+    return "\n".join(lines)
