@@ -35,9 +35,13 @@ def _rows_from_json(objs: list[dict], origin: str, tp: int, pp: int, extra: dict
         rows.append({"name": extra.get("name", ""), "model": extra.get("model", ""), "engine": extra.get("engine", ""),
                      "tp": tp, "pp": pp, "conc": int(round(conc)), "input_len": in_len, "output_len": out_len,
                      "metric": "output_tok_s", "tok_s": float(out), "tok_s_lo": "", "tok_s_hi": "",
-                     "ttft_ms": o.get("median_ttft_ms", ""), "tpot_ms": o.get("median_tpot_ms", ""),
+                     "ttft_ms": _blank(o.get("median_ttft_ms")), "tpot_ms": _blank(o.get("median_tpot_ms")),
                      "source": extra.get("source", origin)})
-    return pd.DataFrame(rows, columns=list(COLUMNS)).fillna("")
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def _blank(value):
+    return "" if value is None else value
 
 
 def parse_sglang(text: str, origin: str, tp: int, pp: int, **extra) -> pd.DataFrame:

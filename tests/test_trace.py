@@ -1,0 +1,195 @@
+"""The Chrome trace: valid trace event format, one track per GPU and per hop, slices
+that never overlap on a track, bubbles counted as the gaps a reader sees, and the
+idle breakdown adding up to the Result's bubble fraction."""
+
+import dataclasses
+import json
+from collections import defaultdict
+
+import pytest
+
+import pipesim
+from pipesim.cli import main
+from pipesim.scenario import build_scenario
+from pipesim.trace import build_trace, covered_s, gaps, idle_breakdown, merge, simulate
+
+SMALL = dict(model="kimi-k2.6", input_len="64", output_len="24")
+META_NAMES = {"process_name", "thread_name", "process_sort_index", "thread_sort_index"}
+
+
+def _ns(us: float) -> int:
+    return int(round(us * 1000))
+
+
+def validate(trace: dict) -> None:
+    """The trace event format (JSON object form): what Perfetto and chrome://tracing need."""
+    assert set(trace) >= {"traceEvents", "displayTimeUnit"}
+    assert trace["displayTimeUnit"] in ("ms", "ns")
+    json.dumps(trace, allow_nan=False)           # plain JSON: no NaN or Infinity
+    for ev in trace["traceEvents"]:
+        assert isinstance(ev["name"], str) and isinstance(ev["pid"], int) and isinstance(ev["tid"], int)
+        if ev["ph"] == "X":
+            assert isinstance(ev["ts"], (int, float)) and isinstance(ev["dur"], (int, float))
+            assert ev["ts"] >= 0 and ev["dur"] >= 0
+            assert isinstance(ev.get("cat", ""), str) and isinstance(ev.get("args", {}), dict)
+        elif ev["ph"] == "M":
+            assert ev["name"] in META_NAMES
+            key = "name" if ev["name"].endswith("_name") else "sort_index"
+            assert set(ev["args"]) == {key}
+        else:
+            raise AssertionError(f"unexpected event phase {ev['ph']}")
+
+
+def tracks(trace: dict) -> dict:
+    """(pid, tid) -> sorted [(start ns, end ns, event)] of the complete slices."""
+    out = defaultdict(list)
+    for ev in trace["traceEvents"]:
+        if ev["ph"] == "X":
+            a = _ns(ev["ts"])
+            out[(ev["pid"], ev["tid"])].append((a, a + _ns(ev["dur"]), ev))
+    return {k: sorted(v, key=lambda x: x[:2]) for k, v in out.items()}
+
+
+def names(trace: dict, kind: str) -> dict:
+    return {(ev["pid"], ev["tid"]): ev["args"]["name"] for ev in trace["traceEvents"]
+            if ev["ph"] == "M" and ev["name"] == kind}
+
+
+@pytest.fixture(scope="module")
+def tp2pp4(profile):
+    sim, result = simulate(build_scenario(tp=2, pp=4, concurrency=8, profile=profile, **SMALL), ci_target=None)
+    return sim, result, build_trace(sim, result)
+
+
+def test_simulate_gives_what_run_gives(profile):
+    """trace.simulate mirrors api.run: the same Result for the same scenario."""
+    sc = build_scenario(tp=4, pp=2, concurrency=4, profile=profile, **SMALL)
+    a = pipesim.run(sc).to_dict()
+    _, r = simulate(sc)
+    b = r.to_dict()
+    a.pop("sim_wall_s"), b.pop("sim_wall_s")
+    assert a == b
+
+
+def test_trace_is_valid_and_slices_never_overlap(tp2pp4):
+    _, _, trace = tp2pp4
+    validate(trace)
+    for key, slices in tracks(trace).items():
+        for (a0, a1, _), (b0, b1, _) in zip(slices, slices[1:]):
+            assert b0 >= a1, f"track {key}: slices overlap at {b0} ns"
+
+
+def test_one_track_per_gpu_and_per_hop(tp2pp4):
+    sim, _, trace = tp2pp4
+    threads = names(trace, "thread_name")
+    gpu_tracks = {tid for (pid, tid) in threads if pid == 1}
+    hop_tracks = {tid for (pid, tid) in threads if pid == 2}
+    assert gpu_tracks == set(range(8))                  # TP2 x PP4 = 8 GPUs
+    assert hop_tracks == set(range(4))                  # 3 stage-to-stage hops + tokens back
+    assert "stage 1, TP rank 0" in threads[(1, 2)]      # GPUs 2, 3 hold stage 1
+    assert "stage3->stage0" in threads[(2, 3)]
+    assert set(names(trace, "process_name")) >= {(1, 0), (2, 0), (3, 0)}
+    tr = tracks(trace)
+    for s in range(4):
+        # every compute and all-reduce of the stage, on each of its GPUs, identically
+        a, b = tr[(1, 2 * s)], tr[(1, 2 * s + 1)]
+        assert [x[:2] for x in a] == [x[:2] for x in b]
+        assert len(a) == len(sim.rec.compute[s]) + len(sim.rec.comm[s])
+        cats = {ev["cat"] for _, _, ev in a}
+        assert cats == {"compute", "allreduce"}
+        assert len(tr[(2, s)]) == len(sim.rec.hops[sim._hop_name(s)])
+
+
+def test_micro_batch_labels_follow_fifo_order(tp2pp4):
+    """Slices are labelled with the i-th launched micro-batch; that holds because each
+    stage and hop serves micro-batches in order: the i-th compute of stage s+1 starts
+    after the i-th hop out of stage s has arrived."""
+    sim, _, _ = tp2pp4
+    rec = sim.rec
+    for i, (a, _) in enumerate(rec.compute[0]):
+        assert a >= rec.batches[i][0] - 1e-12
+    for s in range(sim.pp - 1):
+        hop = rec.hops[sim._hop_name(s)]
+        for i, (a, _) in enumerate(rec.compute[s + 1]):
+            assert a >= hop[i][1] - 1e-9 and hop[i][0] >= rec.compute[s][i][1] - 1e-9
+
+
+def test_bubbles_in_metadata_are_the_gaps_on_gpu_tracks(tp2pp4):
+    _, result, trace = tp2pp4
+    meta = trace["otherData"]
+    t0_ns, t1_ns = (_ns(x * 1e3) for x in meta["window_ms"])
+    tr = tracks(trace)
+    assert len(meta["stages"]) == 4
+    for st in meta["stages"]:
+        busy = [(max(a, t0_ns), min(b, t1_ns)) for a, b, _ in tr[(1, st["gpus"][0])] if b > t0_ns and a < t1_ns]
+        # gaps between slices, counted from the file alone (touching slices are one stretch)
+        count, idle, cursor = 0, 0, t0_ns
+        for a, b in busy:
+            if a - cursor > 1:
+                count += 1
+                idle += a - cursor
+            cursor = max(cursor, b)
+        if t1_ns - cursor > 1:
+            count, idle = count + 1, idle + t1_ns - cursor
+        assert st["bubbles"] == count
+        assert st["bubble_ms"] == pytest.approx(idle / 1e6, abs=1e-3)
+        assert st["idle_share"] == pytest.approx(1 - result.stage_busy_fraction[st["stage"]], abs=1e-9)
+    assert meta["bubble_fraction"] == pytest.approx(result.bubble_fraction)
+    assert meta["scenario"]["tp"] == 2 and meta["scenario"]["pp"] == 4
+
+
+def test_idle_breakdown_adds_up(tp2pp4):
+    sim, result, _ = tp2pp4
+    parts = idle_breakdown(sim, *result.window_s)
+    for st, busy in zip(parts, result.stage_busy_fraction):
+        assert st.compute + st.allreduce == pytest.approx(busy, abs=1e-9)
+        assert st.idle_p2p + st.idle_cpu + st.idle_bubble == pytest.approx(1 - busy, abs=1e-9)
+        assert min(st.idle_p2p, st.idle_cpu, st.idle_bubble) >= -1e-12
+        if st.stage:
+            assert st.idle_cpu == 0.0          # the scheduler runs on stage 0's host only
+
+
+def test_cpu_wait_appears_only_with_cpu_cost(profile):
+    """With a scheduler CPU cost per iteration, stage 0 waits on it; without, never."""
+    slow_cpu = dataclasses.replace(profile, params=dataclasses.replace(profile.params, cpu_iteration_ms=2.0))
+    sc = build_scenario(tp=8, pp=1, concurrency=4, profile=slow_cpu, **SMALL)
+    sim, r = simulate(sc, ci_target=None)
+    [st] = idle_breakdown(sim, *r.window_s)
+    assert st.idle_cpu > 0.01 and st.idle_p2p == 0.0
+    trace = build_trace(sim, r)
+    assert any(ev["cat"] == "cpu" for ev in trace["traceEvents"] if ev["ph"] == "X")
+    assert not any(pid == 2 for pid, _ in names(trace, "thread_name"))    # PP1: no hop tracks
+
+
+def test_interval_helpers():
+    assert merge([(3, 4), (0, 1), (0.5, 2), (2, 2.5)]).tolist() == [[0, 2.5], [3, 4]]
+    assert merge([(0, 1), (2, 3)], 0.5, 2.5).tolist() == [[0.5, 1], [2, 2.5]]
+    assert merge([]).shape == (0, 2)
+    assert covered_s([(0, 2), (1, 3), (5, 6)], 0, 10) == pytest.approx(4.0)
+    assert gaps(merge([(1, 2), (4, 5)]), 0, 6).tolist() == [[0, 1], [2, 4], [5, 6]]
+
+
+def test_cli_trace_writes_perfetto_json(tmp_path, capsys):
+    out = tmp_path / "pp8.json"
+    main(["trace", "--tp", "1", "--pp", "8", "--conc", "16", "--output-len", "20", "--input-len", "64",
+          "--out", str(out)])
+    text = capsys.readouterr().out
+    trace = json.loads(out.read_text())
+    validate(trace)
+    assert len(names(trace, "thread_name")) == 8 + 8 + 2     # GPUs, hops, CPU, window
+    assert "stage 7 (GPU 7)" in text and "bubbles" in text
+    assert [p.name for p in tmp_path.iterdir()] == ["pp8.json"]      # no temporary file left
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--out", "/nonexistent-dir/t.json"], "does not exist"),
+    (["--out", "trace.txt"], "must end in .json"),
+    (["--tp", "two"], "--tp 'two'"),
+    (["--conc", "0"], "--conc"),
+])
+def test_cli_trace_bad_input(capsys, args, needle):
+    with pytest.raises(SystemExit) as exc:
+        main(["trace", "--conc", "2", *args])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err
