@@ -28,6 +28,7 @@ FITTABLE = {
     "allreduce_offset_us": (0.0, 10000.0, 100.0),
     "eager_launch_us_per_layer": (0.0, 20000.0, 100.0),
     "kernel_scale": (0.2, 10.0, 1.0),
+    "frontend_ms": (0.0, 50.0, 0.1),
 }
 
 

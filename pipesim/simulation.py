@@ -135,6 +135,8 @@ class Simulation:
         self.warmup_end_s = 0.0
         self.stop = env.event()
         self._arrival = env.event()
+        self._frontend_s = costs.params.frontend_ms * 1e-3
+        self._frontend_free_s = 0.0
         self._seq = 0
         self._users = self._link_users()
         self._free_at = {d: 0.0 for links in self._users.values() for d in links}
@@ -303,6 +305,15 @@ class Simulation:
             output_len = int(w.output_len.sample(self.rng, 1)[0])
         req = Request(len(self.requests), self.env.now, input_len, output_len, client)
         self.requests.append(req)
+        if self._frontend_s <= 0:
+            self._enqueue(req)
+            return
+        # the engine's front end (tokenizer, IPC) handles requests one at a time
+        done = self._frontend_free_s = max(self.env.now, self._frontend_free_s) + self._frontend_s
+        self.env.timeout(done - self.env.now).callbacks.append(lambda _ev, req=req: self._enqueue(req))
+
+    def _enqueue(self, req: Request) -> None:
+        """The request reaches the scheduler's waiting queue."""
         self.waiting.append(req)
         if not self._arrival.triggered:
             self._arrival.succeed()
