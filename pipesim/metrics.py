@@ -53,6 +53,7 @@ class Result:
     cpu_share: float
     mean_requests_per_microbatch: float
     mean_decode_batch: float
+    decode_batch_per_slot: list           # mean decode batch of each micro-batch slot (0: unused)
     completed_requests: int
     sim_events: int
     sim_wall_s: float
@@ -75,6 +76,17 @@ def _clean(v):
     if isinstance(v, np.integer):
         return int(v)
     return v
+
+
+def _per_slot(batches, slots: int) -> list:
+    """Mean decode batch size of each slot: unequal slots are what makes a PP bubble
+    at high load (one group holding most requests)."""
+    sums, counts = [0.0] * slots, [0] * slots
+    for _, slot, size, kind in batches:
+        if kind == "decode" and slot < slots:
+            sums[slot] += size
+            counts[slot] += 1
+    return [s / c if c else 0.0 for s, c in zip(sums, counts)]
 
 
 def collect(sim, scenario: dict, wall_s: float) -> Result:
@@ -131,6 +143,7 @@ def collect(sim, scenario: dict, wall_s: float) -> Result:
         cpu_share=busy_in(rec.cpu, t0, t1) / span,
         mean_requests_per_microbatch=float(np.mean([b[2] for b in batches])) if batches else 0.0,
         mean_decode_batch=float(np.mean(decode_sizes)) if decode_sizes else 0.0,
+        decode_batch_per_slot=_per_slot(batches, getattr(sim.settings, "slots", 1)),
         completed_requests=int(len(done)),
         sim_events=int(next(env._eid)),  # SimPy numbers every scheduled event
         sim_wall_s=wall_s,

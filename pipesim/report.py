@@ -15,6 +15,15 @@ def _ms(v: float) -> str:
     return "-" if v != v else f"{v:,.1f} ms"
 
 
+def _slot_note(per_slot: list) -> str:
+    used = [b for b in per_slot if b > 0]
+    if used and len(used) < len(per_slot):
+        return f"   ({len(per_slot) - len(used)} of {len(per_slot)} slots idle: the pipeline cannot fill)"
+    if used and max(used) > 1.5 * min(used):
+        return "   (unequal slots: the largest sets the pace)"
+    return ""
+
+
 def table(result: Result) -> str:
     r, sc = result, result.scenario
     eng = sc["engine"]
@@ -45,6 +54,11 @@ def table(result: Result) -> str:
         f"  GPU time: compute {sh['compute']:.0%}  all-reduce {sh['allreduce']:.0%}  idle (bubble) {sh['idle']:.0%};"
         f"  P2P links busy {r.p2p_share:.0%}, scheduler CPU busy {r.cpu_share:.0%}",
         "  stage busy: " + "  ".join(f"s{i} {b:.0%}" for i, b in enumerate(r.stage_busy_fraction)),
+    ]
+    if len(r.decode_batch_per_slot) > 1:
+        lines.append("  decode batch per slot: " + "  ".join(f"m{i} {b:.1f}" for i, b in enumerate(r.decode_batch_per_slot))
+                     + _slot_note(r.decode_batch_per_slot))
+    lines += [
         f"  ({r.completed_requests} requests measured; {r.sim_events:,} events in {r.sim_wall_s:.2f} s)",
     ]
     return "\n".join(lines)
