@@ -185,6 +185,20 @@ class Profile:
     collectives = property(lambda self: self.tables.collectives)
 
 
+def _check_units_and_sizes(df: pd.DataFrame, table: str, origin: str) -> None:
+    lat = df["latency_ms"]
+    require(lat.max() >= 1e-3, f"{origin}: every latency is below 1 us (largest {lat.max():.3g}); "
+            "latency_ms is in milliseconds, not seconds")
+    require(lat.min() <= 1e3, f"{origin}: even the smallest latency is above 1 s ({lat.min():.3g} ms); "
+            "latency_ms is in milliseconds, not microseconds")
+    keys = list(TABLE_COLUMNS[table])
+    dup = df.duplicated(keys, keep="first")
+    if dup.any():
+        row = int(dup.to_numpy().nonzero()[0][0])
+        raise UserError(f"{origin}: line {row + 2}: sizes must not repeat ({', '.join(f'{k}={df[k].iloc[row]}' for k in keys)} "
+                        "appears twice)")
+
+
 # ---- loading and writing -----------------------------------------------------------------
 
 def _shipped():
@@ -272,6 +286,7 @@ def read_table(source, table: str, origin: str) -> pd.DataFrame:
             row = int(bad.to_numpy().nonzero()[0][0])
             raise UserError(f"{origin}: line {row + 2}, column {col}: value {df[col].iloc[row]!r} is not allowed "
                             f"({'a latency > 0 in ms' if col == 'latency_ms' else 'a text value' if col in TEXT_COLUMNS else 'a GPU number >= 0' if col in GPU_COLUMNS else 'a size >= 1'})")
+    _check_units_and_sizes(df, table, origin)
     return df
 
 

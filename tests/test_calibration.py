@@ -125,6 +125,9 @@ def test_band_error_is_zero_inside_and_relative_to_the_nearer_edge():
     ("dtype,m,n,k,latency_ms\nbf16,1,32,32,nan\n", "line 2, column latency_ms"),
     ("dtype,m,n,k,latency_ms\nbf16,1,32,32,-0.5\n", "latency > 0"),
     ("dtype,m,n,k,latency_ms\nbf16,0,32,32,0.5\n", "line 2, column m"),
+    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,0.5\nbf16,1,32,32,0.6\n", "line 3: sizes must not repeat"),
+    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,2e-6\nbf16,2,32,32,3e-6\n", "not seconds"),
+    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,2000\nbf16,2,32,32,3000\n", "not microseconds"),
 ])
 def test_malformed_tables_name_file_line_column(csv, msg):
     with pytest.raises(UserError, match=msg):
