@@ -1,0 +1,150 @@
+"""Bad input, across every command: exit code 2, one line on stderr naming the
+problem, no traceback, no output file left behind. docs/bad-input.md lists the same
+cases; a test keeps the two in step."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipesim.cli import main
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "bad-input.md"
+FAST = ["--model", "llama-3.1-8b", "--output-len", "8", "--input-len", "16"]
+
+
+@pytest.fixture
+def files(tmp_path):
+    """Broken inputs of every kind, written fresh for each test."""
+    from pipesim.profile import _profile_dir
+
+    t = tmp_path
+    (t / "bad.json").write_text("{not json")
+    (t / "nonnum").mkdir()
+    (t / "nonnum" / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": "many", "hidden_size": 1024, "num_attention_heads": 8, "intermediate_size": 4096,
+         "vocab_size": 1000}))
+    (t / "tiny").mkdir()
+    (t / "tiny" / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": 4, "hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 8,
+         "intermediate_size": 4096, "vocab_size": 1000}))
+    (t / "trace_cols.csv").write_text("arrival,input_tokens,output_tokens\n0,10,10\n")
+    (t / "trace_neg.csv").write_text("arrival_s,input_tokens,output_tokens\n0,10,10\n-1,5,5\n")
+    (t / "trace_zero.csv").write_text("arrival_s,input_tokens,output_tokens\n0,0,10\n")
+    src = Path(str(_profile_dir("rtx-pro-6000-sglang-healthy")))
+
+    def broken(name, table, text):
+        d = t / name
+        shutil.copytree(src, d)
+        with gzip.open(d / f"{table}.csv.gz", "wt") as fh:
+            fh.write(text)
+        return d
+
+    broken("trunc", "collectives", "op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,0.02\nall_reduce,nccl,8")
+    broken("nocol", "collectives", "op,impl,gpus,latency_ms\nall_reduce,nccl,8,0.02\n")
+    broken("nan", "collectives", "op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,nan\n")
+    broken("neg", "collectives", "op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,-0.02\n")
+    broken("dup", "collectives", "op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,0.02\nall_reduce,nccl,8,256,0.03\n")
+    broken("seconds", "collectives", "op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,2e-5\nall_reduce,nccl,8,512,3e-5\n")
+    shutil.copytree(src, t / "badparam")
+    toml = (t / "badparam" / "profile.toml").read_text().replace('"cpu_iteration_ms" = 0', '"cpu_iteration_ms" = -0', 1)
+    (t / "badparam" / "profile.toml").write_text(toml)
+    shutil.copytree(src, t / "nopoints")
+    (t / "empty").mkdir()
+    (t / "unreadable.txt").write_text("# all_reduce_perf\n# nothing\n")
+    return t
+
+
+# (args, what the one line must mention, a file that must not be left behind)
+CASES = [
+    (["predict", "--tp", "3", "--pp", "4", "--conc", "1"], "tp x pp = 3 x 4 = 12 GPUs", None),
+    (["predict", "--tp", "0", "--conc", "1"], "tp must be a whole number >= 1", None),
+    (["predict", "--pp", "-2", "--conc", "1"], "pp must be a whole number >= 1", None),
+    (["predict", "--tp", "x", "--conc", "1"], "'x' is not a valid integer", None),
+    (["predict", "--tp", "3", "--conc", "1", *FAST], "tp=3 does not divide", None),
+    (["predict", "--pp", "8", "--conc", "1", "--model", "{t}/tiny/config.json"], "pp=8 is more stages than the model's 4 layers", None),
+    (["predict", "--tp", "1", "--conc", "1"], "does not fit at tp=1 pp=1", None),
+    (["predict", "--conc", "0", *FAST], "concurrency must be a whole number >= 1", None),
+    (["predict", "--conc", "-4", *FAST], "concurrency must be a whole number >= 1", None),
+    (["predict", "--conc", "1", "--model", "gpt-9"], "unknown model 'gpt-9'; known presets", None),
+    (["predict", "--conc", "1", "--model", "{t}/missing/config.json"], "model config not found", None),
+    (["predict", "--conc", "1", "--model", "{t}/bad.json"], "cannot read model config", None),
+    (["predict", "--conc", "1", "--model", "{t}/nonnum/config.json"], "'num_hidden_layers' = 'many' must be a whole number", None),
+    (["predict", "--conc", "1", "--profile", "nope"], "unknown profile 'nope'; known:", None),
+    (["predict", "--conc", "1", "--profile", "{t}/empty"], "unknown profile", None),
+    (["predict", "--tp", "8", "--conc", "1", "--input-len", "100000000"], "the KV cache holds", None),
+    (["predict", "--conc", "1", *FAST[:2], "--input-len", "0"], "need 1 <= LO <= HI", None),
+    (["predict", "--conc", "1", *FAST[:2], "--output-len", "9:3"], "need 1 <= LO <= HI", None),
+    (["predict", "--conc", "1", *FAST[:2], "--input-len", "a:b"], "is not a token count", None),
+    (["predict", "--rate", "0", *FAST], "arrival rate must be > 0", None),
+    (["predict", "--rate", "1", "--num-requests", "0", *FAST], "number of requests must be >= 1", None),
+    (["predict", "--rate", "1", "--conc", "2", *FAST], "give one of concurrency, rate or trace", None),
+    (["predict", *FAST], "give a concurrency (--conc)", None),
+    (["predict", "--trace", "{t}/nothere.csv", *FAST[:2]], "trace file not found", None),
+    (["predict", "--trace", "{t}/trace_cols.csv", *FAST[:2]], "missing column(s) arrival_s", None),
+    (["predict", "--trace", "{t}/trace_neg.csv", *FAST[:2]], "line 3, column arrival_s", None),
+    (["predict", "--trace", "{t}/trace_zero.csv", *FAST[:2]], "line 2, column input_tokens", None),
+    (["predict", "--pp", "2", "--conc", "1", "--layers", "10,10", *FAST], "sums to 20, the model has 32 layers", None),
+    (["predict", "--pp", "2", "--conc", "1", "--layers", "a,b", *FAST], "must be comma-separated whole numbers", None),
+    (["predict", "--conc", "1", "--engine", "tensorrt", *FAST], "'tensorrt' is not one of", None),
+    (["predict", "--conc", "1", "--max-num-seqs", "8", *FAST], "max_num_seqs is not a sglang knob", None),
+    (["predict", "--conc", "1", "--pp-async-batch-depth", "-1", *FAST], "--pp-async-batch-depth must be a whole number >= 0", None),
+    (["predict", "--conc", "1", "--max-running-requests", "0", *FAST], "--max-running-requests must be a whole number >= 1", None),
+    (["predict", "--conc", "1", "--profile", "{t}/trunc", *FAST], "collectives.csv.gz", None),
+    (["predict", "--conc", "1", "--profile", "{t}/nocol", *FAST], "missing column(s) nbytes", None),
+    (["predict", "--conc", "1", "--profile", "{t}/nan", *FAST], "line 2, column latency_ms", None),
+    (["predict", "--conc", "1", "--profile", "{t}/neg", *FAST], "line 2, column latency_ms", None),
+    (["predict", "--conc", "1", "--profile", "{t}/dup", *FAST], "line 3: sizes must not repeat", None),
+    (["predict", "--conc", "1", "--profile", "{t}/seconds", *FAST], "not seconds", None),
+    (["predict", "--conc", "1", "--profile", "{t}/badparam", *FAST], "cpu_iteration_ms", None),
+    (["profiles", "show", "nope"], "unknown profile 'nope'", None),
+    (["validate", "--profile", "{t}/nopoints"], "has no measured points", None),
+    (["calibrate", "fit", "--profile", "{t}/nopoints", "--params", "cpu_iteration_ms"], "no measured points to fit", None),
+    (["calibrate", "fit", "--profile", "rtx-pro-6000-sglang-deployment", "--params", "warp_speed", "--out", "{t}/fitted"],
+     "cannot fit warp_speed", "{t}/fitted"),
+    (["calibrate", "import", "nccl-tests", "{t}/nothere.txt", "--profile", "{t}/nopoints"], "nccl-tests output not found", None),
+    (["calibrate", "import", "nccl-tests", "{t}/unreadable.txt", "--profile", "{t}/nopoints", "--gpus", "8",
+      "--out", "{t}/out1"], "no data rows found", "{t}/out1"),
+    (["calibrate", "import", "bench", "{t}/bad.json", "--profile", "{t}/nopoints", "--format", "vllm", "--tp", "8",
+      "--pp", "1", "--out", "{t}/out2"], "not JSON", "{t}/out2"),
+    (["calibrate", "import", "aiconfigurator", "{t}/empty", "--box", "rtx-pro-6000-server-8x", "--out", "{t}/out3"],
+     "missing AIConfigurator table", "{t}/out3"),
+    (["calibrate", "import", "aiconfigurator", "{t}/empty", "--box", "nobox", "--out", "{t}/out4"], "unknown box 'nobox'",
+     "{t}/out4"),
+]
+
+
+def _fill(x, t):
+    return x.replace("{t}", str(t)) if isinstance(x, str) else x
+
+
+@pytest.mark.parametrize("args, message, leftover", CASES, ids=[" ".join(c[0][:4]) for c in CASES])
+def test_bad_input(args, message, leftover, files, capsys):
+    args = [_fill(a, files) for a in args]
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2, (args, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and lines[0].startswith("pipesim: error: ")
+    assert message in lines[0], lines[0]
+    if leftover:
+        path = Path(_fill(leftover, files))
+        assert not path.exists()
+        assert not list(path.parent.glob(f".{path.name}.*"))   # no half-written temporary either
+
+
+def test_at_least_thirty_bad_inputs():
+    assert len(CASES) >= 30
+
+
+def test_every_case_is_documented():
+    doc = DOC.read_text()
+    for _, message, _ in CASES:
+        assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", doc), message
