@@ -9,6 +9,7 @@ direction and a latency, so a transfer costs sum(latency) + bytes / min(bandwidt
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -51,11 +52,12 @@ class Box:
     links: tuple[Link, ...]
 
     # ---- the tree ---------------------------------------------------------------
-    def _parent(self) -> dict[str, Link]:
+    @cached_property
+    def _parents(self) -> dict[str, Link]:
         return {link.child: link for link in self.links}
 
     def _ancestors(self, node: str) -> list[str]:
-        parent, chain = self._parent(), [node]
+        parent, chain = self._parents, [node]
         while chain[-1] in parent:
             chain.append(parent[chain[-1]].parent)
         return chain
@@ -69,12 +71,12 @@ class Box:
         require(common is not None, f"box {self.name}: gpu{src_gpu} and gpu{dst_gpu} are not connected")
         hops_up = up[: up.index(common)]
         hops_down = down[: down.index(common)]
-        parent = self._parent()
+        parent = self._parents
         return tuple((n, parent[n].parent) for n in hops_up) + tuple(
             (parent[n].parent, n) for n in reversed(hops_down))
 
     def link(self, d: LinkDir) -> Link:
-        parent = self._parent()
+        parent = self._parents
         return parent[d[0]] if d[0] in parent and parent[d[0]].parent == d[1] else parent[d[1]]
 
     def p2p_time_s(self, src_gpu: int, dst_gpu: int, nbytes: float) -> float:
