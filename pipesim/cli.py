@@ -285,24 +285,25 @@ def profiles_show(name):
 
 
 @cli.command()
-@click.option("--gpus", default="8", show_default=True, help="GPU count, or several: 2,4,8 (every tp x pp = count)")
-@click.option("--conc", default="1,2,4,8,16,32,64,128", show_default=True, help="concurrencies, comma-separated")
+@click.option("--gpus", default="8", show_default=True, metavar="N[,N..]", help="GPU count, or several: 2,4,8 (every tp x pp = count)")
+@click.option("--conc", default="1,2,4,8,16,32,64,128", show_default=True, metavar="C[,C..]", help="concurrencies, comma-separated")
 @click.option("--model", default=None, help="preset name or path of a Hugging Face config.json [default: kimi-k2.6]")
 @click.option("--profile", default=None, help="calibration profile name or directory [default: the reference box]")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]")
 @click.option("--box", default=None, help="box preset or .toml [default: the profile's]")
 @click.option("--input-len", default="256", show_default=True, help="prompt tokens: N or LO:HI (uniform)")
 @click.option("--output-len", default="300", show_default=True, help="output tokens: N or LO:HI (uniform)")
-@click.option("--seed", default="0", show_default=True, help="random seed, a whole number >= 0")
-@click.option("--max-running-requests", default=None, help="SGLang: total running requests")
-@click.option("--pp-max-micro-batch-size", default=None, help="SGLang: per-slot cap [default: max-running-requests // pp]")
-@click.option("--pp-async-batch-depth", default=None, help="SGLang: extra micro-batch slots [default 0]")
-@click.option("--chunked-prefill-size", default=None, help="SGLang: prefill chunk tokens [default by GPU memory]")
-@click.option("--max-num-seqs", default=None, help="vLLM: total running requests")
-@click.option("--max-num-batched-tokens", default=None, help="vLLM: token budget per batch")
+@click.option("--seed", default="0", show_default=True, metavar="N", help="random seed, a whole number >= 0")
+@click.option("--max-running-requests", default=None, metavar="N", help="SGLang: total running requests")
+@click.option("--pp-max-micro-batch-size", default=None, metavar="N", help="SGLang: per-slot cap [default: max-running-requests // pp]")
+@click.option("--pp-async-batch-depth", default=None, metavar="N", help="SGLang: extra micro-batch slots [default 0]")
+@click.option("--chunked-prefill-size", default=None, metavar="N", help="SGLang: prefill chunk tokens [default by GPU memory]")
+@click.option("--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly")
+@click.option("--max-num-seqs", default=None, metavar="N", help="vLLM: total running requests")
+@click.option("--max-num-batched-tokens", default=None, metavar="N", help="vLLM: token budget per batch")
 @click.option("--async-scheduling/--no-async-scheduling", default=None, help="vLLM: async scheduling")
 @click.option("--out", default=None, help="write the table to this .csv or .parquet file")
-@click.option("--workers", default=None, help="local worker processes [default: every core; 1: in this process]")
+@click.option("--workers", default=None, metavar="N", help="local worker processes [default: every core; 1: in this process]")
 @click.option("--scheduler", default=None, help="run on a Dask cluster: its scheduler address, tcp://HOST:PORT")
 @click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
 def sweep(gpus, conc, out, workers, scheduler, progress, **opts):
@@ -326,12 +327,12 @@ def sweep(gpus, conc, out, workers, scheduler, progress, **opts):
 
 
 @cli.command()
-@click.option("--gpus", default="8", show_default=True, help="GPU count, or several: 2,4,8")
-@click.option("--conc", default="1,2,4,8,16,32,64,128", show_default=True, help="concurrencies to try")
-@click.option("--objective", default="throughput", show_default=True,
+@click.option("--gpus", default="8", show_default=True, metavar="N[,N..]", help="GPU count, or several: 2,4,8")
+@click.option("--conc", default="1,2,4,8,16,32,64,128", show_default=True, metavar="C[,C..]", help="concurrencies to try")
+@click.option("--objective", default="throughput", show_default=True, metavar="NAME",
               help="throughput | throughput-per-gpu | per-request | ttft")
-@click.option("--min-per-request-tok-s", default=None, help="keep points whose requests decode at least this fast")
-@click.option("--max-ttft-p99-ms", default=None, help="keep points whose TTFT p99 is at most this")
+@click.option("--min-per-request-tok-s", default=None, metavar="TOK_S", help="keep points whose requests decode at least this fast")
+@click.option("--max-ttft-p99-ms", default=None, metavar="MS", help="keep points whose TTFT p99 is at most this")
 @click.option("--from", "from_file", default=None, help="search a sweep table (.csv/.parquet) instead of running one")
 @click.option("--model", default=None, help="preset name or path of a Hugging Face config.json [default: kimi-k2.6]")
 @click.option("--profile", default=None, help="calibration profile name or directory [default: the reference box]")
@@ -339,15 +340,16 @@ def sweep(gpus, conc, out, workers, scheduler, progress, **opts):
 @click.option("--box", default=None, help="box preset or .toml [default: the profile's]")
 @click.option("--input-len", default="256", show_default=True, help="prompt tokens: N or LO:HI (uniform)")
 @click.option("--output-len", default="300", show_default=True, help="output tokens: N or LO:HI (uniform)")
-@click.option("--seed", default="0", show_default=True, help="random seed, a whole number >= 0")
-@click.option("--max-running-requests", default=None, help="SGLang: total running requests")
-@click.option("--pp-max-micro-batch-size", default=None, help="SGLang: per-slot cap [default: max-running-requests // pp]")
-@click.option("--pp-async-batch-depth", default=None, help="SGLang: extra micro-batch slots [default 0]")
-@click.option("--chunked-prefill-size", default=None, help="SGLang: prefill chunk tokens [default by GPU memory]")
-@click.option("--max-num-seqs", default=None, help="vLLM: total running requests")
-@click.option("--max-num-batched-tokens", default=None, help="vLLM: token budget per batch")
+@click.option("--seed", default="0", show_default=True, metavar="N", help="random seed, a whole number >= 0")
+@click.option("--max-running-requests", default=None, metavar="N", help="SGLang: total running requests")
+@click.option("--pp-max-micro-batch-size", default=None, metavar="N", help="SGLang: per-slot cap [default: max-running-requests // pp]")
+@click.option("--pp-async-batch-depth", default=None, metavar="N", help="SGLang: extra micro-batch slots [default 0]")
+@click.option("--chunked-prefill-size", default=None, metavar="N", help="SGLang: prefill chunk tokens [default by GPU memory]")
+@click.option("--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly")
+@click.option("--max-num-seqs", default=None, metavar="N", help="vLLM: total running requests")
+@click.option("--max-num-batched-tokens", default=None, metavar="N", help="vLLM: token budget per batch")
 @click.option("--async-scheduling/--no-async-scheduling", default=None, help="vLLM: async scheduling")
-@click.option("--workers", default=None, help="local worker processes [default: every core]")
+@click.option("--workers", default=None, metavar="N", help="local worker processes [default: every core]")
 @click.option("--scheduler", default=None, help="run on a Dask cluster: tcp://HOST:PORT")
 @click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
 def search(gpus, conc, objective, min_per_request_tok_s, max_ttft_p99_ms, from_file, workers, scheduler, progress,
@@ -381,22 +383,23 @@ def plot(results, out_dir, fmt, prefix):
 
 
 @cli.command()
-@click.option("--tp", default="1", show_default=True, help="tensor-parallel size")
-@click.option("--pp", default="1", show_default=True, help="pipeline-parallel size")
-@click.option("--conc", default=None, help="closed-loop concurrency C")
+@click.option("--tp", default="1", show_default=True, metavar="N", help="tensor-parallel size")
+@click.option("--pp", default="1", show_default=True, metavar="N", help="pipeline-parallel size")
+@click.option("--conc", default=None, metavar="C", help="closed-loop concurrency C")
 @click.option("--model", default=None, help="preset name or path of a Hugging Face config.json [default: kimi-k2.6]")
 @click.option("--profile", default=None, help="calibration profile name or directory [default: the reference box]")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]")
 @click.option("--box", default=None, help="box preset or .toml [default: the profile's]")
 @click.option("--input-len", default="256", show_default=True, help="prompt tokens: N or LO:HI (uniform)")
 @click.option("--output-len", default="300", show_default=True, help="output tokens: N or LO:HI (uniform)")
-@click.option("--seed", default="0", show_default=True, help="random seed, a whole number >= 0")
-@click.option("--max-running-requests", default=None, help="SGLang: total running requests")
-@click.option("--pp-max-micro-batch-size", default=None, help="SGLang: per-slot cap [default: max-running-requests // pp]")
-@click.option("--pp-async-batch-depth", default=None, help="SGLang: extra micro-batch slots [default 0]")
-@click.option("--chunked-prefill-size", default=None, help="SGLang: prefill chunk tokens [default by GPU memory]")
-@click.option("--max-num-seqs", default=None, help="vLLM: total running requests")
-@click.option("--max-num-batched-tokens", default=None, help="vLLM: token budget per batch")
+@click.option("--seed", default="0", show_default=True, metavar="N", help="random seed, a whole number >= 0")
+@click.option("--max-running-requests", default=None, metavar="N", help="SGLang: total running requests")
+@click.option("--pp-max-micro-batch-size", default=None, metavar="N", help="SGLang: per-slot cap [default: max-running-requests // pp]")
+@click.option("--pp-async-batch-depth", default=None, metavar="N", help="SGLang: extra micro-batch slots [default 0]")
+@click.option("--chunked-prefill-size", default=None, metavar="N", help="SGLang: prefill chunk tokens [default by GPU memory]")
+@click.option("--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly")
+@click.option("--max-num-seqs", default=None, metavar="N", help="vLLM: total running requests")
+@click.option("--max-num-batched-tokens", default=None, metavar="N", help="vLLM: token budget per batch")
 @click.option("--async-scheduling/--no-async-scheduling", default=None, help="vLLM: async scheduling")
 @click.option("--out", default="trace.json", show_default=True, help="the Chrome trace event file (.json)")
 def trace(tp, pp, conc, out, **opts):
@@ -419,6 +422,29 @@ def trace(tp, pp, conc, out, **opts):
         click.echo(f"  stage {st['stage']} (GPU {','.join(map(str, st['gpus']))}): {st['bubbles']:,} bubbles, "
                    f"{st['bubble_ms']:,.1f} ms idle ({st['idle_share']:.0%}: P2P wait {st['idle_p2p_share']:.0%}, "
                    f"CPU wait {st['idle_cpu_share']:.0%}, pipeline bubble {st['idle_bubble_share']:.0%})")
+
+
+@calibrate.command("live")
+@click.option("--model", "model_arg", required=True, help="preset name or path of a Hugging Face config.json")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="profile directory to write")
+@click.option("--hf-config", is_flag=True,
+              help="also run the model's Hugging Face transformers code (random weights from the config, no "
+                   "download) for the decode loop's CPU costs and its decoder layers")
+@click.option("--name", default=None, help="profile name [default: live-<gpu>-<model>]")
+@click.option("--budget-s", type=float, default=420.0, show_default=True,
+              help="wall-clock budget; optional extras are skipped once it runs low")
+@click.option("--reps", type=int, default=30, show_default=True, help="timed repetitions per operation (median)")
+@click.option("--warmup", type=int, default=5, show_default=True, help="untimed calls before timing")
+@click.option("--collectives/--no-collectives", default=True, show_default=True,
+              help="with several GPUs visible: NCCL all-reduce, all-gather and P2P tables")
+def calibrate_live(model_arg, out, hf_config, name, budget_s, reps, warmup, collectives):
+    """Measure MODEL's operation costs on this machine's NVIDIA GPUs into a profile
+    that `pipesim predict --profile OUT --model MODEL` uses (needs pipesim[live])."""
+    from .live import run_live
+
+    path = run_live(model_arg, out, hf_config=hf_config, name=name, budget_s=budget_s, reps=reps, warmup=warmup,
+                    collectives=collectives)
+    click.echo(f"wrote {path}")
 
 
 def main(argv=None) -> None:

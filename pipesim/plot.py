@@ -139,26 +139,33 @@ def breakdown(df: pd.DataFrame) -> Figure:
 def compare(variants: dict[str, pd.DataFrame], column: str = "output_throughput_tok_s",
             ylabel: str = "best output throughput (tok/s, whole engine)") -> Figure:
     """What-ifs side by side: for each variant the best split's `column` at each
-    concurrency, the best split named at each point."""
+    concurrency. The first variant's best split is named at each point, another's only
+    where it differs (equal curves draw over each other: the markers tell them apart)."""
     from .sweep import best_by_conc
 
     fig = _figure()
     ax = fig.add_subplot()
-    concs = []
-    for name, df in variants.items():
+    markers = "osD^vPX*"
+    concs, reference = [], None
+    for i, (name, df) in enumerate(variants.items()):
         best = best_by_conc(df, column)
         concs += best.conc.tolist()
-        line, = ax.plot(best.conc, best[column], marker="o", label=name)
+        line, = ax.plot(best.conc, best[column], marker=markers[i % len(markers)], markersize=7 - 0.6 * (i % 5),
+                        label=name)
+        if reference is None:
+            reference = dict(zip(best.conc, best.split))
         for r in best.itertuples():
-            ax.annotate(r.split.replace(" ", ""), (r.conc, getattr(r, column)), textcoords="offset points",
-                        xytext=(4, -9), fontsize=6.5, color=line.get_color())
+            if i == 0 or reference.get(r.conc) != r.split:
+                ax.annotate(r.split.replace(" ", ""), (r.conc, getattr(r, column)), textcoords="offset points",
+                            xytext=(5, -10), fontsize=7, color=line.get_color())
     _conc_axis(ax, concs)
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(title="what-if", loc="upper left", fontsize=8)
-    first = next(iter(variants.values()))
-    fig.suptitle(f"What-ifs: the best split at each concurrency\n{_subtitle(first)}", fontsize=10)
+    first = next(iter(variants))
+    fig.suptitle(f"What-ifs: the best split at each concurrency (named for {first}, and where another differs)\n"
+                 f"{_subtitle(pd.concat(list(variants.values()), ignore_index=True))}", fontsize=10)
     return fig
 
 

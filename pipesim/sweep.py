@@ -165,7 +165,8 @@ def read_table(path) -> pd.DataFrame:
         df = pd.read_parquet(p)
     else:
         require(p.suffix.lower() == ".csv", f"sweep file '{p}' must end in .csv or .parquet")
-        df = pd.read_csv(p)
+        # lengths are specs ("300" or "100:500"), as the sweep wrote them
+        df = pd.read_csv(p, dtype={"input_len": str, "output_len": str})
     missing = [c for c in KEY_COLUMNS + ["output_throughput_tok_s", "per_request_tok_s"] if c not in df.columns]
     require(not missing, f"'{p}' is not a pipesim sweep table: no column(s) {', '.join(missing)}")
     return df
@@ -225,7 +226,7 @@ def sweep(gpus: int | str | Sequence[int] = 8, conc: int | str | Sequence[int] =
 
 
 def _bar(total: int, progress: bool | None):
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     # progress=None: a bar only on a terminal
     return tqdm(total=total, desc="sweep", unit="run", disable=None if progress is None else not progress)
@@ -263,7 +264,7 @@ def _run_dask(address: str, points, kwargs, run_kwargs, progress) -> list[dict]:
         # the scenario inputs (a Profile object can be megabytes) go to each worker once
         [shared] = client.scatter([kwargs], broadcast=True, hash=False)
         futures = [client.submit(run_point, tp, pp, c, shared, run_kwargs, pure=False) for tp, pp, c in points]
-        for fut in dask_completed(futures):
+        for fut in dask_completed(futures, loop=client.loop):
             rows.append(fut.result())
             bar.update()
     return rows
@@ -359,6 +360,26 @@ def _rank(df: pd.DataFrame, objective: str) -> pd.DataFrame:
     return df.sort_values([col, "gpus", "conc", "pp"], ascending=[not larger, True, True, True], kind="stable")
 
 
+def _noise(row, objective: str) -> float:
+    """The 95% half-width of a point's objective: throughput has one, latencies none."""
+    if objective not in ("throughput", "throughput-per-gpu") or "output_throughput_ci_tok_s" not in row:
+        return 0.0
+    ci = row["output_throughput_ci_tok_s"]
+    ci = 0.0 if ci != ci else float(ci)
+    return ci / row["gpus"] if objective == "throughput-per-gpu" else ci
+
+
+def _best_of_split(part: pd.DataFrame, objective: str) -> pd.Series:
+    """A split's best point: the lowest concurrency that is as good as the best within
+    its 95% CI (for throughput) or float rounding: more requests in flight that add no
+    throughput only queue."""
+    col, larger, _ = OBJECTIVES[objective]
+    top = _rank(part, objective).iloc[0]
+    noise = max(_noise(top, objective), 1e-9 * abs(top[col]))
+    near = part[part[col] >= top[col] - noise] if larger else part[part[col] <= top[col] + noise]
+    return near.sort_values("conc", kind="stable").iloc[0]
+
+
 def search(gpus: int | str | Sequence[int] = 8, objective: str = "throughput",
            conc: int | str | Sequence[int] = DEFAULT_CONC, *, min_per_request_tok_s: float | None = None,
            max_ttft_p99_ms: float | None = None, table: pd.DataFrame | None = None, **kwargs) -> Search:
@@ -384,11 +405,36 @@ def search(gpus: int | str | Sequence[int] = 8, objective: str = "throughput",
             f"; the fastest per request is {fastest['split']} at C={fastest['conc']} "
             f"({fastest['per_request_tok_s']:,.1f} tok/s), the lowest TTFT p99 {quickest['split']} at "
             f"C={quickest['conc']} ({quickest['ttft_ms_p99']:,.0f} ms)")
-    ranked_points = _rank(ok, objective)
-    ranked = ranked_points.groupby(["gpus", "tp", "pp"], sort=False).head(1).reset_index(drop=True)
+    best = [_best_of_split(part, objective) for _, part in ok.groupby(["gpus", "tp", "pp"], sort=True)]
+    ranked = _rank(pd.DataFrame(best), objective).reset_index(drop=True)
     winner = ranked.iloc[0]
     why = explain(winner, ranked.iloc[1] if len(ranked) > 1 else None, objective, df)
     return Search(objective, constraints, winner, ranked, len(ok), df, why)
+
+
+def gpu_ms_per_token(row) -> dict:
+    """GPU time per output token (GPUs x window / tokens out) by where it went. With
+    equal GPU counts the split with less of it has the higher throughput, so the
+    difference in each part is what the winner wins or loses on."""
+    total = row["gpus"] * 1e3 / row["output_throughput_tok_s"] if row["output_throughput_tok_s"] > 0 else float("nan")
+    return {"compute": row["compute_share"] * total, "all-reduce": row["allreduce_share"] * total,
+            "idle (bubble)": row["bubble_fraction"] * total}
+
+
+def _per_token(win, runner) -> str:
+    w, r = gpu_ms_per_token(win), gpu_ms_per_token(runner)
+    text = lambda d: " + ".join(f"{k} {v:,.2f}" for k, v in d.items())  # noqa: E731
+    diff = {k: r[k] - w[k] for k in w}              # > 0: the winner spends less on it
+    gains = [f"{d:,.2f} ms less {k}" for k, d in sorted(diff.items(), key=lambda x: -x[1]) if d > 0.005]
+    losses = [f"{-d:,.2f} ms more {k}" for k, d in sorted(diff.items(), key=lambda x: x[1]) if d < -0.005]
+    out = (f"GPU time per output token: winner {sum(w.values()):,.2f} ms = {text(w)}; "
+           f"runner-up {sum(r.values()):,.2f} ms = {text(r)}.")
+    if gains:
+        out += " The winner wins on " + ", ".join(gains) + (
+            ", against " + ", ".join(losses) + "." if losses else ".")
+    if win["gpus"] != runner["gpus"]:
+        out += f" (It uses {win['gpus']} GPUs, the runner-up {runner['gpus']}.)"
+    return out
 
 
 def explain(win, runner, objective: str, df: pd.DataFrame) -> str:
@@ -408,29 +454,31 @@ def explain(win, runner, objective: str, df: pd.DataFrame) -> str:
         parts.append(f"GPU time, winner vs runner-up: compute {win['compute_share']:.0%} vs {runner['compute_share']:.0%}, "
                      f"all-reduce {win['allreduce_share']:.0%} vs {runner['allreduce_share']:.0%}, "
                      f"bubble {win['bubble_fraction']:.0%} vs {runner['bubble_fraction']:.0%}.")
-        db = runner["bubble_fraction"] - win["bubble_fraction"]      # > 0: the winner idles less
-        da = runner["allreduce_share"] - win["allreduce_share"]      # > 0: the winner all-reduces less
+        noise = _noise(win, objective)
+        if noise and abs(a - b) <= noise:
+            parts.append(f"That is within the winner's 95% confidence interval (+/- {noise:,.1f}): on {label} "
+                         "alone the two tie, so weigh their latency too.")
         if objective in ("throughput", "throughput-per-gpu"):
-            pts = lambda x: f"{abs(x) * 100:.0f} points"  # noqa: E731  (percentage points of GPU time)
-            if db > 0 and da < 0:
-                parts.append(f"Its GPUs sit idle {pts(db)} less of their time, which outweighs {pts(da)} more "
-                             "spent on all-reduce.")
-            elif db < 0 and da > 0:
-                parts.append(f"It spends {pts(da)} less of its GPU time on all-reduce, which outweighs {pts(db)} "
-                             "more bubble.")
-            elif db >= 0 and da >= 0:
-                parts.append("It loses less GPU time to both bubbles and all-reduce.")
-            else:
-                parts.append("It computes a smaller share of the time but each token costs less compute "
-                             "(its micro-batches are larger or its layers are split over more GPUs).")
+            parts.append(_per_token(win, runner))
         else:
             parts.append("Per-request speed and TTFT follow one token's trip through every stage: fewer stages and "
                          "more GPUs per layer shorten it, and a lower concurrency keeps the batches small.")
     if larger and objective != "per-request":
         same = df[(df.tp == win["tp"]) & (df.pp == win["pp"]) & (df.gpus == win["gpus"])]
-        if win["conc"] == same.conc.max():
+        higher = same[same.conc > win["conc"]]
+        if higher.empty:
             parts.append(f"Throughput was still rising at the largest concurrency swept (C={win['conc']}); "
                          "try a larger --conc.")
+        else:
+            top = higher.loc[higher[col].idxmax()]
+            if top[col] > win[col] + max(_noise(win, objective), 1e-9 * abs(win[col])):
+                parts.append(f"C={top['conc']} would give {top[col]:,.1f} but misses the constraints "
+                             f"({top['per_request_tok_s']:,.1f} tok/s per request, TTFT p99 "
+                             f"{top['ttft_ms_p99']:,.0f} ms).")
+            else:
+                parts.append(f"C={top['conc']} gives {top[col]:,.1f}, no more within the 95% CI, with a TTFT p99 "
+                             f"of {top['ttft_ms_p99']:,.0f} ms instead of {win['ttft_ms_p99']:,.0f} ms: "
+                             "the extra requests only queue.")
     return " ".join(parts)
 
 
@@ -448,7 +496,8 @@ def scenario_kwargs(opts: dict) -> dict:
 
     kw = {"model": opts.pop("model") or DEFAULT_MODEL, "profile": opts.pop("profile") or DEFAULT_PROFILE,
           "engine": opts.pop("engine"), "box": opts.pop("box"), "input_len": opts.pop("input_len"),
-          "output_len": opts.pop("output_len"), "async_scheduling": opts.pop("async_scheduling")}
+          "output_len": opts.pop("output_len"), "async_scheduling": opts.pop("async_scheduling"),
+          "disable_cuda_graph": opts.pop("disable_cuda_graph")}
     seed = opts.pop("seed")
     try:
         kw["seed"] = int(seed)

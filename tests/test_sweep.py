@@ -61,16 +61,15 @@ def test_local_processes_give_the_serial_table(serial, profile):
     pd.testing.assert_frame_equal(deterministic(parallel), deterministic(serial))
 
 
-def test_dask_cluster_gives_the_local_table(serial, profile):
+def test_dask_cluster_gives_the_local_table(profile):
+    """Llama 3.1 8B on 2 GPUs: two splits (TP2, PP2) x two concurrencies, on a local
+    Dask cluster of two worker processes and on local processes: the same table."""
     distributed = pytest.importorskip("distributed")
-    small = dict(SMALL, output_len="24")
-    local = sweep(8, CONC, profile=profile, workers=1, **small)
-    local = local[local.pp.isin([1, 2])].reset_index(drop=True)
+    args = dict(model="llama-3.1-8b", profile=profile, **SMALL)
+    local = sweep(2, CONC, workers=2, **args)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        # two splits x two concurrencies: a 4-GPU box would do, keep the 8-GPU one and
-        # choose splits through the table
-        remote = sweep(8, CONC, profile=profile, scheduler=cluster.scheduler_address, **small)
-    remote = remote[remote.pp.isin([1, 2])].reset_index(drop=True)
+        remote = sweep(2, CONC, scheduler=cluster.scheduler_address, **args)
+    assert list(remote[["tp", "pp"]].drop_duplicates().itertuples(index=False, name=None)) == [(1, 2), (2, 1)]
     assert len(remote) == 4
     pd.testing.assert_frame_equal(deterministic(remote), deterministic(local))
 
@@ -135,16 +134,49 @@ def test_search_winner_is_the_best_qualifying_point(serial):
     res = search(table=serial, objective="throughput", min_per_request_tok_s=30)
     ok = serial[serial.per_request_tok_s >= 30]
     assert res.qualifying == len(ok)
-    assert res.winner.output_throughput_tok_s == ok.output_throughput_tok_s.max()
-    # one row per split, best first
+    best = ok.output_throughput_tok_s.max()
+    noise = max(ok.output_throughput_ci_tok_s.max(), 1e-9 * best)
+    assert res.winner.output_throughput_tok_s >= best - noise
+    # one row per split, best first, each its split's best qualifying point
     assert len(res.ranked) == ok[["tp", "pp"]].drop_duplicates().shape[0]
     assert res.ranked.output_throughput_tok_s.is_monotonic_decreasing
     for r in res.ranked.itertuples():
-        assert r.output_throughput_tok_s == ok[(ok.tp == r.tp) & (ok.pp == r.pp)].output_throughput_tok_s.max()
+        mine = ok[(ok.tp == r.tp) & (ok.pp == r.pp)]
+        assert r.output_throughput_tok_s >= mine.output_throughput_tok_s.max() - noise
     text = res.text()
     assert f"best: {res.winner.split}" in text and "per-request >= 30 tok/s" in text
-    for word in ("compute", "all-reduce", "bubble", res.ranked.split.iloc[1]):
+    for word in ("compute", "all-reduce", "bubble", "GPU time per output token", res.ranked.split.iloc[1]):
         assert word in res.why
+
+
+def synthetic(rows) -> pd.DataFrame:
+    """A sweep table from (tp, pp, conc, output tok/s, ttft ms, compute, all-reduce, bubble)."""
+    return pd.DataFrame([dict(box="b", gpu="g", model="m", profile="p", engine="sglang", gpus=tp * pp, tp=tp, pp=pp,
+                              conc=c, split=f"TP{tp} x PP{pp}", output_throughput_tok_s=tok,
+                              output_throughput_ci_tok_s=0.0, output_tok_s_per_gpu=tok / (tp * pp),
+                              per_request_tok_s=1000 / c, ttft_ms_p99=ttft, compute_share=cs, allreduce_share=ar,
+                              bubble_fraction=bu)
+                         for tp, pp, c, tok, ttft, cs, ar, bu in rows])
+
+
+def test_search_prefers_the_lowest_concurrency_that_is_as_good():
+    """A cap on running requests makes C=128 give what C=64 gives, with a longer queue:
+    the winner is C=64, and the reason says the extra requests only queue."""
+    df = synthetic([(8, 1, 64, 800.0, 3000.0, 0.5, 0.3, 0.2), (8, 1, 128, 800.0, 24000.0, 0.5, 0.3, 0.2),
+                    (4, 2, 64, 600.0, 2500.0, 0.4, 0.1, 0.5), (4, 2, 128, 700.0, 5000.0, 0.45, 0.1, 0.45)])
+    res = search(table=df, objective="throughput")
+    assert (res.winner.split, res.winner.conc) == ("TP8 x PP1", 64)
+    assert list(res.ranked.conc) == [64, 128]
+    assert "C=128 gives 800.0, no more" in res.why and "only queue" in res.why
+    # GPU time per token, 8 GPUs at 800 tok/s = 10 ms: 5 compute + 3 all-reduce + 2 idle;
+    # the runner-up, 8000 / 700 = 11.43 ms: 5.14 + 1.14 + 5.14
+    assert "winner 10.00 ms = compute 5.00 + all-reduce 3.00 + idle (bubble) 2.00" in res.why
+    assert "runner-up 11.43 ms" in res.why
+    assert "3.14 ms less idle (bubble), 0.14 ms less compute, against 1.86 ms more all-reduce" in res.why
+    # a constraint that excludes the higher concurrency is named as the reason
+    capped = search(table=df, objective="throughput", max_ttft_p99_ms=4000)
+    assert (capped.winner.split, capped.winner.conc) == ("TP8 x PP1", 64)
+    assert capped.ranked.iloc[1].conc == 64
 
 
 def test_search_objectives_and_constraints(serial):

@@ -1,0 +1,147 @@
+"""Figures of a sweep: what is drawn is the table's numbers, axes carry units, the
+title names box, model and engine; files are PNG / SVG written atomically."""
+
+import xml.etree.ElementTree as ET
+
+import pandas as pd
+import pytest
+from matplotlib.patches import Rectangle
+
+import pipesim
+from pipesim import plot
+from pipesim.cli import main
+from pipesim.sweep import write_table
+
+SPLITS = [(8, 1), (4, 2), (1, 8)]
+CONC = [1, 8, 32]
+
+
+def table(model: str = "kimi-k2.6") -> pd.DataFrame:
+    """A sweep table with made-up numbers whose GPU time shares add up to one."""
+    rows = []
+    for tp, pp in SPLITS:
+        for c in CONC:
+            bubble = 1 - 1 / pp if c < pp else 0.1
+            allreduce = 0.05 * tp / 8 * 4
+            rows.append({
+                "box": "rtx-pro-6000-server-8x", "gpu": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                "model": model, "profile": "rtx-pro-6000-sglang-healthy", "engine": "sglang",
+                "input_len": "256", "output_len": "300", "seed": 0, "gpus": 8, "tp": tp, "pp": pp, "conc": c,
+                "split": f"TP{tp} x PP{pp}", "output_throughput_tok_s": 10.0 * c * tp + pp,
+                "output_throughput_ci_tok_s": 1.0, "per_request_tok_s": 100.0 / c + tp,
+                "ttft_ms_p99": 100.0 * c, "compute_share": 1 - bubble - allreduce, "allreduce_share": allreduce,
+                "bubble_fraction": bubble, "idle_p2p_share": 0.02 * bubble, "idle_cpu_share": 0.01 * bubble,
+                "idle_bubble_share": 0.97 * bubble, "sim_wall_s": 0.1,
+            })
+    return pd.DataFrame(rows)
+
+
+def lines_by_label(ax) -> dict:
+    return {line.get_label(): line for line in ax.get_lines()}
+
+
+def test_throughput_figure():
+    df = table()
+    fig = plot.throughput(df)
+    ax = fig.axes[0]
+    lines = lines_by_label(ax)
+    assert set(lines) == {"TP8 x PP1", "TP4 x PP2", "TP1 x PP8"}
+    part = df[df.tp == 4]
+    assert list(lines["TP4 x PP2"].get_xdata()) == CONC
+    assert list(lines["TP4 x PP2"].get_ydata()) == part.output_throughput_tok_s.tolist()
+    assert "concurrency" in ax.get_xlabel() and "tok/s" in ax.get_ylabel()
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["TP1 x PP8", "TP4 x PP2", "TP8 x PP1"]
+    title = fig._suptitle.get_text()
+    assert "kimi-k2.6" in title and "SGLang" in title and "rtx-pro-6000-server-8x" in title
+
+
+def test_tradeoff_figure():
+    df = table()
+    fig = plot.tradeoff(df)
+    ax = fig.axes[0]
+    line = lines_by_label(ax)["TP1 x PP8"]
+    part = df[df.tp == 1]
+    assert list(line.get_xdata()) == part.output_throughput_tok_s.tolist()
+    assert list(line.get_ydata()) == part.per_request_tok_s.tolist()
+    assert "tok/s" in ax.get_xlabel() and "tok/s" in ax.get_ylabel()
+    # every point labelled with its concurrency
+    assert sorted(int(t.get_text()) for t in ax.texts) == sorted(CONC * len(SPLITS))
+
+
+def test_breakdown_stacks_to_the_whole_gpu_time():
+    df = table()
+    fig = plot.breakdown(df)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["TP1 x PP8", "TP4 x PP2", "TP8 x PP1"]
+    for ax, (_, part) in zip(panels, df.sort_values(["tp", "conc"]).groupby("tp", sort=True)):
+        bars = [p for p in ax.patches if isinstance(p, Rectangle)]
+        assert len(bars) == len(CONC) * len(plot.SHARES)
+        tops = {}
+        for b in bars:
+            x = round(b.get_x() + b.get_width() / 2)
+            tops[x] = tops.get(x, 0) + b.get_height()
+        assert list(tops.values()) == pytest.approx([100.0] * len(CONC))
+        # the bubble layer is the table's bubble share
+        bubble = [b.get_height() for b in bars[-len(CONC):]]
+        assert bubble == pytest.approx((part.idle_bubble_share * 100).tolist())
+        assert "%" in panels[0].get_ylabel()
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == [name for _, name, _ in plot.SHARES]
+
+
+def test_compare_draws_the_best_split_of_each_variant():
+    a, b = table(), table()
+    b["output_throughput_tok_s"] *= 2
+    fig = plot.compare({"baseline": a, "twice": b})
+    lines = lines_by_label(fig.axes[0])
+    assert set(lines) == {"baseline", "twice"}
+    best = a.groupby("conc").output_throughput_tok_s.max().tolist()
+    assert list(lines["baseline"].get_ydata()) == best
+    assert list(lines["twice"].get_ydata()) == [2 * v for v in best]
+
+
+def test_save_all_png_and_svg(tmp_path):
+    df = table()
+    pngs = plot.save_all(df, tmp_path, "png")
+    svgs = plot.save_all(df, tmp_path, "svg", prefix="k-")
+    assert [p.name for p in pngs] == ["throughput.png", "tradeoff.png", "breakdown.png"]
+    for p in pngs:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+    for p in svgs:
+        assert p.name.startswith("k-") and ET.parse(p).getroot().tag.endswith("svg")
+    assert len(list(tmp_path.iterdir())) == 6                  # no temporary files left
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda tmp: plot.save_all(table(), tmp / "missing"), "does not exist"),
+    (lambda tmp: plot.save_all(table(), tmp, "jpg"), "unknown figure format 'jpg'"),
+    (lambda tmp: plot.save(plot.throughput(table()), tmp / "x.pdf"), "must end in .png or .svg"),
+    (lambda tmp: plot.breakdown(table().drop(columns=["idle_cpu_share"])), "no idle_cpu_share"),
+])
+def test_bad_input(tmp_path, call, needle):
+    with pytest.raises(pipesim.UserError) as exc:
+        call(tmp_path)
+    assert needle in str(exc.value)
+
+
+def test_cli_plot_from_a_real_sweep(tmp_path, capsys, profile):
+    df = pipesim.sweep(8, [1, 4], profile=profile, workers=1, input_len="64", output_len="20")
+    write_table(df, tmp_path / "r.csv")
+    main(["plot", str(tmp_path / "r.csv"), "--out-dir", str(tmp_path), "--format", "svg"])
+    assert capsys.readouterr().out.count("wrote") == 3
+    assert sorted(p.name for p in tmp_path.glob("*.svg")) == ["breakdown.svg", "throughput.svg", "tradeoff.svg"]
+
+
+def test_cli_plot_bad_input(tmp_path, capsys):
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    write_table(table(), tmp_path / "r.csv")
+    for args, needle in [([str(tmp_path / "nope.csv")], "does not exist"),
+                         ([str(tmp_path / "other.csv")], "not a pipesim sweep table"),
+                         ([str(tmp_path / "r.csv"), "--format", "gif"], "unknown figure format 'gif'"),
+                         ([str(tmp_path / "r.csv"), "--out-dir", str(tmp_path / "no")], "does not exist")]:
+        with pytest.raises(SystemExit) as exc:
+            main(["plot", *args])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err
