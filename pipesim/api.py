@@ -17,9 +17,15 @@ MAX_SIM_S = 1e6
 CI_TARGET = 0.02   # stop when the throughput's 95% CI half-width is within 2% of it
 
 
-def run(scenario: Scenario, *, warmup_requests: int | None = None, measure_requests: int | None = None,
-        max_measure_requests: int | None = None, ci_target: float | None = CI_TARGET) -> Result:
-    """Simulate a built scenario.
+def run(scenario: Scenario, **kwargs) -> Result:
+    """Simulate a built scenario and return its metrics (see `simulate`)."""
+    return simulate(scenario, **kwargs)[1]
+
+
+def simulate(scenario: Scenario, *, warmup_requests: int | None = None, measure_requests: int | None = None,
+             max_measure_requests: int | None = None, ci_target: float | None = CI_TARGET) -> tuple[Simulation, Result]:
+    """Simulate a built scenario; returns the finished Simulation (its recorder feeds
+    traces) and the metrics.
 
     Closed loop: the first C completed requests are warm-up. The run then measures at
     least `measure_requests` completions (default max(2C, 16)) while every client keeps
@@ -40,7 +46,7 @@ def run(scenario: Scenario, *, warmup_requests: int | None = None, measure_reque
     sim = Simulation(costs, w, scenario.settings.scheduler, scenario.settings, warm, measure,
                      max_measure_requests=cap, ci_target=ci_target)
     sim.run(MAX_SIM_S)
-    return collect(sim, scenario.describe(), time.perf_counter() - t)
+    return sim, collect(sim, scenario.describe(), time.perf_counter() - t)
 
 
 def predict(tp: int = 1, pp: int = 1, conc: int | None = None, *, warmup_requests: int | None = None,

@@ -27,6 +27,48 @@ def cli():
     TP x PP split and concurrency, and show where the time goes."""
 
 
+def scenario_options(f):
+    """The scenario and engine flags every simulating command shares."""
+    options = [
+        click.option("--model", default=None, help="preset name or path of a Hugging Face config.json [default: kimi-k2.6]"),
+        click.option("--profile", default=None, help="calibration profile name or directory [default: the reference deployment]"),
+        click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]"),
+        click.option("--box", default=None, help="box preset or .toml [default: the profile's]"),
+        click.option("--input-len", default="256", show_default=True, help="prompt tokens: N or LO:HI (uniform)"),
+        click.option("--output-len", default="300", show_default=True, help="output tokens: N or LO:HI (uniform)"),
+        click.option("--seed", type=int, default=0, show_default=True, help="random seed, a whole number >= 0"),
+        click.option("--max-running-requests", type=int, default=None, help="SGLang: total running requests"),
+        click.option("--pp-max-micro-batch-size", type=int, default=None,
+                     help="SGLang: per-slot cap [default: max-running-requests // pp]"),
+        click.option("--pp-async-batch-depth", type=int, default=None, help="SGLang: extra micro-batch slots [default 0]"),
+        click.option("--chunked-prefill-size", type=int, default=None, help="SGLang: prefill chunk tokens [default by GPU memory]"),
+        click.option("--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly"),
+        click.option("--max-num-seqs", type=int, default=None, help="vLLM: total running requests"),
+        click.option("--max-num-batched-tokens", type=int, default=None, help="vLLM: token budget per batch"),
+        click.option("--async-scheduling/--no-async-scheduling", default=None,
+                     help="vLLM: async scheduling (one more batch in flight)"),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+SCENARIO_FLAGS = ("model", "profile", "engine", "box", "input_len", "output_len", "seed", "max_running_requests",
+                  "pp_max_micro_batch_size", "pp_async_batch_depth", "chunked_prefill_size", "disable_cuda_graph",
+                  "max_num_seqs", "max_num_batched_tokens", "async_scheduling")
+
+
+def scenario_kwargs(opts: dict) -> dict:
+    """The shared flags as `build_scenario` keyword arguments (unset ones left out)."""
+    from .scenario import DEFAULT_MODEL, DEFAULT_PROFILE
+
+    kw = {k: opts.pop(k) for k in SCENARIO_FLAGS}
+    kw["model"] = kw["model"] or DEFAULT_MODEL
+    kw["profile"] = kw["profile"] or DEFAULT_PROFILE
+    kw["disable_cuda_graph"] = kw["disable_cuda_graph"] or None
+    return kw
+
+
 @cli.command()
 @click.option("--tp", type=int, default=1, show_default=True, help="tensor-parallel size (GPUs per stage)")
 @click.option("--pp", type=int, default=1, show_default=True, help="pipeline-parallel size (stages)")
@@ -34,37 +76,15 @@ def cli():
 @click.option("--rate", type=float, default=None, help="open-loop Poisson arrival rate, requests/s (instead of --conc)")
 @click.option("--num-requests", type=int, default=None, help="requests to send with --rate or from --trace")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None, help="replay a CSV: arrival_s,input_tokens,output_tokens")
-@click.option("--model", default=None, help="preset name or path of a Hugging Face config.json [default: kimi-k2.6]")
-@click.option("--profile", default=None, help="calibration profile name or directory [default: the reference box]")
-@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]")
-@click.option("--box", default=None, help="box preset or .toml [default: the profile's]")
 @click.option("--layers", default=None, help="explicit layers per stage, e.g. 7,7,7,8,8,8,8,8")
-@click.option("--input-len", default="256", show_default=True, help="prompt tokens: N or LO:HI (uniform)")
-@click.option("--output-len", default="300", show_default=True, help="output tokens: N or LO:HI (uniform)")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--max-running-requests", type=int, default=None, help="SGLang: total running requests")
-@click.option("--pp-max-micro-batch-size", type=int, default=None, help="SGLang: per-slot cap [default: max-running-requests // pp]")
-@click.option("--pp-async-batch-depth", type=int, default=None, help="SGLang: extra micro-batch slots [default 0]")
-@click.option("--chunked-prefill-size", type=int, default=None, help="SGLang: prefill chunk tokens [default by GPU memory]")
-@click.option("--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly")
-@click.option("--max-num-seqs", type=int, default=None, help="vLLM: total running requests")
-@click.option("--max-num-batched-tokens", type=int, default=None, help="vLLM: token budget per batch")
-@click.option("--async-scheduling/--no-async-scheduling", default=None, help="vLLM: async scheduling (one more batch in flight)")
+@scenario_options
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of the table")
-def predict(tp, pp, conc, rate, num_requests, trace, model, profile, engine, box, layers, input_len, output_len, seed,
-            max_running_requests, pp_max_micro_batch_size, pp_async_batch_depth, chunked_prefill_size,
-            disable_cuda_graph, max_num_seqs, max_num_batched_tokens, async_scheduling, as_json):
+def predict(tp, pp, conc, rate, num_requests, trace, layers, as_json, **opts):
     """Predict one scenario (default: Kimi K2.6 with SGLang on 8 x RTX PRO 6000)."""
     from . import api, report
-    from .scenario import DEFAULT_MODEL, DEFAULT_PROFILE
 
-    knobs = dict(max_running_requests=max_running_requests, pp_max_micro_batch_size=pp_max_micro_batch_size,
-                 pp_async_batch_depth=pp_async_batch_depth, chunked_prefill_size=chunked_prefill_size,
-                 disable_cuda_graph=disable_cuda_graph or None, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                 async_scheduling=async_scheduling)
-    result = api.predict(tp, pp, conc, rate_rps=rate, num_requests=num_requests, trace=trace,
-                         model=model or DEFAULT_MODEL, profile=profile or DEFAULT_PROFILE, engine=engine, box=box,
-                         layers=_layers(layers), input_len=input_len, output_len=output_len, seed=seed, **knobs)
+    result = api.predict(tp, pp, conc, rate_rps=rate, num_requests=num_requests, trace=trace, layers=_layers(layers),
+                         **scenario_kwargs(opts))
     click.echo(report.to_json(result) if as_json else report.table(result))
 
 
@@ -287,23 +307,9 @@ def profiles_show(name):
 @cli.command()
 @click.option("--gpus", default="8", show_default=True, metavar="N[,N..]", help="GPU count, or several: 2,4,8 (every tp x pp = count)")
 @click.option("--conc", default="1,2,4,8,16,32,64,128", show_default=True, metavar="C[,C..]", help="concurrencies, comma-separated")
-@click.option("--model", default=None, help="preset name or path of a Hugging Face config.json [default: kimi-k2.6]")
-@click.option("--profile", default=None, help="calibration profile name or directory [default: the reference box]")
-@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]")
-@click.option("--box", default=None, help="box preset or .toml [default: the profile's]")
-@click.option("--input-len", default="256", show_default=True, help="prompt tokens: N or LO:HI (uniform)")
-@click.option("--output-len", default="300", show_default=True, help="output tokens: N or LO:HI (uniform)")
-@click.option("--seed", default="0", show_default=True, metavar="N", help="random seed, a whole number >= 0")
-@click.option("--max-running-requests", default=None, metavar="N", help="SGLang: total running requests")
-@click.option("--pp-max-micro-batch-size", default=None, metavar="N", help="SGLang: per-slot cap [default: max-running-requests // pp]")
-@click.option("--pp-async-batch-depth", default=None, metavar="N", help="SGLang: extra micro-batch slots [default 0]")
-@click.option("--chunked-prefill-size", default=None, metavar="N", help="SGLang: prefill chunk tokens [default by GPU memory]")
-@click.option("--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly")
-@click.option("--max-num-seqs", default=None, metavar="N", help="vLLM: total running requests")
-@click.option("--max-num-batched-tokens", default=None, metavar="N", help="vLLM: token budget per batch")
-@click.option("--async-scheduling/--no-async-scheduling", default=None, help="vLLM: async scheduling")
+@scenario_options
 @click.option("--out", default=None, help="write the table to this .csv or .parquet file")
-@click.option("--workers", default=None, metavar="N", help="local worker processes [default: every core; 1: in this process]")
+@click.option("--workers", type=int, default=None, help="local worker processes [default: every core; 1: in this process]")
 @click.option("--scheduler", default=None, help="run on a Dask cluster: its scheduler address, tcp://HOST:PORT")
 @click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
 def sweep(gpus, conc, out, workers, scheduler, progress, **opts):
@@ -316,8 +322,8 @@ def sweep(gpus, conc, out, workers, scheduler, progress, **opts):
     if out is not None:
         sw.check_out_path(out, (".csv", ".parquet"), "output")
     t = time.perf_counter()
-    df = sw.sweep(gpus, conc, scheduler=scheduler, workers=sw.parse_ints(workers, "--workers")[0] if workers else None, progress=progress,
-                  **sw.scenario_kwargs(opts))
+    df = sw.sweep(gpus, conc, scheduler=scheduler, workers=workers, progress=progress,
+                  **scenario_kwargs(opts))
     wall_s = time.perf_counter() - t
     click.echo(sw.summary(df))
     click.echo(f"{len(df)} points in {wall_s:.1f} s" + (f" on {scheduler}" if scheduler else ""))
@@ -334,22 +340,8 @@ def sweep(gpus, conc, out, workers, scheduler, progress, **opts):
 @click.option("--min-per-request-tok-s", default=None, metavar="TOK_S", help="keep points whose requests decode at least this fast")
 @click.option("--max-ttft-p99-ms", default=None, metavar="MS", help="keep points whose TTFT p99 is at most this")
 @click.option("--from", "from_file", default=None, help="search a sweep table (.csv/.parquet) instead of running one")
-@click.option("--model", default=None, help="preset name or path of a Hugging Face config.json [default: kimi-k2.6]")
-@click.option("--profile", default=None, help="calibration profile name or directory [default: the reference box]")
-@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]")
-@click.option("--box", default=None, help="box preset or .toml [default: the profile's]")
-@click.option("--input-len", default="256", show_default=True, help="prompt tokens: N or LO:HI (uniform)")
-@click.option("--output-len", default="300", show_default=True, help="output tokens: N or LO:HI (uniform)")
-@click.option("--seed", default="0", show_default=True, metavar="N", help="random seed, a whole number >= 0")
-@click.option("--max-running-requests", default=None, metavar="N", help="SGLang: total running requests")
-@click.option("--pp-max-micro-batch-size", default=None, metavar="N", help="SGLang: per-slot cap [default: max-running-requests // pp]")
-@click.option("--pp-async-batch-depth", default=None, metavar="N", help="SGLang: extra micro-batch slots [default 0]")
-@click.option("--chunked-prefill-size", default=None, metavar="N", help="SGLang: prefill chunk tokens [default by GPU memory]")
-@click.option("--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly")
-@click.option("--max-num-seqs", default=None, metavar="N", help="vLLM: total running requests")
-@click.option("--max-num-batched-tokens", default=None, metavar="N", help="vLLM: token budget per batch")
-@click.option("--async-scheduling/--no-async-scheduling", default=None, help="vLLM: async scheduling")
-@click.option("--workers", default=None, metavar="N", help="local worker processes [default: every core]")
+@scenario_options
+@click.option("--workers", type=int, default=None, help="local worker processes [default: every core]")
 @click.option("--scheduler", default=None, help="run on a Dask cluster: tcp://HOST:PORT")
 @click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
 def search(gpus, conc, objective, min_per_request_tok_s, max_ttft_p99_ms, from_file, workers, scheduler, progress,
@@ -363,8 +355,8 @@ def search(gpus, conc, objective, min_per_request_tok_s, max_ttft_p99_ms, from_f
     result = sw.search(gpus, objective, conc, table=table,
                        min_per_request_tok_s=sw.parse_number(min_per_request_tok_s, "--min-per-request-tok-s"),
                        max_ttft_p99_ms=sw.parse_number(max_ttft_p99_ms, "--max-ttft-p99-ms"),
-                       **({} if table is not None else dict(scheduler=scheduler, workers=sw.parse_ints(workers, "--workers")[0] if workers else None,
-                                                           progress=progress, **sw.scenario_kwargs(opts))))
+                       **({} if table is not None else dict(scheduler=scheduler, workers=workers,
+                                                           progress=progress, **scenario_kwargs(opts))))
     click.echo(result.text())
 
 
@@ -383,34 +375,18 @@ def plot(results, out_dir, fmt, prefix):
 
 
 @cli.command()
-@click.option("--tp", default="1", show_default=True, metavar="N", help="tensor-parallel size")
-@click.option("--pp", default="1", show_default=True, metavar="N", help="pipeline-parallel size")
-@click.option("--conc", default=None, metavar="C", help="closed-loop concurrency C")
-@click.option("--model", default=None, help="preset name or path of a Hugging Face config.json [default: kimi-k2.6]")
-@click.option("--profile", default=None, help="calibration profile name or directory [default: the reference box]")
-@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]")
-@click.option("--box", default=None, help="box preset or .toml [default: the profile's]")
-@click.option("--input-len", default="256", show_default=True, help="prompt tokens: N or LO:HI (uniform)")
-@click.option("--output-len", default="300", show_default=True, help="output tokens: N or LO:HI (uniform)")
-@click.option("--seed", default="0", show_default=True, metavar="N", help="random seed, a whole number >= 0")
-@click.option("--max-running-requests", default=None, metavar="N", help="SGLang: total running requests")
-@click.option("--pp-max-micro-batch-size", default=None, metavar="N", help="SGLang: per-slot cap [default: max-running-requests // pp]")
-@click.option("--pp-async-batch-depth", default=None, metavar="N", help="SGLang: extra micro-batch slots [default 0]")
-@click.option("--chunked-prefill-size", default=None, metavar="N", help="SGLang: prefill chunk tokens [default by GPU memory]")
-@click.option("--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly")
-@click.option("--max-num-seqs", default=None, metavar="N", help="vLLM: total running requests")
-@click.option("--max-num-batched-tokens", default=None, metavar="N", help="vLLM: token budget per batch")
-@click.option("--async-scheduling/--no-async-scheduling", default=None, help="vLLM: async scheduling")
+@click.option("--tp", type=int, default=1, show_default=True, help="tensor-parallel size")
+@click.option("--pp", type=int, default=1, show_default=True, help="pipeline-parallel size")
+@click.option("--conc", type=int, default=None, help="closed-loop concurrency C")
+@scenario_options
 @click.option("--out", default="trace.json", show_default=True, help="the Chrome trace event file (.json)")
 def trace(tp, pp, conc, out, **opts):
     """A Chrome / Perfetto trace of one run: a track per GPU and per PP hop."""
     from . import trace as tr
-    from .sweep import check_out_path, parse_ints, scenario_kwargs
+    from .sweep import check_out_path
 
     check_out_path(out, (".json",), "trace")
-    [tp_], [pp_] = parse_ints(tp, "--tp"), parse_ints(pp, "--pp")
-    conc_ = parse_ints(conc, "--conc")[0] if conc is not None else None
-    obj, result = tr.trace(tp_, pp_, conc_, **scenario_kwargs(opts))
+    obj, result = tr.trace(tp, pp, conc, **scenario_kwargs(opts))
     tr.write_trace(out, obj)
     meta = obj["otherData"]
     slices = sum(1 for e in obj["traceEvents"] if e["ph"] == "X")

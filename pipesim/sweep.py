@@ -48,7 +48,8 @@ def split_name(tp: int, pp: int) -> str:
 def run_point(tp: int, pp: int, conc: int, kwargs: dict, run_kwargs: dict) -> dict:
     """One row of the sweep table. Module-level so that worker processes (local or
     Dask) can unpickle it."""
-    from .trace import idle_breakdown, simulate
+    from .api import simulate
+    from .trace import idle_breakdown
 
     scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
     sim, r = simulate(scenario, **run_kwargs)
@@ -482,32 +483,3 @@ def explain(win, runner, objective: str, df: pd.DataFrame) -> str:
     return " ".join(parts)
 
 
-# ---- command-line flags ---------------------------------------------------------------------
-
-INT_KNOBS = ("max_running_requests", "pp_max_micro_batch_size", "pp_async_batch_depth", "chunked_prefill_size",
-             "max_num_seqs", "max_num_batched_tokens")
-
-
-def scenario_kwargs(opts: dict) -> dict:
-    """The scenario and engine flags of `pipesim sweep / search / trace` (those of
-    `pipesim predict`) as `build_scenario` keyword arguments; numbers are parsed here
-    so that a bad one is one line, exit code 2."""
-    from .scenario import DEFAULT_MODEL, DEFAULT_PROFILE
-
-    kw = {"model": opts.pop("model") or DEFAULT_MODEL, "profile": opts.pop("profile") or DEFAULT_PROFILE,
-          "engine": opts.pop("engine"), "box": opts.pop("box"), "input_len": opts.pop("input_len"),
-          "output_len": opts.pop("output_len"), "async_scheduling": opts.pop("async_scheduling"),
-          "disable_cuda_graph": opts.pop("disable_cuda_graph")}
-    seed = opts.pop("seed")
-    try:
-        kw["seed"] = int(seed)
-    except ValueError:
-        raise UserError(f"--seed '{seed}' is not a whole number >= 0") from None
-    for k in INT_KNOBS:
-        v = opts.pop(k)
-        if v is not None:
-            try:
-                kw[k] = int(v)
-            except ValueError:
-                raise UserError(f"--{k.replace('_', '-')} '{v}' is not a whole number") from None
-    return kw

@@ -22,35 +22,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .api import CI_TARGET, MAX_SIM_S
-from .costs import CostModel
-from .metrics import Result, collect
+from .api import simulate
+from .metrics import Result
 from .scenario import Scenario
 from .simulation import Simulation
 
 # Gaps shorter than this are float noise between touching intervals, not bubbles.
 BUBBLE_MIN_S = 1e-9
 TRACK_GPUS, TRACK_HOPS, TRACK_CPU, TRACK_WINDOW = 1, 2, 3, 4
-
-
-def simulate(scenario: Scenario, *, warmup_requests: int | None = None, measure_requests: int | None = None,
-             max_measure_requests: int | None = None, ci_target: float | None = CI_TARGET) -> tuple[Simulation, Result]:
-    """`pipesim.run`, keeping the finished Simulation: the trace and the idle
-    breakdown read its recorder. Same defaults and stopping rule as `api.run` (a test
-    checks both give the same Result)."""
-    w = scenario.workload
-    if w.kind == "closed":
-        warm = w.concurrency if warmup_requests is None else warmup_requests
-        measure = max(2 * w.concurrency, 16) if measure_requests is None else measure_requests
-        cap = 20 * measure if max_measure_requests is None else max_measure_requests
-    else:
-        warm, measure, cap, ci_target = 0, w.num_requests, w.num_requests, None
-    t = time.perf_counter()
-    costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
-    sim = Simulation(costs, w, scenario.settings.scheduler, scenario.settings, warm, measure,
-                     max_measure_requests=cap, ci_target=ci_target)
-    sim.run(MAX_SIM_S)
-    return sim, collect(sim, scenario.describe(), time.perf_counter() - t)
 
 
 # ---- interval arithmetic ------------------------------------------------------------

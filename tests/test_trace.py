@@ -184,8 +184,8 @@ def test_cli_trace_writes_perfetto_json(tmp_path, capsys):
 @pytest.mark.parametrize("args, needle", [
     (["--out", "/nonexistent-dir/t.json"], "does not exist"),
     (["--out", "trace.txt"], "must end in .json"),
-    (["--tp", "two"], "--tp 'two'"),
-    (["--conc", "0"], "--conc"),
+    (["--tp", "two"], "'--tp': 'two' is not a valid integer"),
+    (["--conc", "0", "--model", "llama-3.1-8b"], "concurrency must be a whole number >= 1"),
 ])
 def test_cli_trace_bad_input(capsys, args, needle):
     with pytest.raises(SystemExit) as exc:
