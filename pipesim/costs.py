@@ -69,6 +69,7 @@ class CostModel:
         self.floor_s = self.params.kernel_floor_us * 1e-6
         self._stage_cache: dict = {}
         self._hop_cache: dict = {}
+        self._hop_time_cache: dict = {}
         self._kinds = tuple(self._stage_kind(s) for s in range(plan.pp))
 
     # ---- primitive operations (per GPU) -------------------------------------------
@@ -174,9 +175,13 @@ class CostModel:
         """Send `nbytes` of activations from one stage to another: each of the tp ranks
         sends 1/tp to its peer (transfers that share a link share its bandwidth), then
         the receiving ranks all-gather the pieces."""
-        latency_s, s_per_byte = self._hop_path(src_stage, dst_stage)
-        gather = self.collective("all_gather", self.plan.stage_gpus(dst_stage), nbytes)[0] if self.plan.tp > 1 else 0.0
-        return latency_s + nbytes * s_per_byte + gather + self.params.cpu_hop_ms * 1e-3
+        key = (src_stage, dst_stage, nbytes)
+        hit = self._hop_time_cache.get(key)
+        if hit is None:
+            latency_s, s_per_byte = self._hop_path(src_stage, dst_stage)
+            gather = self.collective("all_gather", self.plan.stage_gpus(dst_stage), nbytes)[0] if self.plan.tp > 1 else 0.0
+            hit = self._hop_time_cache[key] = latency_s + nbytes * s_per_byte + gather + self.params.cpu_hop_ms * 1e-3
+        return hit
 
     def _hop_path(self, src_stage: int, dst_stage: int) -> tuple[float, float]:
         """(latency, seconds per byte of the whole hop) for a stage-to-stage hop: the

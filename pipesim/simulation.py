@@ -177,21 +177,22 @@ class Simulation:
 
     # ---- pipeline processes ---------------------------------------------------------
     def _stage(self, s: int):
-        env, costs, rec = self.env, self.costs, self.rec
-        inbox = self.inbox[s]
+        env, stage_time = self.env, self.costs.stage_time
+        inbox, items = self.inbox[s], self.inbox[s].items
+        compute_log, comm_log = self.rec.compute[s], self.rec.comm[s]
         ring = self._users[("ar", s)]
         while True:
-            if not inbox.items:
+            if not items:
                 yield inbox.wait()
-            mb = inbox.items.popleft()
-            compute_s, comm_s = costs.stage_time(s, mb.shape)
+            mb = items.popleft()
+            compute_s, comm_s = stage_time(s, mb.shape)
             t0 = env.now
             yield env.timeout(compute_s)
-            rec.compute[s].append((t0, env.now))
+            compute_log.append((t0, env.now))
             if comm_s:
                 start, end = self._book(ring, comm_s)
                 yield env.timeout(end - env.now)
-                rec.comm[s].append((start, end))
+                comm_log.append((start, end))
             self._send(s, mb)
 
     def _hop_name(self, s: int) -> str:
