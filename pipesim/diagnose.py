@@ -20,7 +20,7 @@ from .hardware import load_box
 from .measured import Point
 from .model import load_model
 from .plan import make_plan
-from .profile import Params, Profile
+from .profile import Profile
 
 NEUTRAL = {"cpu_iteration_ms": 0.0, "cpu_hop_ms": 0.0, "allreduce_scale": 1.0, "allreduce_offset_us": 0.0,
            "eager_launch_us_per_layer": 0.0, "kernel_scale": 1.0}
@@ -128,4 +128,4 @@ def diagnose(profile: Profile) -> Diagnosis:
     return Diagnosis(profile.name, tuple(diags), consistency)
 
 
-__all__ = ["diagnose", "Diagnosis", "Params"]
+__all__ = ["diagnose", "Diagnosis"]

@@ -51,6 +51,7 @@ class Result:
     allreduce_share: float
     p2p_share: float
     cpu_share: float
+    link_wait_share: float                # share of the window some transfer waited for a busy PCIe link
     mean_requests_per_microbatch: float
     mean_decode_batch: float
     decode_batch_per_slot: list           # mean decode batch of each micro-batch slot (0: unused)
@@ -141,6 +142,7 @@ def collect(sim, scenario: dict, wall_s: float) -> Result:
         allreduce_share=float(stages.allreduce.mean()),
         p2p_share=float(np.mean(hops)) if hops else 0.0,
         cpu_share=busy_in(rec.cpu, t0, t1) / span,
+        link_wait_share=busy_in(rec.link_wait, t0, t1) / span,
         mean_requests_per_microbatch=float(np.mean([b[2] for b in batches])) if batches else 0.0,
         mean_decode_batch=float(np.mean(decode_sizes)) if decode_sizes else 0.0,
         decode_batch_per_slot=_per_slot(batches, getattr(sim.settings, "slots", 1)),
