@@ -5,6 +5,7 @@ on the CPU with a tiny model."""
 import importlib.util
 import json
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -364,3 +365,35 @@ def test_crosscheck_against_aiconfigurator(tmp_path):
         pytest.approx(2.0)
     s = xc.summary(rows).set_index("op")
     assert s.loc["gqa_decode", "median_ratio"] == pytest.approx(2.0) and s.loc["gemm", "shapes"] == 3
+
+
+# ---- fault cases -------------------------------------------------------------------------
+
+@needs_torch
+def test_a_failing_operation_mid_run_keeps_the_rest(tmp_path, tiny_moe, monkeypatch):
+    """A GPU error in one operation (here: every MoE kernel raises, as an out-of-memory
+    or an illegal access would) is logged and skipped; every other table is written."""
+    real_build = live._Ops.build
+
+    def build(self, spec):
+        if spec.table == "moe":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real_build(self, spec)
+
+    monkeypatch.setattr(live._Ops, "build", build)
+    path = live.run_live(tiny_moe, tmp_path / "prof", reps=3, warmup=1, device="cpu", grids=TINY_GRIDS)
+    p = load_profile(path)
+    specs = live.plan_specs(load_model(tiny_moe), TINY_GRIDS)
+    assert "moe" not in p.tables and "gemm" in p.tables
+    assert p.meta["live"]["failed"] == sum(1 for s in specs if s.table == "moe")
+
+
+@needs_torch
+def test_a_peer_that_never_finishes_is_cut_at_the_limit(tmp_path):
+    """Ranks that hang (here: a limit far too short for the run) are stopped within
+    the limit; the call returns what was written and says why it stopped."""
+    t = time.monotonic()
+    records, note = live.measure_comm(2, TINY_GRIDS, reps=2000, warmup=1, limit_s=1.0, backend="gloo")
+    assert time.monotonic() - t < 30
+    assert note.startswith("cut at the") or note.startswith("failed")
+    assert all(r.latency_ms > 0 for r in records)
