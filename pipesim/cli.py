@@ -125,22 +125,6 @@ def import_aiconfigurator(system_dir, out, kernel_set, box, name):
     click.echo(f"wrote {out}: " + ", ".join(f"{k} {len(v)} rows" for k, v in tables.items()))
 
 
-def _rewrite(profile_dir: str, out: str | None, tables: dict | None = None, measured=None, meta_update=None,
-             extra=None):
-    """Write a profile again (atomically) with some parts replaced."""
-    import pandas as pd
-
-    from .measured import points_frame
-    from .profile import load_profile, profile_files, write_profile
-
-    prof = load_profile(profile_dir)
-    meta = {**prof.meta, **(meta_update or {})}
-    new_tables = {**prof.tables, **(tables or {})}
-    if measured is None:
-        measured = points_frame(list(prof.measured)) if prof.measured else pd.DataFrame()
-    write_profile(out or profile_dir, meta, new_tables, measured, {**profile_files(profile_dir), **(extra or {})})
-
-
 @calibrate_import.command("nccl-tests")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--profile", "profile_dir", required=True, help="profile directory to add the table to")
@@ -155,7 +139,7 @@ def import_nccl_tests(file, profile_dir, out, op, gpus):
 
     from .errors import require
     from .importers.nccl_tests import parse
-    from .profile import load_profile
+    from .profile import load_profile, rewrite_profile
 
     require(Path(file).is_file(), f"nccl-tests output not found: {file}")
     rows = parse(Path(file).read_text(errors="replace"), file, op, gpus)
@@ -168,7 +152,7 @@ def import_nccl_tests(file, profile_dir, out, op, gpus):
     merged = pd.concat([keep, rows]) if keep is not None else rows
     merged = merged.sort_values(["op", "impl", "gpus", "nbytes"]).reset_index(drop=True)
     sources = {**prof.sources, "collectives": f"{prof.sources.get('collectives', '')}; nccl-tests {Path(file).name}".strip("; ")}
-    _rewrite(profile_dir, out, tables={"collectives": merged}, meta_update={"sources": sources})
+    rewrite_profile(profile_dir, out, tables={"collectives": merged}, meta_update={"sources": sources})
     click.echo(f"added {len(rows)} {rows.op.iloc[0]} rows on {rows.gpus.iloc[0]} GPUs to {out or profile_dir}")
 
 
@@ -192,7 +176,7 @@ def import_bench(file, profile_dir, out, fmt, tp, pp, conc, name, model):
     from .errors import require
     from .importers import bench
     from .measured import points_frame, read_points
-    from .profile import load_profile
+    from .profile import load_profile, rewrite_profile
 
     path = Path(file)
     require(path.is_file(), f"benchmark output not found: {file}")
@@ -209,7 +193,7 @@ def import_bench(file, profile_dir, out, fmt, tp, pp, conc, name, model):
                                        prof.meta.get("model", "kimi-k2.6"), prof.engine))
     old = points_frame(list(prof.measured)) if prof.measured else None
     merged = pd.concat([old, new]) if old is not None else new
-    _rewrite(profile_dir, out, measured=merged)
+    rewrite_profile(profile_dir, out, measured=merged)
     click.echo(f"added {len(new)} measured point(s) to {out or profile_dir} ({len(merged)} in all)")
 
 
@@ -221,7 +205,7 @@ def import_bench(file, profile_dir, out, fmt, tp, pp, conc, name, model):
 def calibrate_fit(profile_dir, names, out, no_loo):
     """Fit free parameters to the profile's measured points by least squares."""
     from .fit import fit
-    from .profile import load_profile
+    from .profile import load_profile, rewrite_profile
 
     prof = load_profile(profile_dir)
     result = fit(prof, [n.strip() for n in names.split(",") if n.strip()], loo=not no_loo)
@@ -230,7 +214,7 @@ def calibrate_fit(profile_dir, names, out, no_loo):
                **{k: "fitted to measured.csv by pipesim calibrate fit; see fit_report.md" for k in result.params}}
     summary = {"params": ", ".join(f"{k}={v:.4g}" for k, v in result.params.items()),
                "mape_pct": round(result.mape, 2), "loo_mape_pct": round(result.loo_mape, 2), "report": "fit_report.md"}
-    _rewrite(profile_dir, out, meta_update={"params": params, "param_sources": sources, "fit": summary},
+    rewrite_profile(profile_dir, out, meta_update={"params": params, "param_sources": sources, "fit": summary},
              extra={"fit_report.md": f"# Fit of {prof.name}\n\n{result.report()}\n"})
     click.echo(result.report())
 

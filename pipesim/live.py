@@ -1192,17 +1192,11 @@ def measure_specs(specs: list[Spec], ops: _Ops, bench: _Bench, deadline: float, 
 def _write(out: Path, meta: dict, records: list[Record], extras: list[dict], box: dict | None) -> Path:
     tables = tables_from_records(records)
     meta = dict(meta, sources={t: meta["sources"].get(t, "") for t in tables})
-    path = write_profile(out, meta, tables)
     df = extras_frame(records, extras)
-    if len(df):
-        tmp = path / ".live_extras.csv.tmp"
-        df.to_csv(tmp, index=False)
-        os.replace(tmp, path / "live_extras.csv")
+    files = {"live_extras.csv": df.to_csv(index=False)} if len(df) else {}
     if box is not None:
-        tmp = path / ".box.toml.tmp"
-        tmp.write_text(_box_toml(box))
-        os.replace(tmp, path / "box.toml")
-    return path
+        files["box.toml"] = _box_toml(box)
+    return write_profile(out, meta, tables, extra=files)
 
 
 def run_live(model_arg: str, out: str | Path, *, hf_config: bool = False, name: str | None = None,

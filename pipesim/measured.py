@@ -17,10 +17,7 @@ nearer edge.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 
@@ -55,6 +52,8 @@ class Point:
     hi: float
     knobs: tuple          # ((knob, value), ...) given for this run
     source: str
+    ttft_ms: float | None = None     # as measured, kept for reports (not fitted)
+    tpot_ms: float | None = None
 
     @property
     def value(self) -> float:
@@ -124,7 +123,8 @@ def read_points(source, origin: str, default_model: str = "kimi-k2.6", default_e
             engine=str(row.get("engine", "")).strip() or default_engine,
             tp=num("tp", int, True), pp=num("pp", int, True), conc=num("conc", int, True),
             input_len=num("input_len", int) or 256, output_len=num("output_len", int) or 300,
-            metric=metric, lo=lo, hi=hi, knobs=tuple(knobs), source=str(row.get("source", "")).strip()))
+            metric=metric, lo=lo, hi=hi, knobs=tuple(knobs), source=str(row.get("source", "")).strip(),
+            ttft_ms=num("ttft_ms", float), tpot_ms=num("tpot_ms", float)))
     return points
 
 
@@ -134,20 +134,7 @@ def points_frame(points: list[Point]) -> pd.DataFrame:
         k = dict(p.knobs)
         rows.append({"name": p.name, "model": p.model, "engine": p.engine, "tp": p.tp, "pp": p.pp, "conc": p.conc,
                      "input_len": p.input_len, "output_len": p.output_len, "metric": p.metric, "tok_s": p.value,
-                     "tok_s_lo": p.lo, "tok_s_hi": p.hi, "ttft_ms": "", "tpot_ms": "",
+                     "tok_s_lo": p.lo, "tok_s_hi": p.hi,
+                     "ttft_ms": "" if p.ttft_ms is None else p.ttft_ms, "tpot_ms": "" if p.tpot_ms is None else p.tpot_ms,
                      **{c: k.get(c, "") for c in KNOBS}, "source": p.source})
     return pd.DataFrame(rows, columns=list(COLUMNS))
-
-
-def write_atomic_csv(df: pd.DataFrame, path: str | Path) -> None:
-    """Write a CSV through a temporary file in the same folder and rename it into place."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            df.to_csv(fh, index=False)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

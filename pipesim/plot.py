@@ -16,7 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullLocator
 
 from .errors import require
-from .sweep import check_out_path, write_atomic
+from .atomic import write_atomic
+from .sweep import check_out_path
 
 # GPU time of a stage: these five add up to 100% (trace.idle_breakdown)
 SHARES = (

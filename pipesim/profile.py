@@ -328,9 +328,26 @@ def write_profile(out_dir: str | Path, meta: dict, tables: dict[str, pd.DataFram
     return out
 
 
+KEPT_AS_IS = ("profile.toml", "measured.csv")   # rewritten from their parsed form
+
+
 def profile_files(name_or_path: str | Path) -> dict[str, str]:
-    """The text files of a profile besides its tables (measured.csv, reports), to carry
-    them over when a profile is rewritten."""
+    """The text files of a profile besides its tables, profile.toml and measured.csv
+    (reports, logs, a box.toml, live extras), to carry them over when it is rewritten."""
     folder = _profile_dir(name_or_path)
     return {p.name: p.read_text() for p in folder.iterdir()
-            if p.is_file() and p.name.endswith((".md", ".log"))}
+            if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".csv.gz")
+            and p.name not in KEPT_AS_IS}
+
+
+def rewrite_profile(name_or_path: str | Path, out: str | Path | None = None, *, tables: dict | None = None,
+                    measured: pd.DataFrame | None = None, meta_update: dict | None = None,
+                    extra: dict | None = None) -> Path:
+    """Write a profile again, atomically, with some parts replaced (in place unless `out`)."""
+    from .measured import points_frame
+
+    prof = load_profile(name_or_path)
+    if measured is None:
+        measured = points_frame(list(prof.measured)) if prof.measured else pd.DataFrame()
+    return write_profile(out or name_or_path, {**prof.meta, **(meta_update or {})}, {**prof.tables, **(tables or {})},
+                         measured, {**profile_files(name_or_path), **(extra or {})})

@@ -9,14 +9,14 @@ seed, so the table is the same however it was run (rows sorted by gpus, tp, pp, 
 from __future__ import annotations
 
 import os
-import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import pandas as pd
 
+from .atomic import write_atomic
 from .errors import UserError, require
 from .scenario import build_scenario
 
@@ -131,22 +131,6 @@ def check_out_path(path, suffixes: tuple[str, ...], what: str) -> Path:
         except ImportError:
             raise UserError("writing Parquet needs pyarrow: pip install 'pipesim[parquet]', or write .csv") from None
     return out
-
-
-def write_atomic(path: Path, write: Callable[[Path], object]) -> Path:
-    """Call write(temporary path) in the same directory, then rename over `path`:
-    a reader sees the old file or the whole new one, never a half-written one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent or ".")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def write_table(df: pd.DataFrame, path) -> Path:

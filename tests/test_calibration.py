@@ -227,3 +227,18 @@ def test_diagnosis_of_the_reference_deployment():
     assert d.consistency["eager_launch_us_per_layer"][1] <= 10
     assert d.consistency["allreduce_offset_us"][1] > 10
     assert "ruled out" in d.text() and "NCCL table" in d.text()
+
+
+def test_rewriting_a_profile_keeps_its_other_files_and_measured_latencies(small_profile, capsys):
+    """An import rewrites the profile: files it does not parse (a box.toml, logs) and
+    the TTFT/TPOT of earlier points must survive."""
+    (small_profile / "box.toml").write_text("# a box beside the profile\n")
+    (small_profile / "run.log").write_text("measured\n")
+    for _ in range(2):   # the second import rewrites the points the first one wrote
+        cli_ok(["calibrate", "import", "bench", str(DATA / "sglang_bench_serving.jsonl"), "--profile",
+                str(small_profile), "--format", "sglang", "--tp", "8", "--pp", "1"], capsys)
+    assert (small_profile / "box.toml").read_text() == "# a box beside the profile\n"
+    assert (small_profile / "run.log").is_file()
+    points = load_profile(small_profile).measured
+    assert len(points) == 4
+    assert [p.ttft_ms for p in points] == [598.0, 151.2, 598.0, 151.2]   # the samples' median_ttft_ms

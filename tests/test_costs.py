@@ -64,22 +64,13 @@ def test_gemm_between_grid_points_is_bracketed(profile, kimi, box):
     assert min(lo, hi) <= mid <= max(lo, hi)
 
 
-def test_moe_int4_kimi_tp1_one_token_matches_raw(profile, kimi, box, raw_dir):
+@pytest.mark.parametrize("tp", [1, 8])   # a whole layer on one GPU (PP), and TP8
+def test_moe_int4_kimi_one_token_matches_raw(profile, kimi, box, raw_dir, tp):
     dist = profile.params.moe_distribution
     expected_ms = raw_mean(raw_dir, "moe_perf", kernel_source="sglang_marlin_moe", moe_dtype="int4_wo",
                            num_tokens=1, hidden_size=7168, inter_size=2048, topk=8, num_experts=384,
-                           moe_tp_size=1, moe_ep_size=1, distribution=dist)
-    t, source = cost_model(box, kimi, profile, 1, 1).moe(1, 1)
-    assert source == "table"
-    assert t == pytest.approx(expected_ms * 1e-3, rel=1e-5)
-
-
-def test_moe_int4_kimi_tp8_matches_raw(profile, kimi, box, raw_dir):
-    dist = profile.params.moe_distribution
-    expected_ms = raw_mean(raw_dir, "moe_perf", kernel_source="sglang_marlin_moe", moe_dtype="int4_wo",
-                           num_tokens=1, hidden_size=7168, inter_size=2048, topk=8, num_experts=384,
-                           moe_tp_size=8, moe_ep_size=1, distribution=dist)
-    t, source = cost_model(box, kimi, profile, 8, 1).moe(1, 8)
+                           moe_tp_size=tp, moe_ep_size=1, distribution=dist)
+    t, source = cost_model(box, kimi, profile, tp, 1).moe(1, tp)
     assert source == "table"
     assert t == pytest.approx(expected_ms * 1e-3, rel=1e-5)
 
