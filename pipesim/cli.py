@@ -6,9 +6,13 @@ import sys
 
 import click
 
-from .errors import UserError
+from .errors import UserError, require
+from .scenario import DEFAULT_MODEL, DEFAULT_PROFILE
+from .sweep import DEFAULT_CONC
+from .workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
 
 EXIT_BAD_INPUT = 2
+DEFAULT_CONC_TEXT = ",".join(map(str, DEFAULT_CONC))
 
 
 def _layers(value: str | None):
@@ -18,6 +22,31 @@ def _layers(value: str | None):
         return tuple(int(x) for x in value.split(","))
     except ValueError:
         raise UserError(f"--layers '{value}' must be comma-separated whole numbers, e.g. 7,7,7,8,8,8,8,8") from None
+
+
+def parse_ints(text: str, what: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; each >= 1, at least one (the sweep checks them again)."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise UserError(f"{what} '{text}' must be comma-separated whole numbers >= 1, e.g. 1,8,32") from None
+    require(len(values) > 0, f"{what} is empty; give at least one whole number >= 1, e.g. 1,8,32")
+    for v in values:
+        require(v >= 1, f"{what}: {v!r} is not a whole number >= 1")
+    return sorted(set(values))
+
+
+def parse_number(text: str | None, what: str) -> float | None:
+    """An optional number >= 0 given on the command line."""
+    if text is None:
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise UserError(f"{what} '{text}' is not a number") from None
+    require(v == v and v >= 0, f"{what} must be a number >= 0, got {text}")
+    return v
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,12 +59,12 @@ def cli():
 def scenario_options(f):
     """The scenario and engine flags every simulating command shares."""
     options = [
-        click.option("--model", default=None, help="preset name or path of a Hugging Face config.json [default: kimi-k2.6]"),
-        click.option("--profile", default=None, help="calibration profile name or directory [default: the reference deployment]"),
+        click.option("--model", default=None, help=f"preset name or path of a Hugging Face config.json [default: {DEFAULT_MODEL}]"),
+        click.option("--profile", default=None, help=f"calibration profile name or directory [default: {DEFAULT_PROFILE}]"),
         click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]"),
         click.option("--box", default=None, help="box preset or .toml [default: the profile's]"),
-        click.option("--input-len", default="256", show_default=True, help="prompt tokens: N or LO:HI (uniform)"),
-        click.option("--output-len", default="300", show_default=True, help="output tokens: N or LO:HI (uniform)"),
+        click.option("--input-len", default=DEFAULT_INPUT_LEN, show_default=True, help="prompt tokens: N or LO:HI (uniform)"),
+        click.option("--output-len", default=DEFAULT_OUTPUT_LEN, show_default=True, help="output tokens: N or LO:HI (uniform)"),
         click.option("--seed", type=int, default=0, show_default=True, help="random seed, a whole number >= 0"),
         click.option("--max-running-requests", type=int, default=None, help="SGLang: total running requests"),
         click.option("--pp-max-micro-batch-size", type=int, default=None,
@@ -60,8 +89,6 @@ SCENARIO_FLAGS = ("model", "profile", "engine", "box", "input_len", "output_len"
 
 def scenario_kwargs(opts: dict) -> dict:
     """The shared flags as `build_scenario` keyword arguments (unset ones left out)."""
-    from .scenario import DEFAULT_MODEL, DEFAULT_PROFILE
-
     kw = {k: opts.pop(k) for k in SCENARIO_FLAGS}
     kw["model"] = kw["model"] or DEFAULT_MODEL
     kw["profile"] = kw["profile"] or DEFAULT_PROFILE
@@ -290,7 +317,7 @@ def profiles_show(name):
 
 @cli.command()
 @click.option("--gpus", default="8", show_default=True, metavar="N[,N..]", help="GPU count, or several: 2,4,8 (every tp x pp = count)")
-@click.option("--conc", default="1,2,4,8,16,32,64,128", show_default=True, metavar="C[,C..]", help="concurrencies, comma-separated")
+@click.option("--conc", default=DEFAULT_CONC_TEXT, show_default=True, metavar="C[,C..]", help="concurrencies, comma-separated")
 @scenario_options
 @click.option("--out", default=None, help="write the table to this .csv or .parquet file")
 @click.option("--workers", type=int, default=None, help="local worker processes [default: every core; 1: in this process]")
@@ -298,27 +325,28 @@ def profiles_show(name):
 @click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
 def sweep(gpus, conc, out, workers, scheduler, progress, **opts):
     """Every valid TP x PP split for the GPU count(s) x every concurrency: a table."""
-    import importlib
     import time
 
-    sw = importlib.import_module("pipesim.sweep")  # the module; `pipesim.sweep` is the function
+    from .files import TABLE_SUFFIXES, check_out_path, write_table
+    from .sweep import summary
+    from .sweep import sweep as run_sweep
 
     if out is not None:
-        sw.check_out_path(out, (".csv", ".parquet"), "output")
+        check_out_path(out, TABLE_SUFFIXES, "output")
     t = time.perf_counter()
-    df = sw.sweep(gpus, conc, scheduler=scheduler, workers=workers, progress=progress,
-                  **scenario_kwargs(opts))
+    df = run_sweep(parse_ints(gpus, "--gpus"), parse_ints(conc, "--conc"), scheduler=scheduler, workers=workers,
+                   progress=progress, **scenario_kwargs(opts))
     wall_s = time.perf_counter() - t
-    click.echo(sw.summary(df))
+    click.echo(summary(df))
     click.echo(f"{len(df)} points in {wall_s:.1f} s" + (f" on {scheduler}" if scheduler else ""))
     if out is not None:
-        sw.write_table(df, out)
+        write_table(df, out)
         click.echo(f"wrote {out}")
 
 
 @cli.command()
 @click.option("--gpus", default="8", show_default=True, metavar="N[,N..]", help="GPU count, or several: 2,4,8")
-@click.option("--conc", default="1,2,4,8,16,32,64,128", show_default=True, metavar="C[,C..]", help="concurrencies to try")
+@click.option("--conc", default=DEFAULT_CONC_TEXT, show_default=True, metavar="C[,C..]", help="concurrencies to try")
 @click.option("--objective", default="throughput", show_default=True, metavar="NAME",
               help="throughput | throughput-per-gpu | per-request | ttft")
 @click.option("--min-per-request-tok-s", default=None, metavar="TOK_S", help="keep points whose requests decode at least this fast")
@@ -331,16 +359,17 @@ def sweep(gpus, conc, out, workers, scheduler, progress, **opts):
 def search(gpus, conc, objective, min_per_request_tok_s, max_ttft_p99_ms, from_file, workers, scheduler, progress,
            **opts):
     """The best split and concurrency under constraints, the alternatives ranked, and why."""
-    import importlib
+    from .files import read_table
+    from .search import search as run_search
 
-    sw = importlib.import_module("pipesim.sweep")  # the module; `pipesim.sweep` is the function
-
-    table = sw.read_table(from_file) if from_file else None
-    result = sw.search(gpus, objective, conc, table=table,
-                       min_per_request_tok_s=sw.parse_number(min_per_request_tok_s, "--min-per-request-tok-s"),
-                       max_ttft_p99_ms=sw.parse_number(max_ttft_p99_ms, "--max-ttft-p99-ms"),
-                       **({} if table is not None else dict(scheduler=scheduler, workers=workers,
-                                                           progress=progress, **scenario_kwargs(opts))))
+    table = read_table(from_file) if from_file else None
+    # a table given: nothing is swept, and --gpus/--conc go unread as before
+    gpus, conc = (gpus, conc) if table is not None else (parse_ints(gpus, "--gpus"), parse_ints(conc, "--conc"))
+    result = run_search(gpus, objective, conc, table=table,
+                        min_per_request_tok_s=parse_number(min_per_request_tok_s, "--min-per-request-tok-s"),
+                        max_ttft_p99_ms=parse_number(max_ttft_p99_ms, "--max-ttft-p99-ms"),
+                        **({} if table is not None else dict(scheduler=scheduler, workers=workers,
+                                                            progress=progress, **scenario_kwargs(opts))))
     click.echo(result.text())
 
 
@@ -352,7 +381,7 @@ def search(gpus, conc, objective, min_per_request_tok_s, max_ttft_p99_ms, from_f
 def plot(results, out_dir, fmt, prefix):
     """Figures of a sweep table: throughput vs concurrency, the trade-off curve, the time breakdown."""
     from . import plot as pl
-    from .sweep import read_table
+    from .files import read_table
 
     for path in pl.save_all(read_table(results), out_dir, fmt, prefix):
         click.echo(f"wrote {path}")
@@ -367,7 +396,7 @@ def plot(results, out_dir, fmt, prefix):
 def trace(tp, pp, conc, out, **opts):
     """A Chrome / Perfetto trace of one run: a track per GPU and per PP hop."""
     from . import trace as tr
-    from .sweep import check_out_path
+    from .files import check_out_path
 
     check_out_path(out, (".json",), "trace")
     obj, result = tr.trace(tp, pp, conc, **scenario_kwargs(opts))

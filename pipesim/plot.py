@@ -16,8 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullLocator
 
 from .errors import require
-from .atomic import write_atomic
-from .sweep import check_out_path
+from .files import check_out_path, write_atomic
 
 # GPU time of a stage: these five add up to 100% (trace.idle_breakdown)
 SHARES = (
@@ -170,14 +169,14 @@ def compare(variants: dict[str, pd.DataFrame], column: str = "output_throughput_
     return fig
 
 
-def save(fig: Figure, path) -> Path:
+def save(fig: Figure, path: str | Path) -> Path:
     """Save a figure atomically as .png or .svg (by the suffix)."""
     out = check_out_path(path, (".png", ".svg"), "figure")
     fmt = out.suffix.lower()[1:]
     return write_atomic(out, lambda tmp: fig.savefig(tmp, format=fmt))
 
 
-def save_all(df: pd.DataFrame, out_dir=".", fmt: str = "png", prefix: str = "") -> list[Path]:
+def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", prefix: str = "") -> list[Path]:
     """The three figures of a sweep as OUT_DIR/[PREFIX]throughput.FMT, tradeoff, breakdown."""
     require(fmt in ("png", "svg"), f"unknown figure format '{fmt}'; allowed: png, svg")
     require(len(df) > 0, "the sweep table is empty")

@@ -228,8 +228,7 @@ def trace(tp: int = 1, pp: int = 1, conc: int | None = None, **kwargs) -> tuple[
 
 def write_trace(path, trace_obj: dict) -> None:
     """Write the trace JSON atomically (a reader never sees half a file)."""
-    from .atomic import write_atomic
-    from .sweep import check_out_path
+    from .files import check_out_path, write_atomic
 
     out = check_out_path(path, (".json",), "trace")
     write_atomic(out, lambda tmp: tmp.write_text(json.dumps(trace_obj, separators=(",", ":"), allow_nan=False)))

@@ -119,3 +119,17 @@ def tiny_config(tmp_path):
         return path
 
     return make
+
+
+SMALL_SWEEP = dict(input_len="64", output_len="40")   # short requests: a quick sweep
+SMALL_SWEEP_CONC = [1, 8]
+
+
+@pytest.fixture(scope="session")
+def serial(profile):
+    """Kimi on the 8 GPUs: four splits x two concurrencies, swept in this process (the
+    table the sweep, search and files tests share)."""
+    from pipesim.sweep import sweep
+
+    return sweep(8, SMALL_SWEEP_CONC, profile=profile, workers=1, **SMALL_SWEEP)
+

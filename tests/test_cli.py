@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from pipesim.cli import main
+from pipesim.cli import cli, main, parse_ints
+from pipesim.errors import UserError
+from pipesim.files import read_table
 
 JSON_KEYS = {"output_throughput_tok_s", "request_throughput_req_s", "per_request_tok_s", "ttft_ms_mean",
              "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p50", "tpot_ms_p99", "bubble_fraction",
@@ -130,3 +132,64 @@ def test_console_script_exit_code():
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "Traceback" not in proc.stderr
+
+
+# ---- sweep and search ----------------------------------------------------------------------
+
+# ---- the command line ---------------------------------------------------------------------
+
+def test_cli_sweep_writes_a_table_and_search_reads_it(tmp_path, capsys):
+    out = tmp_path / "r.csv"
+    main(["sweep", "--gpus", "8", "--conc", "1,8", "--input-len", "64", "--output-len", "40", "--workers", "2",
+          "--out", str(out), "--progress"])
+    cap = capsys.readouterr()
+    assert "TP1 x PP8" in cap.out and "TP8 x PP1" in cap.out and "*" in cap.out
+    assert "8 points in" in cap.out
+    assert "8/8" in cap.err                                # the progress bar went to stderr
+    df = read_table(out)
+    assert len(df) == 8
+    main(["search", "--from", str(out), "--objective", "throughput", "--max-ttft-p99-ms", "100000"])
+    text = capsys.readouterr().out
+    assert "best:" in text and "why:" in text and "ranked" in text
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["sweep", "--gpus", "4"], "no valid TP x PP split for 4 GPUs"),
+    (["sweep", "--conc", ""], "--conc is empty"),
+    (["sweep", "--conc", "1,two"], "--conc '1,two'"),
+    (["sweep", "--out", "/nonexistent-dir/r.csv"], "does not exist"),
+    (["sweep", "--out", "r.xlsx"], "must end in .csv or .parquet"),
+    (["sweep", "--seed", "x"], "'--seed': 'x' is not a valid integer"),
+    (["sweep", "--max-running-requests", "many"], "'--max-running-requests': 'many' is not a valid integer"),
+    (["search", "--objective", "fastest"], "unknown objective 'fastest'"),
+    (["search", "--min-per-request-tok-s", "fast"], "--min-per-request-tok-s 'fast' is not a number"),
+    (["search", "--from", "/nonexistent-dir/r.csv"], "does not exist"),
+])
+def test_cli_bad_input_is_one_line_exit_2(capsys, args, needle):
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--output-len", "20"] if args[0] == "sweep" else args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipesim: error:") and err.count("\n") == 1 and needle in err
+
+
+def test_parse_ints():
+    assert parse_ints("8, 2,8 ,4", "--gpus") == [2, 4, 8]
+    for text, needle in [("", "--gpus is empty"), ("2,x", "--gpus '2,x' must be comma-separated"),
+                         ("0", "--gpus: 0 is not a whole number >= 1")]:
+        with pytest.raises(UserError, match=needle):
+            parse_ints(text, "--gpus")
+
+
+def test_defaults_shown_come_from_their_modules():
+    from click.testing import CliRunner
+
+    from pipesim.scenario import DEFAULT_MODEL, DEFAULT_PROFILE
+    from pipesim.sweep import DEFAULT_CONC
+    from pipesim.workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
+
+    text = " ".join(CliRunner().invoke(cli, ["sweep", "--help"], terminal_width=200).output.split())
+    for value in (DEFAULT_MODEL, DEFAULT_PROFILE, DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN,
+                  ",".join(map(str, DEFAULT_CONC))):
+        assert f"default: {value}]" in text
+

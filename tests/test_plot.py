@@ -10,7 +10,7 @@ from matplotlib.patches import Rectangle
 import pipesim
 from pipesim import plot
 from pipesim.cli import main
-from pipesim.sweep import write_table
+from pipesim.files import write_table
 
 SPLITS = [(8, 1), (4, 2), (1, 8)]
 CONC = [1, 8, 32]

@@ -1,0 +1,80 @@
+"""Files pipesim writes and reads back: output paths checked before any work, atomic
+writes (a reader sees the old file or the whole new one, never half), and the sweep
+table as .csv or .parquet.
+
+pandas is imported inside the table functions only, so importing this module (as the
+command line and the trace writer do) stays light.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import UserError, require
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+TABLE_SUFFIXES = (".csv", ".parquet")
+# a sweep table read back needs its key (sweep.KEY_COLUMNS) and what search and plot rank by
+TABLE_COLUMNS = ("gpus", "tp", "pp", "conc", "output_throughput_tok_s", "per_request_tok_s")
+
+
+def check_out_path(path: str | Path, suffixes: tuple[str, ...], what: str) -> Path:
+    """An output file: an allowed suffix and an existing directory, checked before any work."""
+    out = Path(path)
+    require(out.suffix.lower() in suffixes,
+            f"{what} file '{out}' must end in {' or '.join(suffixes)}")
+    parent = out.parent if str(out.parent) else Path(".")
+    require(parent.is_dir(), f"directory '{parent}' of the {what} file does not exist")
+    if out.suffix.lower() == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise UserError("writing Parquet needs pyarrow: pip install 'pipesim[parquet]', or write .csv") from None
+    return out
+
+
+def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Call write(temporary path) in the same directory, then rename it over `path`."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent or ".")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_table(df: pd.DataFrame, path: str | Path) -> Path:
+    """A sweep table as .csv or .parquet (by the file's suffix)."""
+    out = check_out_path(path, TABLE_SUFFIXES, "output")
+    if out.suffix.lower() == ".parquet":
+        return write_atomic(out, lambda tmp: df.to_parquet(tmp, index=False))
+    return write_atomic(out, lambda tmp: df.to_csv(tmp, index=False))
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """A sweep table written by `write_table` (or `pipesim sweep --out`)."""
+    import pandas as pd
+
+    p = Path(path)
+    require(p.is_file(), f"sweep file '{p}' does not exist")
+    if p.suffix.lower() == ".parquet":
+        check_out_path(p, (".parquet",), "sweep")
+        df = pd.read_parquet(p)
+    else:
+        require(p.suffix.lower() == ".csv", f"sweep file '{p}' must end in .csv or .parquet")
+        # lengths are specs ("300" or "100:500"), as the sweep wrote them
+        df = pd.read_csv(p, dtype={"input_len": str, "output_len": str})
+    missing = [c for c in TABLE_COLUMNS if c not in df.columns]
+    require(not missing, f"'{p}' is not a pipesim sweep table: no column(s) {', '.join(missing)}")
+    return df
