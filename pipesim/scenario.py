@@ -9,6 +9,7 @@ engine's own default.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from .engines import ENGINES
 from .errors import UserError, require
@@ -16,8 +17,10 @@ from .hardware import Box, load_box
 from .memory import Memory, plan_memory
 from .model import Model, load_model
 from .plan import Plan, make_plan
-from .profile import Profile, load_profile
 from .workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Workload, closed_loop, from_trace, poisson
+
+if TYPE_CHECKING:  # profiles load pandas: imported where one is loaded, so the CLI starts without it
+    from .profile import Profile
 
 DEFAULT_PROFILE = "rtx-pro-6000-sglang-deployment"
 DEFAULT_MODEL = "kimi-k2.6"
@@ -59,6 +62,8 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
                    num_requests: int | None = None, trace: str | None = None,
                    input_len: str | int = DEFAULT_INPUT_LEN, output_len: str | int = DEFAULT_OUTPUT_LEN,
                    seed: int = 0, **knobs) -> Scenario:
+    from .profile import Profile, load_profile
+
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     engine_name = engine or prof.engine
     require(engine_name in ENGINES, f"unknown engine '{engine_name}'; known: {', '.join(ENGINES)}")

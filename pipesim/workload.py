@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from .errors import UserError, require
 
@@ -98,6 +97,8 @@ def poisson(rate_rps: float, num_requests: int, input_len="256", output_len="300
 
 
 def from_trace(path: str | Path, num_requests: int = 0, seed: int = 0) -> Workload:
+    import pandas as pd
+
     p = Path(path)
     require(p.is_file(), f"trace file not found: {p}")
     try:
