@@ -211,8 +211,7 @@ def from_hf_config(cfg: dict, name: str = "model") -> Model:
     if n_experts:
         moe = MoE(n_experts, g("num_experts_per_tok"), g("moe_intermediate_size"),
                   g("n_shared_experts", 0), g("first_k_dense_replace", 0), g("moe_layer_freq", 1) or 1)
-    attn_dtype, expert_dtype = _weight_dtypes(cfg.get("quantization_config") or {},
-                                              str(_get(cfg, "torch_dtype", name, "bfloat16")))
+    attn_dtype, expert_dtype = _weight_dtypes(cfg.get("quantization_config") or {})
     model = Model(
         name=name,
         num_layers=g("num_hidden_layers"),
@@ -229,14 +228,18 @@ def from_hf_config(cfg: dict, name: str = "model") -> Model:
     return model
 
 
-def _weight_dtypes(quant: dict, torch_dtype: str) -> tuple[str, str]:
+def _weight_dtypes(quant: dict) -> tuple[str, str]:
     """(dtype of attention/dense weights, dtype of routed experts) from a quantization_config.
 
     - `fp8` (DeepSeek-V3 style block fp8) quantizes every linear layer;
     - `compressed-tensors` int4 whose `ignore` list names attention, shared experts and
       dense MLPs (Kimi K2.x) quantizes the routed experts only.
+
+    Unquantized weights are 16-bit ("bf16") whatever the config's torch_dtype says:
+    bf16 and fp16 take the same 2 bytes, and the engines' default `--dtype auto` serves
+    a float32 checkpoint in 16 bits too (vLLM and SGLang `_get_and_verify_dtype`).
     """
-    base = "bf16" if torch_dtype in ("bfloat16", "float16", "half", "auto") else "bf16"
+    base = "bf16"
     method = str(quant.get("quant_method", "")).lower()
     if method == "fp8":
         return "fp8", "fp8"
