@@ -63,6 +63,10 @@ def scenario_options(f):
         click.option("--profile", default=None, help=f"calibration profile name or directory [default: {DEFAULT_PROFILE}]"),
         click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]"),
         click.option("--box", default=None, help="box preset or .toml [default: the profile's]"),
+        click.option("--nodes", type=int, default=1, show_default=True,
+                     help="a cluster of this many identical boxes (GPUs numbered node-major)"),
+        click.option("--network", default=None,
+                     help="what joins the nodes: ib-ndr-400, roce-200, eth-100, ... [default: the box's [network]]"),
         click.option("--input-len", default=DEFAULT_INPUT_LEN, show_default=True, help="prompt tokens: N or LO:HI (uniform)"),
         click.option("--output-len", default=DEFAULT_OUTPUT_LEN, show_default=True, help="output tokens: N or LO:HI (uniform)"),
         click.option("--seed", type=int, default=0, show_default=True, help="random seed, a whole number >= 0"),
@@ -82,7 +86,7 @@ def scenario_options(f):
     return f
 
 
-SCENARIO_FLAGS = ("model", "profile", "engine", "box", "input_len", "output_len", "seed", "max_running_requests",
+SCENARIO_FLAGS = ("model", "profile", "engine", "box", "nodes", "network", "input_len", "output_len", "seed", "max_running_requests",
                   "pp_max_micro_batch_size", "pp_async_batch_depth", "chunked_prefill_size", "disable_cuda_graph",
                   "max_num_seqs", "max_num_batched_tokens", "async_scheduling")
 

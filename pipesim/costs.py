@@ -10,7 +10,9 @@ For MoE the bytes read grow with the expected number of distinct experts the bat
 touches, E * (1 - (1 - k/E)^T) under uniform routing. TP collectives come from the
 measured collective table by (group size, bytes), else from NCCL's ring model
 (base + 2(n-1) steps of latency, bytes over the ring's narrowest link); a PP hop is
-link latency + bytes / bandwidth along the box's PCIe path.
+link latency + bytes / bandwidth along the box's PCIe path. Across the nodes of a
+cluster a hop pays the NIC path and a TP group that spans nodes runs NCCL's ring over
+the network (`cross_node_collective`).
 """
 
 from __future__ import annotations
@@ -153,6 +155,8 @@ class CostModel:
         if n < 2 or nbytes <= 0:
             return 0.0, "table"
         p = self.params
+        if self.box.spans_nodes(gpus):
+            return self.cross_node_collective(op, gpus, nbytes), "roofline"
         impls = ("custom", "nccl") if (op == "all_reduce" and n <= p.custom_allreduce_max_gpus) else ("nccl",)
         for impl in impls:
             curve = self.profile.collectives.get((op, impl, n))
@@ -167,6 +171,23 @@ class CostModel:
         if op == "all_reduce":
             t = t * p.allreduce_scale + p.allreduce_offset_us * 1e-6
         return t, ("table" if impl != "roofline" else "roofline")
+
+    def cross_node_collective(self, op: str, gpus: tuple[int, ...], nbytes: float) -> float:
+        """A collective whose group spans nodes: NCCL's ring over the slowest link.
+
+        Tables measured inside one box do not apply, nor does the custom all-reduce
+        (one node only). The ring has 2(n-1) steps for an all-reduce, n-1 for an
+        all-gather; each step waits the slowest hop's latency (the network's, at
+        least NCCL's per-step latency) and moves nbytes/n over the narrowest link:
+            t = base + steps x max(step latency, network latency) + frac x nbytes / min bandwidth
+        with frac = 2(n-1)/n for an all-reduce, (n-1)/n for an all-gather."""
+        n, box = len(gpus), self.box
+        ring = box.ring_links(gpus)
+        bw = min(box.link(d).bw_bytes_s for d in ring)
+        hop_latency = max(sum(box.link(d).latency_s for d in box.path(a, b)) for a, b in zip(gpus, gpus[1:] + gpus[:1]))
+        steps, frac = (2 * (n - 1), 2.0 * (n - 1) / n) if op == "all_reduce" else (n - 1, (n - 1) / n)
+        # the profile's allreduce_scale/offset calibrate one box's own path, not the network's
+        return NCCL_BASE_S + steps * max(NCCL_STEP_S, hop_latency) + frac * nbytes / bw
 
     def allreduce_time(self, gpus: tuple[int, ...], nbytes: float) -> float:
         return self.collective("all_reduce", gpus, nbytes)[0]

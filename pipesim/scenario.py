@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .engines import ENGINES
 from .errors import UserError, require
-from .hardware import Box, load_box
+from .hardware import Box, cluster, load_box, load_network
 from .memory import Memory, plan_memory
 from .model import Model, load_model
 from .plan import Plan, make_plan
@@ -52,6 +52,8 @@ class Scenario:
             "workload": self.workload.describe(),
             "weights_per_gpu_gib": [round(w / 2**30, 2) for w in m.weights_per_gpu_bytes],
             "kv_cache_tokens": m.kv_tokens,
+            **({"nodes": self.box.nodes, "gpus_per_node": self.box.gpus_per_node, "network": self.box.network.name}
+               if self.box.nodes > 1 else {}),
             "profile_params": {f.name: getattr(self.profile.params, f.name) for f in fields(self.profile.params)},
         }
 
@@ -61,7 +63,7 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
                    layers: tuple[int, ...] | None = None, rate_rps: float | None = None,
                    num_requests: int | None = None, trace: str | None = None,
                    input_len: str | int = DEFAULT_INPUT_LEN, output_len: str | int = DEFAULT_OUTPUT_LEN,
-                   seed: int = 0, **knobs) -> Scenario:
+                   seed: int = 0, nodes: int = 1, network: str | None = None, **knobs) -> Scenario:
     from .profile import Profile, load_profile
 
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
@@ -77,6 +79,8 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
     config.validate()
 
     bx = box if isinstance(box, Box) else load_box(box or prof.box)
+    if nodes != 1 or network is not None:   # a cluster of identical boxes (hardware.cluster)
+        bx = cluster(bx, nodes, load_network(network) if network is not None else None)
     mdl = model if isinstance(model, Model) else load_model(model)
     plan = make_plan(tp, pp, mdl.num_layers, bx.gpu_count, config.partition_rule, layers)
     mdl.check_tp(tp)
