@@ -440,6 +440,31 @@ def calibrate_live(model_arg, out, hf_config, name, budget_s, reps, warmup, coll
     click.echo(f"wrote {path}")
 
 
+@cli.group()
+def boxes():
+    """The box catalogue: presets, their numbers and where each comes from (docs/boxes.md)."""
+
+
+@boxes.command("list")
+def boxes_list():
+    """One line per preset: name, GPUs, GPU model, memory, interconnect."""
+    from .hardware import box_names, load_box, summary_line
+
+    for name in box_names():
+        click.echo(summary_line(name, load_box(name)))
+
+
+@boxes.command("show")
+@click.argument("name")
+@click.option("--nodes", type=int, default=1, show_default=True, help="show a cluster of this many boxes")
+@click.option("--network", default=None, help="what joins the nodes [default: the box's [network]]")
+def boxes_show(name, nodes, network):
+    """Every field of box NAME (a preset or .toml) with its source, and the topology tree."""
+    from .hardware import details, load_box
+
+    click.echo("\n".join(details(load_box(name, nodes, network))))
+
+
 def main(argv=None) -> None:
     """Entry point: user errors become one line and exit code 2; bugs keep their traceback."""
     try:

@@ -57,6 +57,19 @@ def files(tmp_path):
     shutil.copytree(src, t / "nopoints")
     (t / "empty").mkdir()
     (t / "unreadable.txt").write_text("# all_reduce_perf\n# nothing\n")
+    gpu = '[gpu]\nname = "g"\ncount = COUNT\nmemory_bytes = 1e10\nmem_bw_bytes_s = BW\nflops_bf16 = 1e14\n'
+
+    def box(name, links, count="2", bw="1e12"):
+        body = ",\n".join(f'{{ child = "{c}", parent = "{p}", bw_gb_s = {b}, latency_us = 1 }}' for c, p, b in links)
+        (t / f"{name}.toml").write_text(gpu.replace("COUNT", count).replace("BW", bw) + f"[topology]\nlinks = [\n{body}\n]\n")
+
+    box("cycle", [("gpu0", "a", 1), ("gpu1", "a", 1), ("a", "b", 1), ("b", "a", 1)])
+    box("twoparents", [("gpu0", "a", 1), ("gpu1", "a", 1), ("gpu1", "b", 1)])
+    box("negbw", [("gpu0", "a", 1), ("gpu1", "a", -5)])
+    box("unreach", [("gpu0", "a", 1), ("gpu1", "b", 1)])
+    box("strcount", [("gpu0", "a", 1), ("gpu1", "a", 1)], count='"two"')
+    box("infbw", [("gpu0", "a", 1), ("gpu1", "a", 1)], bw="inf")
+    box("gpu9", [("gpu0", "a", 1), ("gpu1", "a", 1), ("gpu9", "a", 1)])
     return t
 
 
@@ -116,6 +129,17 @@ CASES = [
      "missing AIConfigurator table", "{t}/out3"),
     (["calibrate", "import", "aiconfigurator", "{t}/empty", "--box", "nobox", "--out", "{t}/out4"], "unknown box 'nobox'",
      "{t}/out4"),
+    (["boxes", "show", "nobox"], "unknown box 'nobox'; known presets", None),
+    (["boxes", "show", "{t}/cycle.toml"], "the links form a cycle (a -> b -> a)", None),
+    (["boxes", "show", "{t}/twoparents.toml"], "gpu1 has two parents (a and b)", None),
+    (["boxes", "show", "{t}/negbw.toml"], "bw_gb_s = -5 must be a finite number > 0", None),
+    (["boxes", "show", "{t}/unreach.toml"], "gpu1 is not connected to gpu0", None),
+    (["boxes", "show", "{t}/strcount.toml"], "gpu.count = 'two' must be a whole number >= 1", None),
+    (["boxes", "show", "{t}/infbw.toml"], "gpu.mem_bw_bytes_s = inf must be a finite number > 0", None),
+    (["boxes", "show", "{t}/gpu9.toml"], "link names gpu9, but gpu.count = 2", None),
+    (["predict", "--conc", "1", "--nodes", "0", *FAST], "--nodes must be a whole number >= 1, got 0", None),
+    (["predict", "--conc", "1", "--nodes", "2", "--network", "carrier-pigeon", *FAST], "unknown network 'carrier-pigeon'", None),
+    (["predict", "--conc", "1", "--nodes", "2", "--box", "h200-1x", *FAST], "box h200-1x has no [network] section", None),
 ]
 
 
