@@ -338,8 +338,8 @@ def details(box: Box) -> list[str]:
         ("gpu", f"{box.gpu_count} x {g.name}" + (f", PCIe Gen{g.pcie_gen}" if g.pcie_gen else ""), None),
         ("memory_bytes", f"{g.memory_bytes:.0f} ({g.memory_bytes / 2**30:.1f} GiB)", "memory_bytes"),
         ("mem_bw_bytes_s", f"{g.mem_bw_bytes_s / 1e12:g} TB/s", "mem_bw_bytes_s"),
-        ("flops_bf16 / fp8 / fp4", f"{g.flops_bf16 / 1e12:g} / {g.flops_fp8 / 1e12:g} / {g.flops_fp4 / 1e12:g} "
-                                   "TFLOPS dense", "flops"),
+        ("flops_bf16 / fp8 / fp4",
+         f"{g.flops_bf16 / 1e12:g} / {g.flops_fp8 / 1e12:g} / {g.flops_fp4 / 1e12:g} TFLOPS dense", "flops"),
     ]
     lines = []
     for label, value, key in rows:
