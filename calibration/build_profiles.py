@@ -56,7 +56,7 @@ def base_meta(name: str, description: str, engine: str, version: str, kernels: s
                    "custom_allreduce_max_gpus": 2},
         "param_sources": {
             "kernel_floor_us": "minimum of the gemm table (computed by build_profiles.py)",
-            "moe_distribution": "real routing is skewed (REFERENCE 2): the power-law 1.01 rows of the MoE table",
+            "moe_distribution": "real routing is skewed (physics.md §2): the power-law 1.01 rows of the MoE table",
             "custom_allreduce_max_gpus": "SGLang and vLLM use their custom all-reduce only up to 2 PCIe-only GPUs",
         },
     }
@@ -68,7 +68,7 @@ def fit_deployment(tables: Tables, meta: dict, points: list) -> tuple[dict, str,
     results = {h: fit(base, names, points) for h, names in HYPOTHESES.items()}
     best = min(results, key=lambda h: (results[h].mape, results[h].loo_mape))
     report = ["# Fit of rtx-pro-6000-sglang-deployment", "",
-              "Measured points: calibration/reference_points.csv (REFERENCE section 1).", ""]
+              "Measured points: calibration/reference_points.csv (physics.md §1).", ""]
     for h, r in results.items():
         report += [f"## Hypothesis: {h}{'  (kept)' if h == best else ''}", "", r.report(), ""]
     report += ["With three points and two free parameters the leave-one-out errors are large: the TP8 C=1 "
@@ -95,7 +95,7 @@ def main() -> None:
     # the deployment as measured
     meta = base_meta("rtx-pro-6000-sglang-deployment",
                      "The reference deployment: Kimi K2.6 on 8 x RTX PRO 6000 Blackwell Server (PCIe) with SGLang "
-                     "0.5.14 kernels, free parameters fitted to its measured points (REFERENCE 1).",
+                     "0.5.14 kernels, free parameters fitted to its measured points (physics.md §1).",
                      "sglang", "0.5.14", "SGLang 0.5.14", tables)
     params, report, summary = fit_deployment(tables, meta, points)
     meta["params"].update({**NEUTRAL_AR, **params})

@@ -27,7 +27,7 @@ from .plan import Plan
 from .profile import Profile
 
 ACT_BYTES = 2  # activations are bf16
-# NCCL's own latency model for a ring with the LL protocol (REFERENCE section 4):
+# NCCL's own latency model for a ring with the LL protocol (physics.md §4):
 # 6.6 us base + 1.0 us per step, 2(n-1) steps for an all-reduce.
 NCCL_BASE_S, NCCL_STEP_S = 6.6e-6, 1.0e-6
 # Attention cost is smooth in context: decode contexts are bucketed to this many

@@ -1276,7 +1276,7 @@ def run_live(model_arg: str, out: str | Path, *, hf_config: bool = False, name: 
     sources["kernel_floor_us"] = "measured: a 1 x 64 x 64 bf16 GEMM, the shortest kernel (launch + tail)"
     if model.moe:
         params["moe_distribution"] = "power_law_1.01"
-        sources["moe_distribution"] = ("both measured; real routing is skewed (REFERENCE section 2): power_law_1.01 "
+        sources["moe_distribution"] = ("both measured; real routing is skewed (physics.md §2): power_law_1.01 "
                                        "rows; a random-weight model routes near-uniformly: read 'balanced' for it")
 
     box_name, box = box_name_or_dict(gpu)

@@ -31,7 +31,7 @@ TOKEN_ID_BYTES = 4
 
 class Channel:
     """A FIFO hand-off between processes. Cheaper than `simpy.Store`: a put costs no
-    event, a take costs one only when the taker has to wait (REFERENCE 8: events per
+    event, a take costs one only when the taker has to wait (physics.md §8: events per
     simulated step decide the simulator's speed)."""
 
     __slots__ = ("env", "items", "waiter")

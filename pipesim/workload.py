@@ -18,7 +18,7 @@ import numpy as np
 from .errors import UserError, require
 
 # The default stands for the reference deployment's benchmark: generic coding /
-# explanation prompts, short prompts and a few hundred output tokens (REFERENCE 1).
+# explanation prompts, short prompts and a few hundred output tokens (physics.md §1).
 DEFAULT_INPUT_LEN = "256"
 DEFAULT_OUTPUT_LEN = "300"
 

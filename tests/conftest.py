@@ -1,6 +1,6 @@
 """Shared fixtures and helpers for the pipesim test suite.
 
-Expected values in the tests come from REFERENCE.md, from the raw measured tables in
+Expected values in the tests come from docs/physics.md, from the raw measured tables in
 ../shared/reference-data, from the box TOML, or from formulas worked out by hand in
 the test; never from the simulator's own output.
 """

@@ -1,5 +1,5 @@
-"""The cost model, against the raw measured tables (REFERENCE 4, 5) and by-hand
-formulas (REFERENCE 2 for distinct experts and all-reduces per layer)."""
+"""The cost model, against the raw measured tables (physics.md §4, §5) and by-hand
+formulas (physics.md §2 for distinct experts and all-reduces per layer)."""
 
 import dataclasses
 
@@ -44,7 +44,7 @@ def test_gemm_at_grid_point_is_the_measurement(profile, kimi, box):
     cm = cost_model(box, kimi, profile, 1, 1)
     t, source = cm.gemm(1, 7168, 7168, "bf16")
     assert source == "table"
-    # REFERENCE 5 / brief: sglang_torch_linear bfloat16 m=1 n=7168 k=7168: 0.0702071 ms
+    # physics.md §5 / brief: sglang_torch_linear bfloat16 m=1 n=7168 k=7168: 0.0702071 ms
     assert t == pytest.approx(0.0702071e-3, rel=1e-5)
 
 
@@ -77,7 +77,7 @@ def test_moe_int4_kimi_one_token_matches_raw(profile, kimi, box, raw_dir, tp):
 
 @pytest.mark.parametrize("elements", [8192, 65536, 262144, 1048576])
 def test_nccl_allreduce_8_gpus_matches_raw(profile, kimi, box, raw_dir, elements):
-    # message_size counts elements of half (2 bytes) (REFERENCE 4)
+    # message_size counts elements of half (2 bytes) (physics.md §4)
     expected_ms = raw_mean(raw_dir, "nccl_perf", op_name="all_reduce", kernel_source="NCCL", nccl_dtype="half",
                            num_gpus=8, message_size=elements)
     cm = cost_model(box, kimi, profile, 8, 1)
@@ -88,7 +88,7 @@ def test_nccl_allreduce_8_gpus_matches_raw(profile, kimi, box, raw_dir, elements
 
 
 def test_nccl_allreduce_reference_figures(profile, kimi, box):
-    # REFERENCE 4: 8-GPU all-reduce ~25 us up to 16 K elements, 48 us at 64 K, 221 us at 1 M
+    # physics.md §4: 8-GPU all-reduce ~25 us up to 16 K elements, 48 us at 64 K, 221 us at 1 M
     cm = cost_model(box, kimi, profile, 8, 1)
     g = tuple(range(8))
     assert cm.allreduce_time(g, 16384 * 2) * 1e6 == pytest.approx(29, abs=5)
@@ -105,7 +105,7 @@ def test_collective_on_one_gpu_is_free(profile, kimi, box):
 
 @pytest.mark.parametrize("tokens,expected", [(1, 8), (8, 60), (32, 188), (64, 284)])
 def test_distinct_experts_reference(tokens, expected):
-    # REFERENCE 2: E x (1 - (1 - k/E)^B) = 8, 60, 188, 284 at B = 1, 8, 32, 64
+    # physics.md §2: E x (1 - (1 - k/E)^B) = 8, 60, 188, 284 at B = 1, 8, 32, 64
     assert distinct_experts(tokens, 384, 8) == pytest.approx(expected, abs=1)
 
 
@@ -164,7 +164,7 @@ def test_tp8_stage_allreduces(profile, kimi, box):
     shape = Shape(decode=1, decode_ctx=300)
     ops = cm.stage_ops(0, shape)
     ar = [o for o in ops if o.kind == "tp_comm" and "all-reduce" in o.name]
-    # REFERENCE 4: 2 all-reduces per layer (after o_proj, after MoE + shared expert),
+    # physics.md §4: 2 all-reduces per layer (after o_proj, after MoE + shared expert),
     # 122 for Kimi's 61 layers, plus one at the embedding
     assert sum(o.count for o in ar) == 2 * 61 + 1
     per_ar = cm.allreduce_time(tuple(range(8)), 1 * 7168 * 2)   # one token's hidden state, bf16
@@ -188,7 +188,7 @@ def test_pp_stages_have_no_allreduce(profile, kimi, box):
 
 
 def test_embedding_first_stage_lm_head_last(profile, kimi, box):
-    # REFERENCE 6: embedding on stage 0, lm_head + sampling on the last
+    # physics.md §6: embedding on stage 0, lm_head + sampling on the last
     cm = cost_model(box, kimi, profile, 1, 8)
     names = [{o.name for o in cm.stage_ops(s, Shape(decode=1, decode_ctx=300))} for s in range(8)]
     assert any("embedding" in n for n in names[0])
@@ -217,7 +217,7 @@ def test_stage_time_grows_with_batch(profile, kimi, box):
 def test_hop_time_tp1_is_p2p(profile, kimi, box):
     # TP1: one rank sends the whole activation along the PCIe path; no all-gather
     cm = cost_model(box, kimi, profile, 1, 8)
-    nbytes = 2 * 7168 * 2          # hidden + residual, one token, bf16 (REFERENCE 2: 28 KiB)
+    nbytes = 2 * 7168 * 2          # hidden + residual, one token, bf16 (physics.md §2: 28 KiB)
     hop_cpu = profile.params.cpu_hop_ms * 1e-3
     assert cm.hop_time(0, 1, nbytes) == pytest.approx(box.p2p_time_s(0, 1, nbytes) + hop_cpu)
     assert cm.hop_time(3, 4, nbytes) == pytest.approx(box.p2p_time_s(3, 4, nbytes) + hop_cpu)

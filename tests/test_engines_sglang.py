@@ -1,4 +1,4 @@
-"""SGLang's PP scheduling rules (REFERENCE 6): per-slot cap, slots, sticky slots,
+"""SGLang's PP scheduling rules (physics.md §6): per-slot cap, slots, sticky slots,
 prefill-first, prefill and decode never mixed, chunked prefill."""
 
 from collections import defaultdict
@@ -14,7 +14,7 @@ from conftest import record_launches, simulate
 # ---- resolved knobs ---------------------------------------------------------------------
 
 def test_per_slot_cap_is_mrr_over_pp(profile):
-    # REFERENCE 1 / 6: --max-running-requests 64 --pp-size 8 gives 64 // 8 = 8 per slot
+    # physics.md §1, §6: --max-running-requests 64 --pp-size 8 gives 64 // 8 = 8 per slot
     sc = pipesim.build_scenario(tp=1, pp=8, concurrency=64, max_running_requests=64, profile=profile)
     assert sc.settings.max_running_requests == 64
     assert sc.settings.pp_max_micro_batch_size == 8
@@ -43,7 +43,7 @@ def test_tiny_mrr_cap_at_least_one(profile):
 
 @pytest.mark.parametrize("pp,depth,slots", [(2, 0, 2), (4, 0, 4), (4, 3, 7), (8, 0, 8), (8, 8, 16)])
 def test_slots_are_pp_plus_async_depth(profile, pp, depth, slots):
-    # REFERENCE 6: pp_loop_size = pp_size + pp_async_batch_depth (16 slots on PP8 = depth 8)
+    # physics.md §6: pp_loop_size = pp_size + pp_async_batch_depth (16 slots on PP8 = depth 8)
     sc = pipesim.build_scenario(tp=1, pp=pp, concurrency=4, pp_async_batch_depth=depth, model="llama-3.1-8b",
                                 profile=profile)
     assert sc.settings.slots == slots

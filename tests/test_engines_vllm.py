@@ -1,4 +1,4 @@
-"""vLLM V1's batch queue (REFERENCE 6): batches in flight, implicit groups,
+"""vLLM V1's batch queue (physics.md §6): batches in flight, implicit groups,
 max_num_seqs caps the total, chunked prefill mixed with decode."""
 
 from collections import defaultdict
@@ -86,7 +86,7 @@ def test_queue_invariants_under_pressure(profile, async_scheduling):
 
 
 def test_chunked_prefill_mixed_and_conserved(profile):
-    # REFERENCE 6: chunked prefill is mixed with decode in one batch under a token budget
+    # physics.md §6: chunked prefill is mixed with decode in one batch under a token budget
     sc = scenario(profile, 2, concurrency=6, input_len="100:300", output_len="5:30", max_num_batched_tokens=64,
                   seed=2)
     chunks = defaultdict(list)
@@ -121,7 +121,7 @@ def test_chunked_prefill_mixed_and_conserved(profile):
 def test_one_group_when_all_start_together(profile):
     # implicit groups: C requests that arrive at once are all scheduled in the first
     # batch and stay together, so with PP4 only one batch of decodes is ever in flight
-    # at a time (the 1/pp utilisation pathology, REFERENCE 6)
+    # at a time (the 1/pp utilisation pathology, physics.md §6)
     sc = scenario(profile, 4, concurrency=8, output_len="20")
     sim, ev = run_tracked(sc, 0, 8)
     decode_batches = [b for b in sim.rec.batches if b[3] == "decode"]

@@ -27,7 +27,7 @@ def toml_links():
 def test_default_box_is_a_preset(box):
     assert BOX in box_names()
     assert box.gpu_count == 8
-    # REFERENCE 3: 96 GB class card, 97,887 MiB reported
+    # physics.md §3: 96 GB class card, 97,887 MiB reported
     assert box.gpu.memory_bytes == 97887 * 2**20
 
 
@@ -53,7 +53,7 @@ def test_p2p_same_socket_by_hand(box, toml_links, nbytes):
     _, bw1, lat1 = toml_links["gpu1"]
     expected = lat0 + lat1 + nbytes / min(bw0, bw1)
     assert box.p2p_time_s(0, 1, nbytes) == pytest.approx(expected, rel=1e-12)
-    # REFERENCE 3: 55 GB/s within a socket, ~0.5 us P2P latency
+    # physics.md §3: 55 GB/s within a socket, ~0.5 us P2P latency
     assert expected == pytest.approx(0.5e-6 + nbytes / 55e9, rel=1e-12)
 
 

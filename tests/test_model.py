@@ -1,4 +1,4 @@
-"""Model architecture: sizes counted from the config, checked against REFERENCE 2."""
+"""Model architecture: sizes counted from the config, checked against physics.md §2."""
 
 import json
 from importlib import resources
@@ -8,7 +8,7 @@ import pytest
 from pipesim.errors import UserError
 from pipesim.model import BYTES_PER_PARAM, from_hf_config, load_model, preset_names
 
-INT4_BYTES = 4.5 / 8     # int4 + one bf16 scale per group of 32 (REFERENCE 2)
+INT4_BYTES = 4.5 / 8     # int4 + one bf16 scale per group of 32 (physics.md §2)
 
 
 def test_presets_listed():
@@ -16,7 +16,7 @@ def test_presets_listed():
 
 
 def test_kimi_structure(kimi):
-    # REFERENCE 2: 61 layers, layer 0 dense, layers 1-60 MoE; MLA; 384 experts top-8
+    # physics.md §2: 61 layers, layer 0 dense, layers 1-60 MoE; MLA; 384 experts top-8
     assert kimi.num_layers == 61 and kimi.hidden == 7168 and kimi.heads == 64
     assert kimi.family == "mla"
     assert not kimi.is_moe_layer(0)
@@ -32,12 +32,12 @@ def test_int4_is_4_5_bits():
 
 
 def test_kimi_total_about_594_gb(kimi):
-    # REFERENCE 2: "Total ~594 GB (derived)"
+    # physics.md §2: "Total ~594 GB (derived)"
     assert kimi.total_weight_bytes() / 1e9 == pytest.approx(594, rel=0.005)
 
 
 def test_kimi_routed_experts_per_layer(kimi):
-    # REFERENCE 2: 384 x 3 x 7168 x 2048 params = 9.5 GB in INT4, 24.8 MB per expert
+    # physics.md §2: 384 x 3 x 7168 x 2048 params = 9.5 GB in INT4, 24.8 MB per expert
     per_expert = 3 * 7168 * 2048
     assert kimi.expert_params() == per_expert
     assert kimi.moe.n_routed_experts * kimi.expert_params() == 384 * 3 * 7168 * 2048
@@ -48,7 +48,7 @@ def test_kimi_routed_experts_per_layer(kimi):
 
 
 def test_kimi_moe_layer_bytes(kimi):
-    # REFERENCE 2 per MoE layer: routed 9.5 GB + attention ~101 M params bf16 (0.20 GB)
+    # physics.md §2 per MoE layer: routed 9.5 GB + attention ~101 M params bf16 (0.20 GB)
     # + shared expert 44 M (0.09 GB) + a small router (hidden x experts)
     assert kimi.attention_params() / 1e6 == pytest.approx(101, rel=0.01)
     expected = 384 * 3 * 7168 * 2048 * INT4_BYTES + kimi.attention_params() * 2 + 3 * 7168 * 2048 * 2 + 7168 * 384 * 2
@@ -64,7 +64,7 @@ def test_kimi_dense_layer_bytes(kimi):
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_mla_kv_is_replicated(kimi, tp):
-    # REFERENCE 2: 576 elements per token per layer, 1152 B in bf16, replicated on every TP rank
+    # physics.md §2: 576 elements per token per layer, 1152 B in bf16, replicated on every TP rank
     assert kimi.mla.kv_lora_rank + kimi.mla.qk_rope_head_dim == 576
     assert kimi.kv_bytes_per_token_per_layer(tp) == 1152
 

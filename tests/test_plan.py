@@ -1,4 +1,4 @@
-"""Parallel plans and the engines' layer-split rules (REFERENCE 6, vLLM's own tests)."""
+"""Parallel plans and the engines' layer-split rules (physics.md §6, vLLM's own tests)."""
 
 import pytest
 
@@ -8,7 +8,7 @@ from pipesim.plan import make_plan, partition
 
 
 def test_sglang_kimi_pp8_split():
-    # REFERENCE 6: the last N stages get one extra layer when layers % pp = N
+    # physics.md §6: the last N stages get one extra layer when layers % pp = N
     assert partition(61, 8, "sglang") == (7, 7, 7, 8, 8, 8, 8, 8)
 
 

@@ -20,7 +20,7 @@ from conftest import simulate
 PROFILE = "rtx-pro-6000-sglang-healthy"
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
-BW_MAX = 1.792e12   # the card's datasheet memory bandwidth, the most it can read (REFERENCE 3)
+BW_MAX = 1.792e12   # the card's datasheet memory bandwidth, the most it can read (physics.md §3)
 
 splits = st.sampled_from([(1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (1, 4), (2, 2), (2, 4), (4, 2), (1, 8)])
 

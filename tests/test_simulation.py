@@ -101,7 +101,7 @@ def test_pp8_single_request_tpot_is_the_round_trip(profile, kimi):
             for ctx in (in_len, in_len + out_len // 2, in_len + out_len)]
     stage_min, stage_max = min(sums), max(sums)
     box = sc.box
-    act = 2 * 7168 * 2                      # hidden + residual, one token, bf16 (REFERENCE 2)
+    act = 2 * 7168 * 2                      # hidden + residual, one token, bf16 (physics.md §2)
     hops = sum(box.p2p_time_s(s, s + 1, act) for s in range(7)) + box.p2p_time_s(7, 0, 4)
     assert hops > 0
     for r in done:
@@ -123,7 +123,7 @@ def test_tp8_tpot_at_least_compute_plus_allreduce(profile):
 
 def kimi_decode_bytes_per_token() -> float:
     """A lower bound on the bytes one decode token of Kimi K2.6 reads from GPU memory,
-    from the architecture (REFERENCE 2), counted by hand. Every term is an
+    from the architecture (physics.md §2), counted by hand. Every term is an
     underestimate, so the bound on throughput it gives is safe:
     - attention projections: ~101 M params per layer in bf16 (counted below), 61 layers;
     - shared expert: 3 x 7168 x 2048 params bf16 in each of the 60 MoE layers;
@@ -139,7 +139,7 @@ def kimi_decode_bytes_per_token() -> float:
             + 163840 * 7168 * 2)
 
 
-# Memory bandwidth per GPU, taken at the top of REFERENCE 3's range (1.6-1.8 TB/s; the
+# Memory bandwidth per GPU, taken at the top of physics.md §3's range (1.6-1.8 TB/s; the
 # datasheet's 1.792 TB/s is the faster Workstation card): a generous bandwidth makes
 # the bound loose, so the test cannot fail on the uncertainty in the figure.
 BW_MAX = 1.8e12
