@@ -24,7 +24,7 @@ def _tracked():
 
 def _sections():
     text = (ROOT / "docs" / "physics.md").read_text()
-    return {int(n) for n in re.findall(r"^## (\d+)\. ", text, re.M)}
+    return {int(n) for n in re.findall(r"^## (\d+)\. ", text, re.MULTILINE)}
 
 
 def test_physics_has_sections_1_to_12():
