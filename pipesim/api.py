@@ -6,6 +6,7 @@ import time
 
 from .costs import CostModel
 from .metrics import Result, collect
+from .record import Record
 from .scenario import Scenario, build_scenario
 from .simulation import Simulation
 
@@ -17,15 +18,15 @@ MAX_SIM_S = 1e6
 CI_TARGET = 0.02   # stop when the throughput's 95% CI half-width is within 2% of it
 
 
-def run(scenario: Scenario, **kwargs) -> Result:
+def run(scenario: Scenario, **kwargs: object) -> Result:
     """Simulate a built scenario and return its metrics (see `simulate`)."""
     return simulate(scenario, **kwargs)[1]
 
 
 def simulate(scenario: Scenario, *, warmup_requests: int | None = None, measure_requests: int | None = None,
-             max_measure_requests: int | None = None, ci_target: float | None = CI_TARGET) -> tuple[Simulation, Result]:
-    """Simulate a built scenario; returns the finished Simulation (its recorder feeds
-    traces) and the metrics.
+             max_measure_requests: int | None = None, ci_target: float | None = CI_TARGET) -> tuple[Record, Result]:
+    """Simulate a built scenario; returns what the run recorded (it feeds traces and
+    the idle breakdown) and the metrics.
 
     Closed loop: the first C completed requests are warm-up. The run then measures at
     least `measure_requests` completions (default max(2C, 16)) while every client keeps
@@ -46,12 +47,13 @@ def simulate(scenario: Scenario, *, warmup_requests: int | None = None, measure_
     sim = Simulation(costs, w, scenario.settings.scheduler, scenario.settings, warm, measure,
                      max_measure_requests=cap, ci_target=ci_target)
     sim.run(MAX_SIM_S)
-    return sim, collect(sim, scenario.describe(), time.perf_counter() - t)
+    rec = sim.record()
+    return rec, collect(rec, sim.finished, scenario.describe(), time.perf_counter() - t)
 
 
 def predict(tp: int = 1, pp: int = 1, conc: int | None = None, *, warmup_requests: int | None = None,
             measure_requests: int | None = None, max_measure_requests: int | None = None,
-            ci_target: float | None = CI_TARGET, **kwargs) -> Result:
+            ci_target: float | None = CI_TARGET, **kwargs: object) -> Result:
     """Predict one scenario. Keyword arguments are those of `build_scenario`
     (model, profile, engine, box, layers, rate_rps, num_requests, trace, input_len,
     output_len, seed) and the engine's knobs (e.g. max_running_requests)."""

@@ -1,4 +1,4 @@
-"""Metrics: what a run measured, derived from the recorder once the run is over.
+"""Metrics: what a run measured, derived from its `Record` once the run is over.
 
 The measurement window is [warm-up end, stop] for a closed loop (the first C
 requests are warm-up) and the whole run for open loops and traces. Busy intervals
@@ -9,22 +9,111 @@ busy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from .steady import window_ci
+from .record import Batch, Record
+from .steady import closed_loop_ci, window_ci
+
+if TYPE_CHECKING:
+    from .simulation import Request
+
+# Gaps shorter than this are float noise between touching intervals, not bubbles.
+BUBBLE_MIN_S = 1e-9
+
+
+# ---- interval arithmetic (one clipping rule for every metric) ----------------------
+
+def _clipped(intervals, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and ends of [(start, end)] clipped to [t0, t1] (empty ones keep end <= start)."""
+    a = np.asarray(intervals, dtype=float).reshape(-1, 2)
+    return np.maximum(a[:, 0], t0), np.minimum(a[:, 1], t1)
 
 
 def busy_in(intervals, t0: float, t1: float) -> float:
-    """Seconds of `intervals` ([(start, end)]) inside [t0, t1]."""
+    """Seconds of `intervals` inside [t0, t1], overlaps counted each time (a resource
+    busy twice at once, e.g. two transfers waiting, counts both)."""
     if not intervals:
         return 0.0
-    a = np.asarray(intervals, dtype=float)
-    return float(np.clip(np.minimum(a[:, 1], t1) - np.maximum(a[:, 0], t0), 0.0, None).sum())
+    start, end = _clipped(intervals, t0, t1)
+    return float(np.clip(end - start, 0.0, None).sum())
 
 
-def _pct(values, q) -> float:
+def merge(intervals, t0: float = -np.inf, t1: float = np.inf) -> np.ndarray:
+    """The union of [(start, end)] clipped to [t0, t1], as sorted disjoint rows.
+    Touching intervals merge (compute then its all-reduce is one busy stretch)."""
+    start, end = _clipped(intervals, t0, t1)
+    a = np.column_stack((start, end))
+    a = a[a[:, 1] > a[:, 0]]
+    if not len(a):
+        return a
+    a = a[np.argsort(a[:, 0], kind="stable")]
+    reach = np.maximum.accumulate(a[:, 1])
+    new = np.concatenate(([True], a[1:, 0] > reach[:-1]))
+    starts = a[new, 0]
+    ends = reach[np.concatenate((np.flatnonzero(new)[1:] - 1, [len(a) - 1]))]
+    return np.column_stack((starts, ends))
+
+
+def covered_s(intervals, t0: float, t1: float) -> float:
+    """Seconds of [t0, t1] covered by at least one of `intervals` (overlaps once)."""
+    m = merge(intervals, t0, t1)
+    return float((m[:, 1] - m[:, 0]).sum())
+
+
+def gaps(busy: np.ndarray, t0: float, t1: float) -> np.ndarray:
+    """Idle stretches of [t0, t1] between merged busy rows, longer than BUBBLE_MIN_S."""
+    edges = np.concatenate(([t0], busy.ravel(), [t1])).reshape(-1, 2)
+    return edges[edges[:, 1] - edges[:, 0] > BUBBLE_MIN_S]
+
+
+# ---- where each stage's idle time went ------------------------------------------------
+
+@dataclass(frozen=True)
+class StageIdle:
+    """One stage's share of the window, by what its GPUs did or waited for."""
+
+    stage: int
+    compute: float
+    allreduce: float
+    idle_p2p: float      # idle while a hop into the stage was in flight
+    idle_cpu: float      # idle while the scheduler CPU worked (stage 0 only)
+    idle_bubble: float   # idle with nothing in flight towards it: the pipeline bubble
+    bubbles: int         # idle stretches (gaps between busy stretches) in the window
+    bubble_s: float      # their total length (= idle share x window)
+
+
+def idle_breakdown(rec: Record, t0: float, t1: float) -> list[StageIdle]:
+    """Per stage, compute / all-reduce / idle-by-cause shares of [t0, t1].
+
+    Idle time is split by what the idle stage was waiting for: a hop into it in
+    flight (P2P), the scheduler CPU at work (stage 0, where the scheduler runs), or
+    neither (the pipeline bubble proper). Each part is the idle time those intervals
+    cover, taken in that order, so the parts add up to the stage's idle share."""
+    span = max(t1 - t0, 1e-12)
+    out = []
+    for s in range(rec.pp):
+        busy = rec.compute[s] + rec.comm[s]
+        hop = rec.hops[rec.inbound_hop(s)] if rec.hop_names else []
+        cpu = rec.cpu if s == 0 else []
+        covered = [covered_s(busy, t0, t1), covered_s(busy + hop, t0, t1), covered_s(busy + hop + cpu, t0, t1)]
+        idle = gaps(merge(busy, t0, t1), t0, t1)
+        out.append(StageIdle(
+            stage=s,
+            compute=covered_s(rec.compute[s], t0, t1) / span,
+            allreduce=covered_s(rec.comm[s], t0, t1) / span,
+            idle_p2p=(covered[1] - covered[0]) / span,
+            idle_cpu=(covered[2] - covered[1]) / span,
+            idle_bubble=(span - covered[2]) / span,
+            bubbles=len(idle),
+            bubble_s=float((idle[:, 1] - idle[:, 0]).sum()),
+        ))
+    return out
+
+
+def _pct(values, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
@@ -79,21 +168,21 @@ def _clean(v):
     return v
 
 
-def _per_slot(batches, slots: int) -> list:
+def _per_slot(batches: list[Batch], slots: int) -> list[float]:
     """Mean decode batch size of each slot: unequal slots are what makes a PP bubble
     at high load (one group holding most requests)."""
     sums, counts = [0.0] * slots, [0] * slots
-    for _, slot, size, kind in batches:
-        if kind == "decode" and slot < slots:
-            sums[slot] += size
-            counts[slot] += 1
+    for b in batches:
+        if b.kind == "decode" and b.slot < slots:
+            sums[b.slot] += b.requests
+            counts[b.slot] += 1
     return [s / c if c else 0.0 for s, c in zip(sums, counts)]
 
 
-def collect(sim, scenario: dict, wall_s: float) -> Result:
-    rec, env = sim.rec, sim.env
-    t1 = env.now
-    t0 = sim.warmup_end_s if sim.workload.kind == "closed" else 0.0
+def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float) -> Result:
+    """The Result of a finished run from its Record and its finished requests (in
+    completion order: the closed-loop confidence interval is over batches of them)."""
+    t0, t1 = rec.window_s
     span = max(t1 - t0, 1e-12)
 
     tok = np.asarray(rec.tokens, dtype=float).reshape(-1, 2)
@@ -101,7 +190,7 @@ def collect(sim, scenario: dict, wall_s: float) -> Result:
     out_tokens = float(tok[in_window, 1].sum())
 
     rows = [(r.rid, r.client, r.arrival_s, r.input_len, r.output_len, r.first_token_s, r.finish_s, r.slot)
-            for r in sim.requests]
+            for r in sorted(finished, key=lambda r: r.rid)]
     req = pd.DataFrame(rows, columns=["rid", "client", "arrival_s", "input_len", "output_len",
                                       "first_token_s", "finish_s", "slot"])
     done = req[(req.finish_s > t0) & (req.finish_s <= t1)].copy()
@@ -115,19 +204,23 @@ def collect(sim, scenario: dict, wall_s: float) -> Result:
     ttft = done.ttft_ms.to_numpy()
 
     stage_rows = []
-    for s in range(sim.pp):
+    for s in range(rec.pp):
         c, a = busy_in(rec.compute[s], t0, t1) / span, busy_in(rec.comm[s], t0, t1) / span
-        stage_rows.append((s, sim.costs.plan.layers_per_stage[s], c, a, c + a, max(0.0, 1 - c - a)))
+        stage_rows.append((s, rec.layers_per_stage[s], c, a, c + a, max(0.0, 1 - c - a)))
     stages = pd.DataFrame(stage_rows, columns=["stage", "layers", "compute", "allreduce", "busy", "idle"])
     hops = [busy_in(v, t0, t1) / span for v in rec.hops.values()]
-    batches = [b for b in rec.batches if t0 <= b[0] <= t1]
-    decode_sizes = [b[2] for b in batches if b[3] == "decode"]
+    batches = [b for b in rec.batches if t0 <= b.launch_s <= t1]
+    decode_sizes = [b.requests for b in batches if b.kind == "decode"]
+    if rec.clients is not None:
+        measured = [r for r in finished if r.finish_s > t0]
+        ci = closed_loop_ci(rec.clients, [r.output_len for r in measured], [r.finish_s - r.arrival_s for r in measured])
+    else:
+        ci = window_ci(rec.tokens, t0, t1)
     return Result(
         scenario=scenario,
         window_s=(t0, t1),
         output_throughput_tok_s=out_tokens / span,
-        output_throughput_ci_tok_s=(sim.throughput_ci() if sim.workload.kind == "closed"
-                                    else window_ci(rec.tokens, t0, t1))[1],
+        output_throughput_ci_tok_s=ci[1],
         request_throughput_req_s=len(done) / span,
         per_request_tok_s=float(done.decode_tok_s.mean()) if len(done) else float("nan"),
         ttft_ms_mean=float(ttft.mean()) if len(ttft) else float("nan"),
@@ -143,11 +236,11 @@ def collect(sim, scenario: dict, wall_s: float) -> Result:
         p2p_share=float(np.mean(hops)) if hops else 0.0,
         cpu_share=busy_in(rec.cpu, t0, t1) / span,
         link_wait_share=busy_in(rec.link_wait, t0, t1) / span,
-        mean_requests_per_microbatch=float(np.mean([b[2] for b in batches])) if batches else 0.0,
+        mean_requests_per_microbatch=float(np.mean([b.requests for b in batches])) if batches else 0.0,
         mean_decode_batch=float(np.mean(decode_sizes)) if decode_sizes else 0.0,
-        decode_batch_per_slot=_per_slot(batches, getattr(sim.settings, "slots", 1)),
+        decode_batch_per_slot=_per_slot(batches, rec.slots),
         completed_requests=int(len(done)),
-        sim_events=int(next(env._eid)),  # SimPy numbers every scheduled event
+        sim_events=rec.events,
         sim_wall_s=wall_s,
         requests=done.reset_index(drop=True),
         stages=stages,

@@ -18,7 +18,7 @@ from matplotlib.ticker import FuncFormatter, NullLocator
 from .errors import require
 from .files import check_out_path, write_atomic
 
-# GPU time of a stage: these five add up to 100% (trace.idle_breakdown)
+# GPU time of a stage: these five add up to 100% (metrics.idle_breakdown)
 SHARES = (
     ("compute_share", "compute", "#4C72B0"),
     ("allreduce_share", "all-reduce (TP collectives)", "#DD8452"),

@@ -10,18 +10,21 @@ Every directed PCIe link is a first-come-first-served server: a TP collective or
 hop occupies every link it crosses for its duration, so TP traffic and PP hops that
 share a link wait for each other (`Simulation._book`).
 
-Every busy interval is recorded once in `Recorder`; metrics.py derives the rest.
+Every busy interval is recorded once in a `Recorder` (record.py); `Simulation.record()`
+hands the finished run to metrics.py and trace.py as a frozen `Record`.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator
 
 import numpy as np
 import simpy
 
 from .costs import CostModel, Shape
+from .engines.protocol import EngineScheduler, EngineSettings, EngineSimulation
+from .record import Batch, CountingEnvironment, Record, Recorder, TokenReturn
 from .steady import closed_loop_ci
 from .workload import Workload
 
@@ -88,31 +91,14 @@ class MicroBatch:
         return len(self.decode) + len(self.prefill)
 
 
-@dataclass
-class Recorder:
-    """What happened, recorded once: busy intervals by resource and cause, tokens out."""
-
-    stages: int
-    compute: list = field(default_factory=list)    # per stage: [(start, end)]
-    comm: list = field(default_factory=list)       # per stage: [(start, end)] TP collectives
-    hops: dict = field(default_factory=dict)       # name -> [(start, end)]
-    cpu: list = field(default_factory=list)        # scheduler CPU [(start, end)]
-    tokens: list = field(default_factory=list)     # (time, output tokens) at each return
-    batches: list = field(default_factory=list)    # (launch time, slot, requests, kind)
-    link_wait: list = field(default_factory=list)  # (start, end) waits for a shared link
-
-    def __post_init__(self):
-        self.compute = [[] for _ in range(self.stages)]
-        self.comm = [[] for _ in range(self.stages)]
-
-
 class Simulation:
     """The pipeline and the request bookkeeping an engine scheduler drives."""
 
-    def __init__(self, costs: CostModel, workload: Workload, engine_factory, settings,
+    def __init__(self, costs: CostModel, workload: Workload, engine_factory: Callable[[EngineSimulation], EngineScheduler],
+                 settings: EngineSettings,
                  warmup_requests: int, measure_requests: int, max_measure_requests: int | None = None,
                  ci_target: float | None = None):
-        self.env = env = simpy.Environment()
+        self.env = env = CountingEnvironment()
         self.costs, self.workload, self.settings = costs, workload, settings
         plan = costs.plan
         self.pp = plan.pp
@@ -135,6 +121,7 @@ class Simulation:
         self.warmup_end_s = 0.0
         self.stop = env.event()
         self._arrival = env.event()
+        self.cpu_iteration_s = costs.params.cpu_iteration_ms * 1e-3
         self._frontend_s = costs.params.frontend_ms * 1e-3
         self._frontend_free_s = 0.0
         self._seq = 0
@@ -142,7 +129,6 @@ class Simulation:
         self._free_at = {d: 0.0 for links in self._users.values() for d in links}
         self.inbox = [Channel(env) for _ in range(plan.pp)]
         for s in range(plan.pp):
-            self.rec.hops[self._hop_name(s)] = []
             env.process(self._stage(s))
         self.scheduler = engine_factory(self)
         env.process(self.scheduler.run())
@@ -176,7 +162,7 @@ class Simulation:
         return start, end
 
     # ---- pipeline processes ---------------------------------------------------------
-    def _stage(self, s: int):
+    def _stage(self, s: int) -> Generator[simpy.Event, None, None]:
         env, stage_time = self.env, self.costs.stage_time
         inbox, items = self.inbox[s], self.inbox[s].items
         compute_log, comm_log = self.rec.compute[s], self.rec.comm[s]
@@ -194,9 +180,6 @@ class Simulation:
                 yield env.timeout(end - env.now)
                 comm_log.append((start, end))
             self._send(s, mb)
-
-    def _hop_name(self, s: int) -> str:
-        return f"stage{s}->stage{(s + 1) % self.pp}"
 
     def _hop_seconds(self, s: int, mb: MicroBatch) -> float:
         if s == self.pp - 1:
@@ -217,7 +200,7 @@ class Simulation:
             self._complete(mb)
             return
         start, end = self._book(self._users[("hop", s)], self._hop_seconds(s, mb))
-        self.rec.hops[self._hop_name(s)].append((start, end))
+        self.rec.hops[s].append((start, end))
         self.env.timeout(end - self.env.now).callbacks.append(lambda _ev, s=s, mb=mb: self._deliver(s, mb))
 
     # ---- requests ---------------------------------------------------------------------
@@ -230,11 +213,11 @@ class Simulation:
             r.inflight = True
         for r, _, _ in prefill:
             r.inflight = True
-        self.rec.batches.append((self.env.now, slot, mb.size, "decode" if not prefill else ("prefill" if not decode else "mixed")))
+        self.rec.batches.append(Batch(self.env.now, slot, mb.size, "decode" if not prefill else ("prefill" if not decode else "mixed")))
         self.inbox[0].put(mb)
         return mb
 
-    def cpu(self, seconds: float):
+    def cpu(self, seconds: float) -> Generator[simpy.Event, None, None]:
         """Scheduler CPU time on the first stage (a generator to `yield from`)."""
         if seconds > 0:
             t0 = self.env.now
@@ -267,7 +250,7 @@ class Simulation:
             produced += 1
             if r.generated == r.output_len:
                 finished.append(r)
-        self.rec.tokens.append((now, produced))
+        self.rec.tokens.append(TokenReturn(now, produced))
         for r in finished:
             r.finish_s = now
             self.finished.append(r)
@@ -319,13 +302,13 @@ class Simulation:
         if not self._arrival.triggered:
             self._arrival.succeed()
 
-    def wait_arrival(self):
+    def wait_arrival(self) -> simpy.Event:
         """An event that fires at the next arrival (the engine's idle wait)."""
         if self._arrival.triggered:
             self._arrival = self.env.event()
         return self._arrival
 
-    def _arrivals(self):
+    def _arrivals(self) -> Generator[simpy.Event, None, None]:
         w, env = self.workload, self.env
         if w.kind == "closed":
             for c in range(w.concurrency):
@@ -344,4 +327,16 @@ class Simulation:
         yield env.timeout(0)
 
     def run(self, max_sim_s: float) -> None:
+        """Run until the stopping rule fires (or `max_sim_s`, a guard against a
+        scenario that cannot make progress)."""
         self.env.run(until=simpy.AnyOf(self.env, [self.stop, self.env.timeout(max_sim_s)]))
+
+    def record(self) -> Record:
+        """The finished run as a value: what metrics.py and trace.py read."""
+        plan = self.costs.plan
+        t1 = self.env.now
+        t0 = self.warmup_end_s if self.workload.kind == "closed" else 0.0
+        return self.rec.freeze(stage_gpus=tuple(tuple(plan.stage_gpus(s)) for s in range(plan.pp)),
+                               layers_per_stage=tuple(plan.layers_per_stage), slots=self.settings.slots,
+                               clients=self.workload.concurrency if self.workload.kind == "closed" else None,
+                               window_s=(t0, t1), end_s=t1, events=self.env.scheduled)

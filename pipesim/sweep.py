@@ -55,11 +55,11 @@ def run_point(tp: int, pp: int, conc: int, kwargs: dict, run_kwargs: dict) -> di
     """One row of the sweep table. Module-level so that worker processes (local or
     Dask) can unpickle it."""
     from .api import simulate
-    from .trace import idle_breakdown
+    from .metrics import idle_breakdown
 
     scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
-    sim, r = simulate(scenario, **run_kwargs)
-    idle = idle_breakdown(sim, *r.window_s)
+    rec, r = simulate(scenario, **run_kwargs)
+    idle = idle_breakdown(rec, *r.window_s)
     sc = r.scenario
     n = len(idle)
     return {

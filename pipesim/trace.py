@@ -1,5 +1,5 @@
-"""The timeline of one run: a Chrome trace event file for Perfetto, and where each
-stage's idle time went.
+"""The timeline of one run: a Chrome trace event file for Perfetto, built from the
+run's `Record` and `Result`.
 
 The trace has one track per GPU (each TP rank of a stage runs the stage's slices in
 lock-step, so its ranks show identical slices), one per PP hop and one for the
@@ -8,103 +8,22 @@ slices; a bubble is a gap on a GPU track. Times are written in whole nanoseconds
 (ts and dur are microseconds with three decimals) so that slices that touch in the
 simulation touch in the file, never overlap.
 
-Idle time is split by what the idle stage was waiting for: a hop into it in flight
-(P2P), the scheduler CPU at work (stage 0, where the scheduler runs), or neither
-(the pipeline bubble proper). Each part is the idle time those intervals cover,
-taken in that order, so the parts add up to `Result.bubble_fraction`.
+The file's metadata carries each stage's idle time split by cause
+(`metrics.idle_breakdown`).
 """
 
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from .api import simulate
-from .metrics import Result
-from .scenario import Scenario
-from .simulation import Simulation
+from .metrics import Result, idle_breakdown
+from .record import Record
 
-# Gaps shorter than this are float noise between touching intervals, not bubbles.
-BUBBLE_MIN_S = 1e-9
 TRACK_GPUS, TRACK_HOPS, TRACK_CPU, TRACK_WINDOW = 1, 2, 3, 4
-
-
-# ---- interval arithmetic ------------------------------------------------------------
-
-def merge(intervals, t0: float = -np.inf, t1: float = np.inf) -> np.ndarray:
-    """The union of [(start, end)] clipped to [t0, t1], as sorted disjoint rows.
-    Touching intervals merge (compute then its all-reduce is one busy stretch)."""
-    a = np.asarray(intervals, dtype=float).reshape(-1, 2)
-    a = np.column_stack((np.maximum(a[:, 0], t0), np.minimum(a[:, 1], t1)))
-    a = a[a[:, 1] > a[:, 0]]
-    if not len(a):
-        return a
-    a = a[np.argsort(a[:, 0], kind="stable")]
-    reach = np.maximum.accumulate(a[:, 1])
-    new = np.concatenate(([True], a[1:, 0] > reach[:-1]))
-    starts = a[new, 0]
-    ends = reach[np.concatenate((np.flatnonzero(new)[1:] - 1, [len(a) - 1]))]
-    return np.column_stack((starts, ends))
-
-
-def covered_s(intervals, t0: float, t1: float) -> float:
-    m = merge(intervals, t0, t1)
-    return float((m[:, 1] - m[:, 0]).sum())
-
-
-def gaps(busy: np.ndarray, t0: float, t1: float) -> np.ndarray:
-    """Idle stretches of [t0, t1] between merged busy rows, longer than BUBBLE_MIN_S."""
-    edges = np.concatenate(([t0], busy.ravel(), [t1])).reshape(-1, 2)
-    return edges[edges[:, 1] - edges[:, 0] > BUBBLE_MIN_S]
-
-
-@dataclass(frozen=True)
-class StageIdle:
-    """One stage's share of the window, by what its GPUs did or waited for."""
-
-    stage: int
-    compute: float
-    allreduce: float
-    idle_p2p: float      # idle while a hop into the stage was in flight
-    idle_cpu: float      # idle while the scheduler CPU worked (stage 0 only)
-    idle_bubble: float   # idle with nothing in flight towards it: the pipeline bubble
-    bubbles: int         # idle stretches (gaps between busy stretches) in the window
-    bubble_s: float      # their total length (= idle share x window)
-
-
-def inbound_hop(sim: Simulation, stage: int) -> str | None:
-    """The hop whose arrival feeds `stage`: from the stage before, or for stage 0 the
-    sampled tokens coming back from the last stage."""
-    if sim.pp == 1:
-        return None
-    return sim._hop_name((stage - 1) % sim.pp)
-
-
-def idle_breakdown(sim: Simulation, t0: float, t1: float) -> list[StageIdle]:
-    """Per stage, compute / all-reduce / idle-by-cause shares of [t0, t1]."""
-    rec, span = sim.rec, max(t1 - t0, 1e-12)
-    out = []
-    for s in range(sim.pp):
-        busy = rec.compute[s] + rec.comm[s]
-        hop = rec.hops.get(inbound_hop(sim, s), []) if sim.pp > 1 else []
-        cpu = rec.cpu if s == 0 else []
-        covered = [covered_s(busy, t0, t1), covered_s(busy + hop, t0, t1), covered_s(busy + hop + cpu, t0, t1)]
-        merged = merge(busy, t0, t1)
-        idle = gaps(merged, t0, t1)
-        out.append(StageIdle(
-            stage=s,
-            compute=covered_s(rec.compute[s], t0, t1) / span,
-            allreduce=covered_s(rec.comm[s], t0, t1) / span,
-            idle_p2p=(covered[1] - covered[0]) / span,
-            idle_cpu=(covered[2] - covered[1]) / span,
-            idle_bubble=(span - covered[2]) / span,
-            bubbles=len(idle),
-            bubble_s=float((idle[:, 1] - idle[:, 0]).sum()),
-        ))
-    return out
 
 
 # ---- the Chrome trace ------------------------------------------------------------------
@@ -126,14 +45,13 @@ def _meta(kind: str, pid: int, tid: int, value) -> dict:
     return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": {key: value}}
 
 
-def build_trace(sim: Simulation, result: Result) -> dict:
+def build_trace(rec: Record, result: Result) -> dict:
     """The trace event JSON object of a finished run (see the module docstring)."""
-    rec, plan = sim.rec, sim.costs.plan
     t0, t1 = result.window_s
     sc = result.scenario
     batches = rec.batches
     events: list[dict] = [
-        _meta("process_name", TRACK_GPUS, 0, f"GPUs (TP{plan.tp} x PP{plan.pp}, {sc['model']})"),
+        _meta("process_name", TRACK_GPUS, 0, f"GPUs (TP{rec.tp} x PP{rec.pp}, {sc['model']})"),
         _meta("process_sort_index", TRACK_GPUS, 0, TRACK_GPUS),
         _meta("process_name", TRACK_HOPS, 0, "PP hops (PCIe)"),
         _meta("process_sort_index", TRACK_HOPS, 0, TRACK_HOPS),
@@ -150,13 +68,13 @@ def build_trace(sim: Simulation, result: Result) -> dict:
         # interval of every stage and hop is the i-th micro-batch launched.
         d = {"micro_batch": i, "stage": stage}
         if i < len(batches):
-            _, slot, size, kind = batches[i]
-            d.update(slot=slot, requests=size, kind=kind)
+            b = batches[i]
+            d.update(slot=b.slot, requests=b.requests, kind=b.kind)
         return d
 
-    for s in range(plan.pp):
-        layers = plan.layers_per_stage[s]
-        for rank, gpu in enumerate(plan.stage_gpus(s)):
+    for s in range(rec.pp):
+        layers = rec.layers_per_stage[s]
+        for rank, gpu in enumerate(rec.stage_gpus[s]):
             events.append(_meta("thread_name", TRACK_GPUS, gpu, f"GPU {gpu}: stage {s}, TP rank {rank} ({layers} layers)"))
             events.append(_meta("thread_sort_index", TRACK_GPUS, gpu, gpu))
             for i, (a, b) in enumerate(rec.compute[s]):
@@ -165,12 +83,11 @@ def build_trace(sim: Simulation, result: Result) -> dict:
                                      a, b, TRACK_GPUS, gpu, args))
             for i, (a, b) in enumerate(rec.comm[s]):
                 events.append(_slice("all-reduce", "allreduce", a, b, TRACK_GPUS, gpu, batch_args(i, s)))
-    if plan.pp > 1:
-        for s in range(plan.pp):
-            name = sim._hop_name(s)
-            dst = (s + 1) % plan.pp
-            src_g, dst_g = plan.stage_gpus(s), plan.stage_gpus(dst)
-            label = (f"hop {name} (GPU {src_g[0]}-{src_g[-1]} -> GPU {dst_g[0]}-{dst_g[-1]})" if plan.tp > 1
+    if rec.pp > 1:
+        for s, name in enumerate(rec.hop_names):
+            dst = (s + 1) % rec.pp
+            src_g, dst_g = rec.stage_gpus[s], rec.stage_gpus[dst]
+            label = (f"hop {name} (GPU {src_g[0]}-{src_g[-1]} -> GPU {dst_g[0]}-{dst_g[-1]})" if rec.tp > 1
                      else f"hop {name} (GPU {src_g[0]} -> GPU {dst_g[0]})")
             events.append(_meta("thread_name", TRACK_HOPS, s, label))
             events.append(_meta("thread_sort_index", TRACK_HOPS, s, s))
@@ -183,19 +100,19 @@ def build_trace(sim: Simulation, result: Result) -> dict:
                          {"output_tok_s": round(result.output_throughput_tok_s, 3),
                           "completed_requests": result.completed_requests}))
 
-    stages = idle_breakdown(sim, t0, t1)
+    stages = idle_breakdown(rec, t0, t1)
     meta = {
         "generator": "pipesim",
         "scenario": sc,
         "window_ms": [t0 * 1e3, t1 * 1e3],
-        "run_ms": sim.env.now * 1e3,
+        "run_ms": rec.end_s * 1e3,
         "output_throughput_tok_s": result.output_throughput_tok_s,
         "bubble_fraction": result.bubble_fraction,
         "bubbles_note": ("bubbles are the idle stretches of each stage's GPUs inside the measurement window; "
                          "idle time is split into waiting on a P2P hop, on the scheduler CPU, and the pipeline "
                          "bubble proper"),
-        "stages": [{"stage": st.stage, "gpus": list(plan.stage_gpus(st.stage)),
-                    "layers": plan.layers_per_stage[st.stage], "bubbles": st.bubbles,
+        "stages": [{"stage": st.stage, "gpus": list(rec.stage_gpus[st.stage]),
+                    "layers": rec.layers_per_stage[st.stage], "bubbles": st.bubbles,
                     "bubble_ms": st.bubble_s * 1e3, "compute_share": st.compute, "allreduce_share": st.allreduce,
                     "idle_share": st.idle_p2p + st.idle_cpu + st.idle_bubble, "idle_p2p_share": st.idle_p2p,
                     "idle_cpu_share": st.idle_cpu, "idle_bubble_share": st.idle_bubble} for st in stages],
@@ -203,7 +120,7 @@ def build_trace(sim: Simulation, result: Result) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": _jsonable(meta)}
 
 
-def _jsonable(v):
+def _jsonable(v: object) -> object:
     if isinstance(v, dict):
         return {str(k): _jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -222,11 +139,11 @@ def trace(tp: int = 1, pp: int = 1, conc: int | None = None, **kwargs) -> tuple[
 
     run_keys = ("warmup_requests", "measure_requests", "max_measure_requests", "ci_target")
     run_kwargs = {k: kwargs.pop(k) for k in run_keys if k in kwargs}
-    sim, result = simulate(build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs), **run_kwargs)
-    return build_trace(sim, result), result
+    rec, result = simulate(build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs), **run_kwargs)
+    return build_trace(rec, result), result
 
 
-def write_trace(path, trace_obj: dict) -> None:
+def write_trace(path: str | Path, trace_obj: dict) -> None:
     """Write the trace JSON atomically (a reader never sees half a file)."""
     from .files import check_out_path, write_atomic
 

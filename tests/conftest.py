@@ -7,7 +7,6 @@ the test; never from the simulator's own output.
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 
@@ -49,21 +48,14 @@ def raw_dir():
     return RAW_DIR
 
 
-def _run_kwargs() -> dict:
-    """Fixed-length runs: switch off the adaptive (confidence-interval) stopping rule
-    when this version of pipesim has one, so each run measures exactly what it asks."""
-    params = inspect.signature(pipesim.run).parameters
-    return {"ci_target": None} if "ci_target" in params else {}
-
-
 def fast_predict(profile, **kwargs):
     """pipesim.predict with the shared profile and a fixed-length measurement."""
     kwargs.setdefault("profile", profile)
-    return pipesim.predict(**kwargs, **_run_kwargs())
+    return pipesim.predict(**kwargs, ci_target=None)
 
 
 def fast_run(scenario, **kwargs):
-    return pipesim.run(scenario, **kwargs, **_run_kwargs())
+    return pipesim.run(scenario, **kwargs, ci_target=None)
 
 
 def simulate(scenario, warmup_requests: int, measure_requests: int, setup=None, max_sim_s: float = 1e6):

@@ -120,7 +120,7 @@ def check_rules(sim, log, snaps, turns):
                 prefill_slot[r.rid] = slot
         for r in decode:
             decode_slots[r.rid].add(slot)
-    assert all(kind != "mixed" for *_, kind in sim.rec.batches)
+    assert all(kind != "mixed" for *_, kind in sim.record().batches)
     # sticky: every request decodes in one slot only, the slot that prefilled it
     assert decode_slots
     for rid, slots in decode_slots.items():
@@ -235,15 +235,14 @@ def test_chunked_prefill_pp4(profile):
 # ---- SGLangScheduler.form on a hand-built state ----------------------------------------------
 
 class FakeSim:
-    """The few things the scheduler reads and calls on a Simulation."""
+    """The few things the scheduler reads and calls on a Simulation (EngineSimulation)."""
 
     def __init__(self, kv_tokens=100_000):
         from collections import deque
-        from types import SimpleNamespace
         self.waiting = deque()
         self.running = 0
         self.kv_free = kv_tokens
-        self.costs = SimpleNamespace(params=SimpleNamespace(cpu_iteration_ms=0.0))
+        self.cpu_iteration_s = 0.0
 
     def admit(self, r):
         r.kv_reserved = r.input_len + r.output_len

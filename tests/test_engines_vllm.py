@@ -106,7 +106,7 @@ def test_chunked_prefill_mixed_and_conserved(profile):
     sim = simulate(sc, 6, 12, setup)
     assert sim.completed >= 18
     assert all(budget_ok)
-    assert any(kind == "mixed" for *_, kind in sim.rec.batches)
+    assert any(kind == "mixed" for *_, kind in sim.record().batches)
     # each prompt token is prefilled exactly once, chunks in order
     for rid, parts in chunks.items():
         pos = 0
@@ -124,9 +124,9 @@ def test_one_group_when_all_start_together(profile):
     # at a time (the 1/pp utilisation pathology, physics.md §6)
     sc = scenario(profile, 4, concurrency=8, output_len="20")
     sim, ev = run_tracked(sc, 0, 8)
-    decode_batches = [b for b in sim.rec.batches if b[3] == "decode"]
+    decode_batches = [b for b in sim.record().batches if b[3] == "decode"]
     assert decode_batches
     assert all(size == 8 for _, _, size, _ in decode_batches)
     # the stages are mostly idle: each stage is busy ~1/pp of the time at most
-    busy = sum(e - s for s, e in sim.rec.compute[0])
+    busy = sum(e - s for s, e in sim.record().compute[0])
     assert busy / sim.env.now < 0.5

@@ -33,7 +33,7 @@ def test_tokens_conserved_open_loop(profile, cfg):
     # every request ran to completion, produced exactly output_len tokens
     assert all(r.finish_s >= 0 for r in reqs)
     assert all(r.generated == r.output_len and r.prefilled == r.input_len for r in reqs)
-    assert sum(n for _, n in sim.rec.tokens) == sum(r.output_len for r in reqs)
+    assert sum(n for _, n in sim.record().tokens) == sum(r.output_len for r in reqs)
     # causality
     assert all(r.arrival_s <= r.first_token_s <= r.finish_s for r in reqs)
     # everything admitted was released
@@ -167,7 +167,7 @@ def test_pp8_stages_take_turns_at_c1(profile):
     # with one request no two stages compute at the same time
     sc = pipesim.build_scenario(tp=1, pp=8, concurrency=1, output_len="10", profile=profile)
     sim = simulate(sc, 1, 1)
-    intervals = sorted(iv for s in range(8) for iv in sim.rec.compute[s])
+    intervals = sorted(iv for s in range(8) for iv in sim.record().compute[s])
     for (a0, a1), (b0, b1) in zip(intervals, intervals[1:]):
         assert b0 >= a1 - 1e-15
 

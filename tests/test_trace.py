@@ -11,7 +11,8 @@ import pytest
 import pipesim
 from pipesim.cli import main
 from pipesim.scenario import build_scenario
-from pipesim.trace import build_trace, covered_s, gaps, idle_breakdown, merge, simulate
+from pipesim.metrics import covered_s, gaps, idle_breakdown, merge
+from pipesim.trace import build_trace, simulate
 
 SMALL = dict(model="kimi-k2.6", input_len="64", output_len="24")
 META_NAMES = {"process_name", "thread_name", "process_sort_index", "thread_sort_index"}
@@ -61,14 +62,16 @@ def tp2pp4(profile):
     return sim, result, build_trace(sim, result)
 
 
-def test_simulate_gives_what_run_gives(profile):
-    """trace.simulate mirrors api.run: the same Result for the same scenario."""
-    sc = build_scenario(tp=4, pp=2, concurrency=4, profile=profile, **SMALL)
-    a = pipesim.run(sc).to_dict()
-    _, r = simulate(sc)
-    b = r.to_dict()
-    a.pop("sim_wall_s"), b.pop("sim_wall_s")
-    assert a == b
+def test_window_ends_at_the_stopping_completion(tp2pp4):
+    """A fixed-length closed loop stops at the completion that meets its target: the
+    window (and the trace's window slice) ends at the last measured finish, measures
+    at least max(2C, 16) requests, and starts after the C warm-up completions."""
+    rec, r, trace = tp2pp4
+    t0, t1 = r.window_s
+    assert rec.end_s == t1 == r.requests.finish_s.max()
+    assert r.completed_requests >= 16 and (r.requests.finish_s > t0).all() and t0 > 0
+    [win] = [ev for ev in trace["traceEvents"] if ev.get("cat") == "window"]
+    assert _ns(win["ts"]) == round(t0 * 1e9) and _ns(win["ts"] + win["dur"]) == pytest.approx(round(t1 * 1e9), abs=1)
 
 
 def test_trace_is_valid_and_slices_never_overlap(tp2pp4):
@@ -94,10 +97,10 @@ def test_one_track_per_gpu_and_per_hop(tp2pp4):
         # every compute and all-reduce of the stage, on each of its GPUs, identically
         a, b = tr[(1, 2 * s)], tr[(1, 2 * s + 1)]
         assert [x[:2] for x in a] == [x[:2] for x in b]
-        assert len(a) == len(sim.rec.compute[s]) + len(sim.rec.comm[s])
+        assert len(a) == len(sim.compute[s]) + len(sim.comm[s])
         cats = {ev["cat"] for _, _, ev in a}
         assert cats == {"compute", "allreduce"}
-        assert len(tr[(2, s)]) == len(sim.rec.hops[sim._hop_name(s)])
+        assert len(tr[(2, s)]) == len(sim.hops[sim.hop_names[s]])
 
 
 def test_micro_batch_labels_follow_fifo_order(tp2pp4):
@@ -105,11 +108,11 @@ def test_micro_batch_labels_follow_fifo_order(tp2pp4):
     stage and hop serves micro-batches in order: the i-th compute of stage s+1 starts
     after the i-th hop out of stage s has arrived."""
     sim, _, _ = tp2pp4
-    rec = sim.rec
+    rec = sim
     for i, (a, _) in enumerate(rec.compute[0]):
         assert a >= rec.batches[i][0] - 1e-12
     for s in range(sim.pp - 1):
-        hop = rec.hops[sim._hop_name(s)]
+        hop = rec.hops[rec.hop_names[s]]
         for i, (a, _) in enumerate(rec.compute[s + 1]):
             assert a >= hop[i][1] - 1e-9 and hop[i][0] >= rec.compute[s][i][1] - 1e-9
 
@@ -193,3 +196,30 @@ def test_cli_trace_bad_input(capsys, args, needle):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err
+
+
+def test_idle_breakdown_of_a_hand_built_record():
+    """Two stages over a 10 s window, intervals chosen by hand: stage 0 computes
+    [0, 2] and [5, 6], all-reduces [2, 3], the scheduler CPU works [3, 4]; stage 1
+    computes [4, 8] and waits for the hop into it [3, 4]; tokens return [8, 8.5].
+    Shares by hand: stage 0 busy 4 s, P2P-idle 0.5 s, CPU-idle 1 s, bubble 4.5 s
+    (gaps [3, 5] and [6, 10]); stage 1 busy 4 s, P2P-idle 1 s, bubble 5 s (gaps
+    [0, 4] and [8, 10])."""
+    from pipesim.metrics import busy_in
+    from pipesim.record import Interval, Recorder
+
+    r = Recorder(2)
+    r.compute[0] += [Interval(0, 2), Interval(5, 6)]
+    r.comm[0].append(Interval(2, 3))
+    r.compute[1].append(Interval(4, 8))
+    r.hops[0].append(Interval(3, 4))      # stage0 -> stage1
+    r.hops[1].append(Interval(8, 8.5))    # tokens back to stage 0, after its work
+    r.cpu.append(Interval(3, 4))
+    rec = r.freeze(stage_gpus=((0,), (1,)), layers_per_stage=(2, 2), slots=2, clients=None,
+                   window_s=(0.0, 10.0), end_s=10.0, events=0)
+    s0, s1 = idle_breakdown(rec, 0.0, 10.0)
+    assert (s0.compute, s0.allreduce, s0.idle_cpu, s0.idle_p2p, s0.idle_bubble) == pytest.approx((0.3, 0.1, 0.1, 0.05, 0.45))
+    assert (s0.bubbles, s0.bubble_s) == (2, pytest.approx(6.0))
+    assert (s1.compute, s1.allreduce, s1.idle_cpu, s1.idle_p2p, s1.idle_bubble) == pytest.approx((0.4, 0.0, 0.0, 0.1, 0.5))
+    assert (s1.bubbles, s1.bubble_s) == (2, pytest.approx(6.0))
+    assert busy_in(rec.compute[0] + rec.comm[0], 2.5, 5.5) == pytest.approx(1.0)

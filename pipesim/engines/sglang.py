@@ -20,9 +20,17 @@ Source: sgl-project/sglang, python/sglang/srt/managers/scheduler_pp_mixin.py
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+import simpy
 
 from ..errors import require
+from .protocol import EngineSimulation
+
+if TYPE_CHECKING:
+    from ..simulation import MicroBatch, Request
 
 MiB = 2**20
 
@@ -117,7 +125,13 @@ class SGLangSettings:
     mem_fraction_static: float
     cuda_graph_max_bs: int          # 0: CUDA graphs disabled
 
+    @property
+    def running_cap(self) -> int:
+        """`max_running_requests` caps the running requests (EngineSettings)."""
+        return self.max_running_requests
+
     def describe(self) -> dict:
+        """The resolved knobs for the scenario description (`scenario.engine`)."""
         return {"engine": "sglang", **asdict(self)}
 
     def graphed(self, decode: int, prefill_tokens: int) -> bool:
@@ -125,21 +139,21 @@ class SGLangSettings:
         prefill (extend) batches run eagerly."""
         return prefill_tokens == 0 and decode <= self.cuda_graph_max_bs
 
-    def scheduler(self, sim) -> "SGLangScheduler":
+    def scheduler(self, sim: EngineSimulation) -> SGLangScheduler:
         return SGLangScheduler(sim, self)
 
 
 class SGLangScheduler:
     """The first stage's scheduler loop over micro-batch slots."""
 
-    def __init__(self, sim, settings: SGLangSettings):
+    def __init__(self, sim: EngineSimulation, settings: SGLangSettings):
         self.sim, self.s = sim, settings
         self.slot_running: list[list] = [[] for _ in range(settings.slots)]
         self.inflight: list = [None] * settings.slots
         self.chunked = None            # request whose prompt is partly prefilled
-        self.cpu_s = sim.costs.params.cpu_iteration_ms * 1e-3
+        self.cpu_s = sim.cpu_iteration_s
 
-    def run(self):
+    def run(self) -> Generator[simpy.Event, object, None]:
         """One pass per slot, in SGLang's order: form and launch this slot's batch,
         then block until the *next* slot's outputs are back and process them (so a
         slot's results are ready when its turn comes again)."""
@@ -161,7 +175,7 @@ class SGLangScheduler:
             if not worked:
                 yield sim.wait_arrival()
 
-    def form(self, slot: int):
+    def form(self, slot: int) -> tuple[list, list] | None:
         """(decode requests, prefill chunks) for this slot's turn, or None."""
         prefill = self._prefill(slot)
         if prefill:
@@ -200,7 +214,7 @@ class SGLangScheduler:
                 break
         return chunks
 
-    def on_return(self, mb, finished) -> None:
+    def on_return(self, mb: MicroBatch, finished: list[Request]) -> None:
         """Results of a slot's batch: newly prefilled requests join this slot (sticky),
         finished ones leave it."""
         running = self.slot_running[mb.slot]

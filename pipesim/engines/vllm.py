@@ -20,9 +20,17 @@ vllm/engine/arg_utils.py (`get_batch_defaults`).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Generator
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+import simpy
 
 from ..errors import require
+from .protocol import EngineSimulation
+
+if TYPE_CHECKING:
+    from ..simulation import MicroBatch, Request
 
 GiB = 2**30
 # vllm/config/compilation.py: the largest CUDA-graph capture size by default
@@ -74,26 +82,37 @@ class VLLMSettings:
         capture size, mixed prefill included."""
         return 0 < decode + prefill_tokens <= self.cudagraph_max_tokens
 
-    # SGLang-only names, so reports can ask every engine the same questions
     @property
-    def max_running_requests(self) -> int:
+    def running_cap(self) -> int:
+        """`max_num_seqs` caps the running requests (EngineSettings)."""
         return self.max_num_seqs
 
+    @property
+    def slots(self) -> int:
+        """vLLM has no micro-batch slots: every batch launches as slot 0 and groups
+        form implicitly (see the module docstring)."""
+        return 1
+
     def describe(self) -> dict:
+        """The resolved knobs for the scenario description (`scenario.engine`)."""
         return {"engine": "vllm", **asdict(self)}
 
-    def scheduler(self, sim) -> "VLLMScheduler":
+    def scheduler(self, sim: EngineSimulation) -> VLLMScheduler:
         return VLLMScheduler(sim, self)
 
 
 class VLLMScheduler:
-    def __init__(self, sim, settings: VLLMSettings):
+    """vLLM V1's batch-queue loop (`step_with_batch_queue`)."""
+
+    def __init__(self, sim: EngineSimulation, settings: VLLMSettings):
         self.sim, self.s = sim, settings
         self.active: list = []          # admitted requests, in admission order
         self.queue: deque = deque()     # in-flight batches, oldest first
-        self.cpu_s = sim.costs.params.cpu_iteration_ms * 1e-3
+        self.cpu_s = sim.cpu_iteration_s
 
-    def run(self):
+    def run(self) -> Generator[simpy.Event, object, None]:
+        """Launch while the queue has room and a batch can be formed, else block on
+        the oldest batch in flight, else wait for an arrival."""
         sim = self.sim
         while True:
             if len(self.queue) < self.s.max_concurrent_batches:
@@ -107,7 +126,8 @@ class VLLMScheduler:
                 continue
             yield sim.wait_arrival()
 
-    def form(self):
+    def form(self) -> tuple[list, list] | None:
+        """(decode requests, prefill chunks) of the next batch, or None."""
         sim, s = self.sim, self.s
         budget = s.max_num_batched_tokens
         decode, prefill = [], []
@@ -140,7 +160,8 @@ class VLLMScheduler:
             return None
         return decode, prefill
 
-    def on_return(self, mb, finished) -> None:
+    def on_return(self, mb: MicroBatch, finished: list[Request]) -> None:
+        """Finished requests leave the running set."""
         if finished:
             done = {id(r) for r in finished}
             self.active = [r for r in self.active if id(r) not in done]

@@ -1,0 +1,64 @@
+"""What an engine and the simulation may ask of each other, declared.
+
+An engine's scheduler reads the waiting queue, the running count and the free KV
+tokens, and calls admit / launch / cpu / wait_arrival (`EngineSimulation`); the
+simulation drives the scheduler's `run()` process and reports each returned
+micro-batch with `on_return` (`EngineScheduler`); reports and the simulation ask
+resolved settings only what `EngineSettings` declares, so every engine answers the
+same questions under its own knob names.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Protocol
+
+import simpy
+
+if TYPE_CHECKING:
+    from ..simulation import MicroBatch, Request
+
+
+class EngineSimulation(Protocol):
+    """The part of the Simulation an engine scheduler may use."""
+
+    waiting: deque[Request]       # arrived, not yet admitted, in arrival order
+    running: int                  # admitted, not finished
+    kv_free: int                  # KV-cache tokens not reserved by admitted requests
+    cpu_iteration_s: float        # scheduler CPU time per formed batch (profile)
+
+    def admit(self, req: Request) -> None: ...
+
+    def launch(self, slot: int, decode: list, prefill: list) -> MicroBatch: ...
+
+    def cpu(self, seconds: float) -> Generator[simpy.Event, None, None]: ...
+
+    def wait_arrival(self) -> simpy.Event: ...
+
+
+class EngineScheduler(Protocol):
+    """An engine's scheduler loop, as the simulation drives it."""
+
+    def run(self) -> Generator[simpy.Event, object, None]: ...
+
+    def on_return(self, mb: MicroBatch, finished: list[Request]) -> None: ...
+
+
+class EngineSettings(Protocol):
+    """An engine's knobs resolved to the values it would run with."""
+
+    @property
+    def slots(self) -> int: ...          # micro-batch slots the scheduler cycles (1: none)
+
+    @property
+    def kv_tokens(self) -> int: ...
+
+    @property
+    def running_cap(self) -> int: ...    # the most requests admitted at once
+
+    def describe(self) -> dict: ...
+
+    def graphed(self, decode: int, prefill_tokens: int) -> bool: ...
+
+    def scheduler(self, sim: EngineSimulation) -> EngineScheduler: ...

@@ -1,0 +1,128 @@
+"""What one run recorded: busy intervals, launched batches and returned tokens.
+
+The simulation appends rows to a `Recorder` while it runs (plain list appends of
+small named tuples: the recorder sits on the simulator's hot path) and hands a
+frozen `Record` to metrics.py and trace.py when it is over. Nothing downstream
+reads the Simulation itself, so a metric can be checked on a Record built by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from heapq import heappush
+from typing import NamedTuple
+
+import simpy
+from simpy.events import NORMAL
+
+
+class Interval(NamedTuple):
+    """A stretch of time a resource was busy (or a transfer waited).
+
+    The simulation appends interval rows as plain `(start_s, end_s)` tuples: they are
+    the most frequent rows and building a NamedTuple costs ten times a tuple literal
+    (README Performance). An Interval is a tuple, so both read the same way
+    (unpacking, numpy arrays); hand-built records may use either."""
+
+    start_s: float
+    end_s: float
+
+
+class Batch(NamedTuple):
+    """A micro-batch as the engine launched it."""
+
+    launch_s: float
+    slot: int
+    requests: int
+    kind: str        # "decode", "prefill" or "mixed"
+
+
+class TokenReturn(NamedTuple):
+    """Sampled tokens back on the first stage."""
+
+    time_s: float
+    tokens: int
+
+
+def hop_name(stage: int, stages: int) -> str:
+    """The name of the PP hop out of `stage` (from the last stage: back to stage 0)."""
+    return f"stage{stage}->stage{(stage + 1) % stages}"
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it schedules: the simulator's cost
+    (REFERENCE 8), reported as `sim_events`.
+
+    `schedule` is SimPy's own (simpy 4, core.py `Environment.schedule`) with the
+    count as the tie-breaking event id: ids increase exactly as SimPy's do, so the
+    event order is unchanged, and the count costs no extra call per event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduled = 0
+
+    def schedule(self, event: simpy.Event, priority: int = NORMAL, delay: float = 0) -> None:
+        self.scheduled = n = self.scheduled + 1
+        heappush(self._queue, (self._now + delay, priority, n, event))
+
+
+class Recorder:
+    """The rows of a run in progress, appended once each. Per-stage lists are indexed
+    by stage; hops are per stage too (the hop out of that stage)."""
+
+    __slots__ = ("compute", "comm", "hops", "cpu", "tokens", "batches", "link_wait")
+
+    def __init__(self, stages: int) -> None:
+        self.compute: list[list[Interval]] = [[] for _ in range(stages)]
+        self.comm: list[list[Interval]] = [[] for _ in range(stages)]   # TP collectives
+        self.hops: list[list[Interval]] = [[] for _ in range(stages)]   # hop out of each stage
+        self.cpu: list[Interval] = []           # scheduler CPU on the first stage
+        self.tokens: list[TokenReturn] = []
+        self.batches: list[Batch] = []
+        self.link_wait: list[Interval] = []     # waits for a shared PCIe link
+
+    def freeze(self, *, stage_gpus: tuple[tuple[int, ...], ...], layers_per_stage: tuple[int, ...], slots: int,
+               clients: int | None, window_s: tuple[float, float], end_s: float, events: int) -> Record:
+        """The finished run as a value (the lists are handed over, not copied)."""
+        pp = len(stage_gpus)
+        names = tuple(hop_name(s, pp) for s in range(pp)) if pp > 1 else ()
+        return Record(
+            compute=tuple(self.compute), comm=tuple(self.comm),
+            hops={n: self.hops[s] for s, n in enumerate(names)}, hop_names=names, cpu=self.cpu,
+            tokens=self.tokens, batches=self.batches, link_wait=self.link_wait,
+            stage_gpus=stage_gpus, layers_per_stage=layers_per_stage, slots=slots, clients=clients,
+            window_s=window_s, end_s=end_s, events=events)
+
+
+@dataclass(frozen=True)
+class Record:
+    """What one finished run recorded, and the run's shape needed to read it."""
+
+    compute: tuple[list[Interval], ...]     # per stage
+    comm: tuple[list[Interval], ...]        # per stage: TP collectives
+    hops: dict[str, list[Interval]]         # hop name -> its transfers (empty without PP)
+    hop_names: tuple[str, ...]              # per stage: the hop out of it (empty without PP)
+    cpu: list[Interval]
+    tokens: list[TokenReturn]
+    batches: list[Batch]
+    link_wait: list[Interval]
+    stage_gpus: tuple[tuple[int, ...], ...]  # per stage: its TP group
+    layers_per_stage: tuple[int, ...]
+    slots: int                               # micro-batch slots of the engine (1: none)
+    clients: int | None                      # closed-loop concurrency (None: open loop or trace)
+    window_s: tuple[float, float]            # the measurement window
+    end_s: float                             # simulated time at the end of the run
+    events: int                              # events the simulation scheduled
+
+    @property
+    def pp(self) -> int:
+        return len(self.stage_gpus)
+
+    @property
+    def tp(self) -> int:
+        return len(self.stage_gpus[0])
+
+    def inbound_hop(self, stage: int) -> str | None:
+        """The hop whose arrival feeds `stage`: from the stage before, or for stage 0
+        the sampled tokens coming back from the last stage (None without PP)."""
+        return self.hop_names[(stage - 1) % self.pp] if self.hop_names else None
