@@ -164,8 +164,7 @@ class CostModel:
                 t = curve(nbytes) * 1e-3
                 break
         else:
-            ring = self.box.ring_links(gpus)
-            bw = min(self.box.link(d).bw_bytes_s for d in ring) if ring else self.box.gpu.mem_bw_bytes_s
+            bw = self.ring_bw(gpus)
             steps, frac = (2 * (n - 1), 2.0 * (n - 1) / n) if op == "all_reduce" else (n - 1, (n - 1) / n)
             t, impl = NCCL_BASE_S + steps * NCCL_STEP_S + frac * nbytes / bw, "roofline"
         if op == "all_reduce":
@@ -181,13 +180,21 @@ class CostModel:
         least NCCL's per-step latency) and moves nbytes/n over the narrowest link:
             t = base + steps x max(step latency, network latency) + frac x nbytes / min bandwidth
         with frac = 2(n-1)/n for an all-reduce, (n-1)/n for an all-gather."""
-        n, box = len(gpus), self.box
-        ring = box.ring_links(gpus)
-        bw = min(box.link(d).bw_bytes_s for d in ring)
-        hop_latency = max(sum(box.link(d).latency_s for d in box.path(a, b)) for a, b in zip(gpus, gpus[1:] + gpus[:1]))
+        n = len(gpus)
+        bw, hop_latency = self.ring_bw(gpus), self.ring_hop_latency_s(gpus)
         steps, frac = (2 * (n - 1), 2.0 * (n - 1) / n) if op == "all_reduce" else (n - 1, (n - 1) / n)
         # the profile's allreduce_scale/offset calibrate one box's own path, not the network's
         return NCCL_BASE_S + steps * max(NCCL_STEP_S, hop_latency) + frac * nbytes / bw
+    def ring_bw(self, gpus: tuple[int, ...]) -> float:
+        """Bytes/s of the narrowest link of the TP ring over `gpus`: what the roofline
+        collective depends on besides the group size (one GPU: its memory)."""
+        ring = self.box.ring_links(gpus)
+        return min(self.box.link(d).bw_bytes_s for d in ring) if ring else self.box.gpu.mem_bw_bytes_s
+
+    def ring_hop_latency_s(self, gpus: tuple[int, ...]) -> float:
+        """The slowest neighbour-to-neighbour latency of the ring over `gpus`."""
+        box = self.box
+        return max(sum(box.link(d).latency_s for d in box.path(a, b)) for a, b in zip(gpus, gpus[1:] + gpus[:1]))
 
     def allreduce_time(self, gpus: tuple[int, ...], nbytes: float) -> float:
         return self.collective("all_reduce", gpus, nbytes)[0]
@@ -323,6 +330,14 @@ class CostModel:
         return max(0.0, launch_s - gpu_s)
 
     def _stage_kind(self, stage: int) -> tuple:
+        """What a stage's time depends on, for the stage-time cache: its layer kinds,
+        whether it embeds or samples, and what its TP collectives depend on: the ring's
+        narrowest link and, across nodes, its slowest hop (two stages with equal layers
+        but rings over different links, e.g. one crossing a slower link, differ)."""
         layers = self.plan.stage_layers(stage)
         n_moe = sum(1 for i in layers if self.model.is_moe_layer(i))
-        return (len(layers) - n_moe, n_moe, stage == 0, stage == self.plan.pp - 1)
+        gpus = self.plan.stage_gpus(stage)
+        ring = ()
+        if self.plan.tp > 1:
+            ring = (self.ring_bw(gpus), self.ring_hop_latency_s(gpus) if self.box.spans_nodes(gpus) else 0.0)
+        return (len(layers) - n_moe, n_moe, stage == 0, stage == self.plan.pp - 1, ring)

@@ -229,3 +229,32 @@ def test_replaced_tables_are_indexed_afresh(profile):
     assert p2.moe == {} and profile.moe != {}
     p3 = profile.with_params(cpu_iteration_ms=1.0)
     assert p3.tables is profile.tables and p3.params.cpu_iteration_ms == 1.0
+
+
+@pytest.fixture(scope="module")
+def no_collective_profile(profile):
+    """The shipped profile without its collective table: TP collectives by the ring model."""
+    tables = Tables({k: v for k, v in profile.tables.items() if k != "collectives"})
+    return Profile(profile.name, profile.box, profile.engine, profile.engine_version, profile.params,
+                   profile.meta, tables)
+
+
+@pytest.mark.parametrize("slow_bw", [20e9, None])
+def test_stage_time_cache_keeps_rings_apart(no_collective_profile, llama8, box, slow_bw):
+    """TP2 x PP4 on Llama-8B: stages 1 (GPUs 2, 3) and 2 (GPUs 4, 5) have the same
+    layers. With GPUs 2 and 3 on slower links their ring is narrower, so under the
+    ring model their collectives take longer; the cached stage time must be the one
+    composed from the stage's own operations, whichever stage asked first. With
+    equal links the two stages take equal times."""
+    b = box if slow_bw is None else dataclasses.replace(box, links=tuple(
+        dataclasses.replace(ln, bw_bytes_s=slow_bw) if ln.child in ("gpu2", "gpu3") else ln for ln in box.links))
+    cm = cost_model(b, llama8, no_collective_profile, 2, 4)
+    shape = Shape(decode=8, decode_ctx=512)
+    t2, t1 = cm.stage_time(2, shape), cm.stage_time(1, shape)      # stage 2 fills the cache first
+    for s, t in ((1, t1), (2, t2)):
+        ops = cm.stage_ops(s, shape)
+        assert t[1] == pytest.approx(sum(o.seconds * o.count for o in ops if o.kind == "tp_comm"), rel=1e-12)
+    if slow_bw is None:
+        assert t1 == t2
+    else:
+        assert t1[1] > t2[1] and t1[0] == pytest.approx(t2[0])
