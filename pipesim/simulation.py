@@ -75,7 +75,7 @@ class Request:
 
 
 class MicroBatch:
-    __slots__ = ("seq", "slot", "decode", "prefill", "shape", "returned", "launch_s")
+    __slots__ = ("seq", "slot", "decode", "prefill", "shape", "returned")
 
     def __init__(self, seq: int, slot: int, decode: list, prefill: list, env: simpy.Environment, graphed: bool):
         self.seq, self.slot = seq, slot
@@ -84,7 +84,6 @@ class MicroBatch:
         ctx = sum(r.context for r in decode) // len(decode) if decode else 0
         self.shape = Shape(len(decode), ctx, tuple((c, p) for _, c, p in prefill), graphed)
         self.returned = env.event()
-        self.launch_s = env.now
 
     @property
     def size(self) -> int:
@@ -324,7 +323,6 @@ class Simulation:
             if arrival_s > env.now:
                 yield env.timeout(arrival_s - env.now)
             self._arrive(-1, n_in, n_out)
-        yield env.timeout(0)
 
     def run(self, max_sim_s: float) -> None:
         """Run until the stopping rule fires (or `max_sim_s`, a guard against a

@@ -8,10 +8,9 @@ from collections import defaultdict
 
 import pytest
 
-import pipesim
 from pipesim.cli import main
-from pipesim.scenario import build_scenario
 from pipesim.metrics import covered_s, gaps, idle_breakdown, merge
+from pipesim.scenario import build_scenario
 from pipesim.trace import build_trace, simulate
 
 SMALL = dict(model="kimi-k2.6", input_len="64", output_len="24")
