@@ -51,7 +51,7 @@ def hop_name(stage: int, stages: int) -> str:
 
 class CountingEnvironment(simpy.Environment):
     """A SimPy environment that counts the events it schedules: the simulator's cost
-    (REFERENCE 8), reported as `sim_events`.
+    (physics.md §8), reported as `sim_events`.
 
     `schedule` is SimPy's own (simpy 4, core.py `Environment.schedule`) with the
     count as the tie-breaking event id: ids increase exactly as SimPy's do, so the
