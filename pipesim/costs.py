@@ -185,6 +185,7 @@ class CostModel:
         steps, frac = (2 * (n - 1), 2.0 * (n - 1) / n) if op == "all_reduce" else (n - 1, (n - 1) / n)
         # the profile's allreduce_scale/offset calibrate one box's own path, not the network's
         return NCCL_BASE_S + steps * max(NCCL_STEP_S, hop_latency) + frac * nbytes / bw
+
     def ring_bw(self, gpus: tuple[int, ...]) -> float:
         """Bytes/s of the narrowest link of the TP ring over `gpus`: what the roofline
         collective depends on besides the group size (one GPU: its memory)."""

@@ -70,6 +70,10 @@ def files(tmp_path):
     box("strcount", [("gpu0", "a", 1), ("gpu1", "a", 1)], count='"two"')
     box("infbw", [("gpu0", "a", 1), ("gpu1", "a", 1)], bw="inf")
     box("gpu9", [("gpu0", "a", 1), ("gpu1", "a", 1), ("gpu9", "a", 1)])
+    (t / "badnet.toml").write_text((t / "cycle.toml").read_text().split("[topology]")[0]
+                                   + '[topology]\nlinks = [{ child = "gpu0", parent = "a", bw_gb_s = 1, latency_us = 1 }, '
+                                   '{ child = "gpu1", parent = "a", bw_gb_s = 1, latency_us = 1 }]\n'
+                                   '[network]\nname = "n"\nnic_gb_s = 0\nlatency_us = 2\n')
     return t
 
 
@@ -137,6 +141,7 @@ CASES = [
     (["boxes", "show", "{t}/strcount.toml"], "gpu.count = 'two' must be a whole number >= 1", None),
     (["boxes", "show", "{t}/infbw.toml"], "gpu.mem_bw_bytes_s = inf must be a finite number > 0", None),
     (["boxes", "show", "{t}/gpu9.toml"], "link names gpu9, but gpu.count = 2", None),
+    (["boxes", "show", "{t}/badnet.toml"], "network.nic_gb_s = 0 must be a finite number > 0", None),
     (["predict", "--conc", "1", "--nodes", "0", *FAST], "--nodes must be a whole number >= 1, got 0", None),
     (["predict", "--conc", "1", "--nodes", "2", "--network", "carrier-pigeon", *FAST], "unknown network 'carrier-pigeon'", None),
     (["predict", "--conc", "1", "--nodes", "2", "--box", "h200-1x", *FAST], "box h200-1x has no [network] section", None),
