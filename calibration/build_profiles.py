@@ -4,7 +4,7 @@
 
 Every number in a shipped profile comes from this script: derived tables from
 AIConfigurator's silicon database (Apache-2.0) measured on a real 8 x RTX PRO 6000
-Blackwell Server box, and parameters fitted by pipesim.fit to the reference
+Blackwell Server box, and parameters fitted by pipesim.calibrate.fit to the reference
 deployment's measured points (calibration/reference_points.csv). Nothing is edited by
 hand; rerunning the script reproduces the files.
 
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipesim.fit import fit
-from pipesim.importers.aiconfigurator import build_tables
-from pipesim.measured import read_points
+from pipesim.calibrate.fit import fit
+from pipesim.calibrate.importers.aiconfigurator import build_tables
+from pipesim.calibrate.measured import read_points
 from pipesim.profile import Params, Profile, Tables, write_profile
 
 HERE = Path(__file__).resolve().parent

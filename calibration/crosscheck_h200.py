@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipesim import profile as profile_mod
-from pipesim.importers.aiconfigurator import build_tables
+from pipesim.calibrate.importers.aiconfigurator import build_tables
 from pipesim.interp import bracket
 from pipesim.profile import TABLE_COLUMNS, load_profile
 

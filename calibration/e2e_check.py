@@ -56,7 +56,7 @@ def measure(model_arg: str, batches: list[int], input_len: int, output_len: int,
     """tokens/s of `generate` per batch size: median and spread of `repeats` runs."""
     import torch
 
-    from pipesim.live import build_hf_model, generate_once_s, hf_config_dict, hf_weight_bytes
+    from pipesim.calibrate.live.run import build_hf_model, generate_once_s, hf_config_dict, hf_weight_bytes
 
     model = load_model(model_arg)
     dev = torch.device(device)
@@ -144,7 +144,7 @@ def report(rows: list[dict]) -> str:
 
 
 def points(rows: list[dict], model_arg: str, input_len: int, output_len: int, source: str) -> pd.DataFrame:
-    """The runs as measured points (pipesim.measured's columns) for `pipesim validate`/`fit`."""
+    """The runs as measured points (pipesim.calibrate.measured's columns) for `pipesim validate`/`fit`."""
     cols = ["name", "model", "engine", "tp", "pp", "conc", "input_len", "output_len", "metric", "tok_s",
             "tok_s_lo", "tok_s_hi", "ttft_ms", "tpot_ms", "max_running_requests", "pp_max_micro_batch_size",
             "pp_async_batch_depth", "disable_cuda_graph", "source"]

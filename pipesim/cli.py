@@ -141,7 +141,7 @@ def import_aiconfigurator(system_dir, out, kernel_set, box, name):
 
     from .errors import require
     from .hardware import load_box
-    from .importers.aiconfigurator import build_tables
+    from .calibrate.importers.aiconfigurator import build_tables
     from .profile import write_profile
 
     require(Path(system_dir).is_dir(), f"{system_dir} is not a folder of AIConfigurator tables")
@@ -169,7 +169,7 @@ def import_nccl_tests(file, profile_dir, out, op, gpus):
     import pandas as pd
 
     from .errors import require
-    from .importers.nccl_tests import parse
+    from .calibrate.importers.nccl_tests import parse
     from .profile import load_profile, rewrite_profile
 
     require(Path(file).is_file(), f"nccl-tests output not found: {file}")
@@ -205,8 +205,8 @@ def import_bench(file, profile_dir, out, fmt, tp, pp, conc, name, model):
     import pandas as pd
 
     from .errors import require
-    from .importers import bench
-    from .measured import points_frame, read_points
+    from .calibrate.importers import bench
+    from .calibrate.measured import points_frame, read_points
     from .profile import load_profile, rewrite_profile
 
     path = Path(file)
@@ -235,7 +235,7 @@ def import_bench(file, profile_dir, out, fmt, tp, pp, conc, name, model):
 @click.option("--no-loo", is_flag=True, help="skip the leave-one-out errors (faster)")
 def calibrate_fit(profile_dir, names, out, no_loo):
     """Fit free parameters to the profile's measured points by least squares."""
-    from .fit import fit
+    from .calibrate.fit import fit
     from .profile import load_profile, rewrite_profile
 
     prof = load_profile(profile_dir)
@@ -258,7 +258,7 @@ def validate(profile, max_error, as_json):
     """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error."""
     import json
 
-    from . import validate as v
+    from .calibrate import validate as v
     from .profile import load_profile
     from .scenario import DEFAULT_PROFILE
 
@@ -277,7 +277,7 @@ def validate(profile, max_error, as_json):
 @click.option("--profile", default=None, help="profile name or directory [default: the reference deployment]")
 def diagnose(profile):
     """Where the box loses time: each measured point against the box's own tables."""
-    from .diagnose import diagnose as run_diagnosis
+    from .calibrate.diagnose import diagnose as run_diagnosis
     from .profile import load_profile
     from .scenario import DEFAULT_PROFILE
 
@@ -433,7 +433,7 @@ def trace(tp, pp, conc, out, **opts):
 def calibrate_live(model_arg, out, hf_config, name, budget_s, reps, warmup, collectives):
     """Measure MODEL's operation costs on this machine's NVIDIA GPUs into a profile
     that `pipesim predict --profile OUT --model MODEL` uses (needs pipesim[live])."""
-    from .live import run_live
+    from .calibrate.live import run_live
 
     path = run_live(model_arg, out, hf_config=hf_config, name=name, budget_s=budget_s, reps=reps, warmup=warmup,
                     collectives=collectives)

@@ -24,7 +24,7 @@ import pandas as pd
 from ._toml import toml_reader
 from .errors import UserError, require
 from .interp import Surface, group_curves
-from .measured import read_points
+from .calibrate.measured import read_points
 
 # Key columns of each table (latency_ms is the value). Sizes are per GPU.
 TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -344,7 +344,7 @@ def rewrite_profile(name_or_path: str | Path, out: str | Path | None = None, *, 
                     measured: pd.DataFrame | None = None, meta_update: dict | None = None,
                     extra: dict | None = None) -> Path:
     """Write a profile again, atomically, with some parts replaced (in place unless `out`)."""
-    from .measured import points_frame
+    from .calibrate.measured import points_frame
 
     prof = load_profile(name_or_path)
     if measured is None:

@@ -14,8 +14,8 @@ import pytest
 
 from pipesim.cli import main
 from pipesim.errors import UserError
-from pipesim.importers import bench, nccl_tests
-from pipesim.measured import Point, points_frame, read_points
+from pipesim.calibrate.importers import bench, nccl_tests
+from pipesim.calibrate.measured import Point, points_frame, read_points
 from pipesim.profile import load_profile, read_table
 
 DATA = Path(__file__).parent / "data"
@@ -196,7 +196,7 @@ def test_validate_default_profile_within_10_percent(capsys):
 
 def test_fit_recovers_a_planted_parameter():
     """Measure with a known CPU cost per iteration, then fit it back from zero."""
-    from pipesim.fit import fit, predict_point
+    from pipesim.calibrate.fit import fit, predict_point
 
     prof = load_profile("rtx-pro-6000-sglang-healthy").with_params(cpu_iteration_ms=0.0, eager_launch_us_per_layer=0.0)
     planted = prof.with_params(cpu_iteration_ms=4.0)
@@ -216,7 +216,7 @@ def test_diagnosis_of_the_reference_deployment():
     """TP8 C=1 ran at 26.3 tok/s where the tables give ~100: charged to all-reduce alone,
     each of the 123 per step must cost (1/26.3 - 1/tables) / 123 more than the table;
     that cause cannot also explain TP8 C=32, while a CPU launch bound explains all."""
-    from pipesim.diagnose import diagnose
+    from pipesim.calibrate.diagnose import diagnose
 
     d = diagnose(load_profile(DEPLOYMENT))
     tp8 = next(x for x in d.points if x.point.tp == 8 and x.point.conc == 1)

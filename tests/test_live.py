@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipesim import live
+from pipesim.calibrate.live import run as live
 from pipesim.cli import main
 from pipesim.costs import CostModel, Shape
 from pipesim.hardware import load_box

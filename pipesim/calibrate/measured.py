@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .errors import UserError, require
+from ..errors import UserError, require
 
 COLUMNS = ("name", "model", "engine", "tp", "pp", "conc", "input_len", "output_len",
            "metric", "tok_s", "tok_s_lo", "tok_s_hi", "ttft_ms", "tpot_ms",

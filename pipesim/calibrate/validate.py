@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .errors import require
+from ..errors import require
 from .fit import predict_point
-from .profile import Profile
+from ..profile import Profile
 
 
 def validate(profile: Profile) -> pd.DataFrame:

@@ -40,9 +40,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .errors import UserError
-from .model import Model, load_model
-from .profile import TABLE_COLUMNS, Params, write_profile
+from ...errors import UserError
+from ...model import Model, load_model
+from ...profile import TABLE_COLUMNS, Params, write_profile
 
 NEEDS_TORCH = "live calibration needs torch: pip install 'pipesim[live]'"
 MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01")
@@ -97,7 +97,7 @@ class Record:
 
 def _probe_box():
     """An 8-GPU box, only so that the cost model can be asked which shapes it needs."""
-    from .hardware import box_from_dict
+    from ...hardware import box_from_dict
 
     links = [{"child": f"gpu{i}", "parent": "switch", "bw_gb_s": 100.0, "latency_us": 1.0} for i in range(8)]
     return box_from_dict({"name": "probe", "gpu": {"name": "probe", "count": 8, "memory_bytes": 1e12,
@@ -109,9 +109,9 @@ def gemm_shapes(model: Model, tp: int) -> list[tuple[int, int]]:
     """The (n, k) of every GEMM the cost model asks for on one GPU at tensor
     parallelism `tp` (attention projections, dense MLP, router, shared expert,
     lm_head), read off `CostModel.stage_ops` itself so the two cannot drift apart."""
-    from . import profile as profile_mod
-    from .costs import CostModel, Shape
-    from .plan import Plan
+    from ... import profile as profile_mod
+    from ...costs import CostModel, Shape
+    from ...plan import Plan
 
     tables = getattr(profile_mod, "Tables", dict)()
     empty = profile_mod.Profile("probe", "probe", "sglang", "", Params(), {}, tables)
@@ -265,7 +265,7 @@ def box_name_or_dict(gpu: dict) -> tuple[str, dict | None]:
 
 def _box_toml(box: dict) -> str:
     """TOML text of a box (links are an array of tables, which _toml.dumps does not write)."""
-    from ._toml import dumps
+    from ..._toml import dumps
 
     top = {k: v for k, v in box.items() if k != "topology"}
     text = dumps(top) + "\n[topology]\n"
@@ -749,7 +749,7 @@ def hf_config_dict(model_arg: str) -> dict:
     """The HF config dict behind a preset name or a config.json path."""
     from importlib import resources
 
-    from .model import preset_names
+    from ...model import preset_names
 
     if model_arg in preset_names():
         raw = resources.files("pipesim.data").joinpath("models").joinpath(f"{model_arg}.json").read_text()

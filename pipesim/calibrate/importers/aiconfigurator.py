@@ -227,7 +227,7 @@ def _main(argv: list[str]) -> int:
     """Self-check: print each table's size, columns and a few rows."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m pipesim.importers.aiconfigurator",
+    parser = argparse.ArgumentParser(prog="python -m pipesim.calibrate.importers.aiconfigurator",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("src_dir", type=Path, help="AIConfigurator system folder")
     parser.add_argument("--kernel-set", choices=KERNEL_SETS, default="sglang")

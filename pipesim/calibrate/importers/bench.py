@@ -15,7 +15,7 @@ import json
 
 import pandas as pd
 
-from ..errors import UserError, require
+from ...errors import UserError, require
 from ..measured import COLUMNS
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
-from .errors import require
+from ..errors import require
 from .measured import Point
-from .profile import Profile
+from ..profile import Profile
 
 # name -> (lower bound, upper bound, unit of the optimizer's variable)
 FITTABLE = {
@@ -35,7 +35,7 @@ FITTABLE = {
 def predict_point(profile: Profile, point: Point) -> float:
     """The point's metric (tok/s) as the simulator predicts it for the measured run
     (a deterministic run: C warm-up requests, then max(2C, 4) measured)."""
-    from .api import predict
+    from ..api import predict
 
     r = predict(point.tp, point.pp, point.conc, profile=profile, model=point.model, engine=point.engine,
                 input_len=str(point.input_len), output_len=str(point.output_len), warmup_requests=point.conc,

@@ -16,7 +16,7 @@ import re
 
 import pandas as pd
 
-from ..errors import UserError, require
+from ...errors import UserError, require
 
 OPS = {"all_reduce": "all_reduce", "allreduce": "all_reduce", "all_gather": "all_gather", "allgather": "all_gather",
        "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter", "alltoall": "alltoall",
