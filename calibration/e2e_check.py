@@ -43,7 +43,7 @@ import pipesim
 from pipesim.costs import CostModel, Shape
 from pipesim.errors import UserError
 from pipesim.hardware import load_box
-from pipesim.model import load_model
+from pipesim.model import load_model, read_hf_config
 from pipesim.plan import Plan
 from pipesim.profile import load_profile
 
@@ -56,18 +56,18 @@ def measure(model_arg: str, batches: list[int], input_len: int, output_len: int,
     """tokens/s of `generate` per batch size: median and spread of `repeats` runs."""
     import torch
 
-    from pipesim.calibrate.live.run import build_hf_model, generate_once_s, hf_config_dict, hf_weight_bytes
+    from pipesim.calibrate.live.hf import build_hf_model, generate_once_s
 
     model = load_model(model_arg)
     dev = torch.device(device)
     if dev.type == "cuda":
         free = torch.cuda.mem_get_info(dev)[0]
-        need = hf_weight_bytes(model)
+        need = model.total_weight_bytes("bf16")   # random bf16 weights, untied embeddings
         if need > 0.85 * free:
             raise UserError(f"{model.name}: {need / 1e9:.0f} GB of bf16 weights do not fit in "
                             f"{free / 1e9:.0f} GB free on {torch.cuda.get_device_name(dev)}")
     t0 = time.monotonic()
-    hf = build_hf_model(hf_config_dict(model_arg), dev)
+    hf = build_hf_model(read_hf_config(model_arg)[0], dev)
     experts = f"experts {getattr(hf.config, '_experts_implementation', '?')}, " if model.moe else ""
     print(f"built {model.name} with random weights in {time.monotonic() - t0:.0f} s ({experts}attention "
           f"{getattr(hf.config, '_attn_implementation', '?')})", flush=True)

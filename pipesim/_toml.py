@@ -1,5 +1,5 @@
 """TOML reading on every supported Python (tomllib is 3.11+), and a small writer for
-the flat files pipesim writes (top-level keys and one level of tables)."""
+the files pipesim writes (profile metadata, a box: tables and arrays of tables)."""
 
 import json
 
@@ -21,10 +21,29 @@ def _value(v) -> str:
     return json.dumps(str(v))  # a JSON string is a valid TOML basic string
 
 
-def dumps(data: dict) -> str:
-    """TOML text for a dict of scalars and dicts of scalars (the profile metadata)."""
-    lines = [f"{k} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+def _is_table_array(v) -> bool:
+    return isinstance(v, (list, tuple)) and len(v) > 0 and all(isinstance(x, dict) for x in v)
+
+
+def _header(path: tuple) -> str:
+    return ".".join(k if k.replace("_", "").replace("-", "").isalnum() else json.dumps(k) for k in map(str, path))
+
+
+def _body(data: dict, path: tuple) -> list[str]:
+    """Key-value lines of one table (keys bare at the top level, quoted inside tables),
+    then its sub-tables and arrays of tables."""
+    key = (lambda k: k) if not path else (lambda k: json.dumps(str(k)))
+    lines = [f"{key(k)} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict) and not _is_table_array(v)]
     for k, v in data.items():
         if isinstance(v, dict):
-            lines += ["", f"[{k}]"] + [f"{json.dumps(str(kk))} = {_value(vv)}" for kk, vv in v.items()]
-    return "\n".join(lines) + "\n"
+            lines += ["", f"[{_header(path + (k,))}]"] + _body(v, path + (k,))
+        elif _is_table_array(v):
+            for item in v:
+                lines += ["", f"[[{_header(path + (k,))}]]"] + _body(item, path + (k,))
+    return lines
+
+
+def dumps(data: dict) -> str:
+    """TOML text for a dict of scalars, lists, dicts and lists of dicts (the profile
+    metadata; a box with its array of links)."""
+    return "\n".join(_body(data, ())) + "\n"

@@ -96,22 +96,28 @@ class Model:
         assert self.moe
         return 3 * self.hidden * self.moe.moe_intermediate
 
-    def layer_weight_bytes(self, layer: int) -> float:
-        """Bytes of one decoder layer's weights (whole layer, before any TP split)."""
-        attn = self.attention_params() * BYTES_PER_PARAM[self.attn_dtype]
+    def layer_weight_bytes(self, layer: int, dtype: str | None = None) -> float:
+        """Bytes of one decoder layer's weights (whole layer, before any TP split), in
+        the model's own weight formats, or with every projection and expert in `dtype`
+        (e.g. "bf16": a random-weight copy built from the config). The router stays bf16."""
+        attn_bytes = BYTES_PER_PARAM[dtype or self.attn_dtype]
+        attn = self.attention_params() * attn_bytes
         if self.is_moe_layer(layer):
             m = self.moe
-            routed = m.n_routed_experts * self.expert_params() * BYTES_PER_PARAM[self.expert_dtype]
-            shared = m.n_shared_experts * self.expert_params() * BYTES_PER_PARAM[self.attn_dtype]
+            routed = m.n_routed_experts * self.expert_params() * BYTES_PER_PARAM[dtype or self.expert_dtype]
+            shared = m.n_shared_experts * self.expert_params() * attn_bytes
             router = self.hidden * m.n_routed_experts * 2
             return attn + routed + shared + router
-        return attn + self.dense_mlp_params() * BYTES_PER_PARAM[self.attn_dtype]
+        return attn + self.dense_mlp_params() * attn_bytes
 
-    def embedding_bytes(self) -> float:
-        return self.vocab * self.hidden * BYTES_PER_PARAM[self.embed_dtype]
+    def embedding_bytes(self, dtype: str | None = None) -> float:
+        """Bytes of the embedding (or of the lm_head), in the model's format or `dtype`."""
+        return self.vocab * self.hidden * BYTES_PER_PARAM[dtype or self.embed_dtype]
 
-    def total_weight_bytes(self) -> float:
-        return sum(self.layer_weight_bytes(i) for i in range(self.num_layers)) + 2 * self.embedding_bytes()
+    def total_weight_bytes(self, dtype: str | None = None) -> float:
+        """Every layer, the embedding and the lm_head (untied), as `layer_weight_bytes`."""
+        return (sum(self.layer_weight_bytes(i, dtype) for i in range(self.num_layers))
+                + 2 * self.embedding_bytes(dtype))
 
     # ---- KV cache -----------------------------------------------------------------
     def kv_bytes_per_token_per_layer(self, tp: int) -> float:
@@ -156,11 +162,18 @@ def preset_names() -> list[str]:
 
 def load_model(name_or_path: str | Path) -> Model:
     """A preset name (see `preset_names()`) or the path of a Hugging Face config.json."""
+    cfg, name = read_hf_config(name_or_path)
+    return from_hf_config(cfg, name=name)
+
+
+def read_hf_config(name_or_path: str | Path) -> tuple[dict, str]:
+    """The Hugging Face config dict behind a preset name or a config.json path (or its
+    folder), and the model's name; one UserError line when it cannot be read."""
     text = str(name_or_path)
     path = Path(text)
     if text in preset_names():
         raw = resources.files("pipesim.data").joinpath("models").joinpath(f"{text}.json").read_text()
-        return from_hf_config(json.loads(raw), name=text)
+        return json.loads(raw), text
     if path.suffix == ".json" or path.is_dir() or path.exists():
         if path.is_dir():
             path = path / "config.json"
@@ -170,7 +183,7 @@ def load_model(name_or_path: str | Path) -> Model:
             cfg = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise UserError(f"cannot read model config {path}: {exc}") from None
-        return from_hf_config(cfg, name=path.parent.name or path.stem)
+        return cfg, path.parent.name or path.stem
     raise UserError(f"unknown model '{text}'; known presets: {', '.join(preset_names())}, "
                     "or the path of a Hugging Face config.json")
 

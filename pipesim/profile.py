@@ -35,10 +35,14 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "gqa_decode": ("heads_per_gpu", "kv_heads_per_gpu", "head_dim", "batch", "context"),
     "gqa_prefill": ("heads_per_gpu", "kv_heads_per_gpu", "head_dim", "batch", "isl"),
     "collectives": ("op", "impl", "gpus", "nbytes"),
-    "p2p": ("src_gpu", "dst_gpu", "nbytes"),        # one send/recv between two GPUs (not used by costs yet)
 }
 TEXT_COLUMNS = {"dtype", "distribution", "op", "impl"}
-GPU_COLUMNS = {"src_gpu", "dst_gpu"}  # GPU numbers, which start at 0
+
+
+def sig6(x: float) -> float:
+    """x to 6 significant digits, the precision measured latencies are stored at
+    (plenty for timings, and it keeps the tables small)."""
+    return float(f"{x:.6g}")
 
 
 @dataclass(frozen=True)
@@ -281,11 +285,11 @@ def read_table(source, table: str, origin: str) -> pd.DataFrame:
             df[col] = pd.to_numeric(df[col], errors="coerce")
             bad = df[col].isna()
             if not bad.any():
-                bad = df[col] <= 0 if col == "latency_ms" else df[col] < (0 if col in GPU_COLUMNS else 1)
+                bad = df[col] <= 0 if col == "latency_ms" else df[col] < 1
         if bad.any():
             row = int(bad.to_numpy().nonzero()[0][0])
             raise UserError(f"{origin}: line {row + 2}, column {col}: value {df[col].iloc[row]!r} is not allowed "
-                            f"({'a latency > 0 in ms' if col == 'latency_ms' else 'a text value' if col in TEXT_COLUMNS else 'a GPU number >= 0' if col in GPU_COLUMNS else 'a size >= 1'})")
+                            f"({'a latency > 0 in ms' if col == 'latency_ms' else 'a text value' if col in TEXT_COLUMNS else 'a size >= 1'})")
     _check_units_and_sizes(df, table, origin)
     return df
 

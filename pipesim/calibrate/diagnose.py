@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from scipy.optimize import brentq
 
 from ..costs import ACT_BYTES, CostModel
-from .fit import FITTABLE, fit, predict_point
 from ..hardware import load_box
-from .measured import Point
 from ..model import load_model
 from ..plan import make_plan
 from ..profile import Profile
+from .fit import FITTABLE, fit, predict_point
+from .measured import Point
 
 NEUTRAL = {"cpu_iteration_ms": 0.0, "cpu_hop_ms": 0.0, "allreduce_scale": 1.0, "allreduce_offset_us": 0.0,
            "eager_launch_us_per_layer": 0.0, "kernel_scale": 1.0}

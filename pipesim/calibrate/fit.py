@@ -17,8 +17,8 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from ..errors import require
-from .measured import Point
 from ..profile import Profile
+from .measured import Point
 
 # name -> (lower bound, upper bound, unit of the optimizer's variable)
 FITTABLE = {

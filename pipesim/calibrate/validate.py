@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import require
-from .fit import predict_point
 from ..profile import Profile
+from .fit import predict_point
 
 
 def validate(profile: Profile) -> pd.DataFrame:
