@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipesim.calibrate.fit import fit
-from pipesim.calibrate.importers.aiconfigurator import build_tables
+from pipesim.calibrate.importers.aiconfigurator import build_tables, kernel_floor_us
 from pipesim.calibrate.measured import read_points
 from pipesim.profile import Params, Profile, Tables, write_profile
 
@@ -39,12 +39,6 @@ HYPOTHESES = {
     "a slow TP all-reduce path": ["cpu_iteration_ms", "allreduce_offset_us"],
 }
 NEUTRAL_AR = {"allreduce_scale": 1.0, "allreduce_offset_us": 0.0}
-
-
-def kernel_floor_us(tables: dict) -> float:
-    """The shortest kernel measured on this GPU (a tiny GEMM: launch + tail), the fixed
-    cost of every roofline-estimated kernel."""
-    return round(float(tables["gemm"]["latency_ms"].min()) * 1e3, 3)
 
 
 def base_meta(name: str, description: str, engine: str, version: str, kernels: str, tables: dict) -> dict:

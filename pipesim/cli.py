@@ -137,22 +137,9 @@ def calibrate_import():
 @click.option("--name", default=None, help="profile name [default: the --out folder's name]")
 def import_aiconfigurator(system_dir, out, kernel_set, box, name):
     """Tables from an AIConfigurator system folder (e.g. .../rtx_pro_6000_server)."""
-    from pathlib import Path
+    from .calibrate.importers.aiconfigurator import import_profile
 
-    from .errors import require
-    from .hardware import load_box
-    from .calibrate.importers.aiconfigurator import build_tables
-    from .profile import write_profile
-
-    require(Path(system_dir).is_dir(), f"{system_dir} is not a folder of AIConfigurator tables")
-    load_box(box)
-    tables = build_tables(Path(system_dir), kernel_set=kernel_set)
-    note = f"AIConfigurator tables from {Path(system_dir).name} ({kernel_set} kernels), pipesim calibrate import"
-    floor = round(float(tables["gemm"]["latency_ms"].min()) * 1e3, 3) if "gemm" in tables else 0.0
-    meta = {"name": name or Path(out).name, "box": box, "engine": kernel_set, "engine_version": "",
-            "built_by": "pipesim calibrate import aiconfigurator", "sources": {t: note for t in tables},
-            "params": {"kernel_floor_us": floor}}
-    write_profile(out, meta, tables)
+    tables = import_profile(system_dir, out, kernel_set=kernel_set, box=box, name=name)
     click.echo(f"wrote {out}: " + ", ".join(f"{k} {len(v)} rows" for k, v in tables.items()))
 
 
@@ -164,26 +151,9 @@ def import_aiconfigurator(system_dir, out, kernel_set, box, name):
 @click.option("--gpus", type=int, default=None, help="GPUs in the run [default: read from the output]")
 def import_nccl_tests(file, profile_dir, out, op, gpus):
     """Collective latencies from nccl-tests text output (all_reduce_perf, all_gather_perf, ...)."""
-    from pathlib import Path
+    from .calibrate.importers.nccl_tests import import_file
 
-    import pandas as pd
-
-    from .errors import require
-    from .calibrate.importers.nccl_tests import parse
-    from .profile import load_profile, rewrite_profile
-
-    require(Path(file).is_file(), f"nccl-tests output not found: {file}")
-    rows = parse(Path(file).read_text(errors="replace"), file, op, gpus)
-    prof = load_profile(profile_dir)
-    old = prof.tables.get("collectives")
-    keep = old
-    if old is not None:
-        key = set(zip(rows.op, rows.impl, rows.gpus))
-        keep = old[[k not in key for k in zip(old.op, old.impl, old.gpus)]]
-    merged = pd.concat([keep, rows]) if keep is not None else rows
-    merged = merged.sort_values(["op", "impl", "gpus", "nbytes"]).reset_index(drop=True)
-    sources = {**prof.sources, "collectives": f"{prof.sources.get('collectives', '')}; nccl-tests {Path(file).name}".strip("; ")}
-    rewrite_profile(profile_dir, out, tables={"collectives": merged}, meta_update={"sources": sources})
+    rows = import_file(file, profile_dir, out, op=op, gpus=gpus)
     click.echo(f"added {len(rows)} {rows.op.iloc[0]} rows on {rows.gpus.iloc[0]} GPUs to {out or profile_dir}")
 
 
@@ -200,32 +170,10 @@ def import_nccl_tests(file, profile_dir, out, op, gpus):
 @click.option("--model", default="", help="model preset or config the run served [default: the profile's]")
 def import_bench(file, profile_dir, out, fmt, tp, pp, conc, name, model):
     """End-to-end points (becomes the profile's measured set)."""
-    from pathlib import Path
+    from .calibrate.importers.bench import import_file
 
-    import pandas as pd
-
-    from .errors import require
-    from .calibrate.importers import bench
-    from .calibrate.measured import points_frame, read_points
-    from .profile import load_profile, rewrite_profile
-
-    path = Path(file)
-    require(path.is_file(), f"benchmark output not found: {file}")
-    prof = load_profile(profile_dir)
-    if fmt == "csv":
-        new = points_frame(read_points(path, file, prof.meta.get("model", "kimi-k2.6"), prof.engine))
-    else:
-        require(tp is not None and pp is not None, f"--tp and --pp are needed: {fmt} benchmark output does not record the split")
-        parse = bench.parse_sglang if fmt == "sglang" else bench.parse_vllm
-        new = parse(path.read_text(), file, tp, pp, conc=conc, name=name, model=model)
-        # read back through the checker: same validation as a hand-written CSV
-        import io
-        new = points_frame(read_points(io.StringIO(new.to_csv(index=False)), file,
-                                       prof.meta.get("model", "kimi-k2.6"), prof.engine))
-    old = points_frame(list(prof.measured)) if prof.measured else None
-    merged = pd.concat([old, new]) if old is not None else new
-    rewrite_profile(profile_dir, out, measured=merged)
-    click.echo(f"added {len(new)} measured point(s) to {out or profile_dir} ({len(merged)} in all)")
+    added, total = import_file(file, profile_dir, out, fmt=fmt, tp=tp, pp=pp, conc=conc, name=name, model=model)
+    click.echo(f"added {added} measured point(s) to {out or profile_dir} ({total} in all)")
 
 
 @calibrate.command("fit")
@@ -235,18 +183,9 @@ def import_bench(file, profile_dir, out, fmt, tp, pp, conc, name, model):
 @click.option("--no-loo", is_flag=True, help="skip the leave-one-out errors (faster)")
 def calibrate_fit(profile_dir, names, out, no_loo):
     """Fit free parameters to the profile's measured points by least squares."""
-    from .calibrate.fit import fit
-    from .profile import load_profile, rewrite_profile
+    from .calibrate.fit import fit_profile
 
-    prof = load_profile(profile_dir)
-    result = fit(prof, [n.strip() for n in names.split(",") if n.strip()], loo=not no_loo)
-    params = {**prof.meta.get("params", {}), **result.params}
-    sources = {**prof.meta.get("param_sources", {}),
-               **{k: "fitted to measured.csv by pipesim calibrate fit; see fit_report.md" for k in result.params}}
-    summary = {"params": ", ".join(f"{k}={v:.4g}" for k, v in result.params.items()),
-               "mape_pct": round(result.mape, 2), "loo_mape_pct": round(result.loo_mape, 2), "report": "fit_report.md"}
-    rewrite_profile(profile_dir, out, meta_update={"params": params, "param_sources": sources, "fit": summary},
-             extra={"fit_report.md": f"# Fit of {prof.name}\n\n{result.report()}\n"})
+    result = fit_profile(profile_dir, [n.strip() for n in names.split(",") if n.strip()], out, loo=not no_loo)
     click.echo(result.report())
 
 
@@ -256,20 +195,12 @@ def calibrate_fit(profile_dir, names, out, no_loo):
 @click.option("--json", "as_json", is_flag=True)
 def validate(profile, max_error, as_json):
     """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error."""
-    import json
-
-    from .calibrate import validate as v
-    from .profile import load_profile
+    from .calibrate.validate import check
     from .scenario import DEFAULT_PROFILE
 
-    prof = load_profile(profile or DEFAULT_PROFILE)
-    df = v.validate(prof)
-    if as_json:
-        click.echo(json.dumps({"profile": prof.name, "mape_pct": v.mape(df), "max_error_pct": max_error,
-                               "points": df.to_dict("records")}, indent=2))
-    else:
-        click.echo(v.table(df, prof, max_error))
-    if (df["error_pct"].abs() > max_error).any():
+    result = check(profile or DEFAULT_PROFILE, max_error)
+    click.echo(result.to_json() if as_json else result.text())
+    if not result.passed:
         sys.exit(1)
 
 
@@ -278,10 +209,9 @@ def validate(profile, max_error, as_json):
 def diagnose(profile):
     """Where the box loses time: each measured point against the box's own tables."""
     from .calibrate.diagnose import diagnose as run_diagnosis
-    from .profile import load_profile
     from .scenario import DEFAULT_PROFILE
 
-    click.echo(run_diagnosis(load_profile(profile or DEFAULT_PROFILE)).text())
+    click.echo(run_diagnosis(profile or DEFAULT_PROFILE).text())
 
 
 @cli.group()

@@ -11,6 +11,7 @@ points at once: one that explains a point but not the others is ruled out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from scipy.optimize import brentq
 
@@ -18,7 +19,7 @@ from ..costs import ACT_BYTES, CostModel
 from ..hardware import load_box
 from ..model import load_model
 from ..plan import make_plan
-from ..profile import Profile
+from ..profile import Profile, load_profile
 from .fit import FITTABLE, fit, predict_point
 from .measured import Point
 
@@ -105,7 +106,11 @@ def _solve_alone(base: Profile, p: Point, h: str):
     return brentq(f, start, hi, xtol=max(1e-3 * abs(hi - start), 1e-9), rtol=1e-3, maxiter=40)
 
 
-def diagnose(profile: Profile) -> Diagnosis:
+def diagnose(profile: str | Path | Profile) -> Diagnosis:
+    """Each measured point of a profile (a name, a directory or a loaded one) against
+    its tables alone, the gap charged to each hypothesis, and each fitted to all points."""
+    if not isinstance(profile, Profile):
+        profile = load_profile(profile)
     base = profile.with_params(**NEUTRAL)
     diags = []
     for p in profile.measured:

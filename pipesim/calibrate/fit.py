@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -129,3 +130,22 @@ def fit(profile: Profile, names: list[str], points: list[Point] | None = None, l
             loo_errors[i] = points[i].error(predict_point(obj.profile_at(xi), points[i]))
     values = {n: float(v) for n, v in zip(names, x * obj.units)}
     return FitResult(values, tuple(points), tuple(predicted), tuple(errors), tuple(loo_errors), obj.evaluations)
+
+
+def fit_profile(profile_dir: str | Path, names: list[str], out: str | Path | None = None,
+                loo: bool = True) -> FitResult:
+    """Fit `names` to a profile's measured points and write the profile again (in
+    place unless `out`) with the fitted values, their sources, a summary and
+    fit_report.md."""
+    from ..profile import load_profile, rewrite_profile
+
+    prof = load_profile(profile_dir)
+    result = fit(prof, names, loo=loo)
+    params = {**prof.meta.get("params", {}), **result.params}
+    sources = {**prof.meta.get("param_sources", {}),
+               **{k: "fitted to measured.csv by pipesim calibrate fit; see fit_report.md" for k in result.params}}
+    summary = {"params": ", ".join(f"{k}={v:.4g}" for k, v in result.params.items()),
+               "mape_pct": round(result.mape, 2), "loo_mape_pct": round(result.loo_mape, 2), "report": "fit_report.md"}
+    rewrite_profile(profile_dir, out, meta_update={"params": params, "param_sources": sources, "fit": summary},
+                    extra={"fit_report.md": f"# Fit of {prof.name}\n\n{result.report()}\n"})
+    return result

@@ -33,8 +33,6 @@ REQUIRED = ("tp", "pp", "conc", "tok_s")
 # figures are usually quoted)
 METRICS = ("output_tok_s", "per_request_tok_s")
 KNOBS = ("max_running_requests", "pp_max_micro_batch_size", "pp_async_batch_depth", "disable_cuda_graph")
-INTS = ("tp", "pp", "conc", "input_len", "output_len", "max_running_requests", "pp_max_micro_batch_size",
-        "pp_async_batch_depth")
 
 
 @dataclass(frozen=True)
@@ -129,6 +127,7 @@ def read_points(source, origin: str, default_model: str = "kimi-k2.6", default_e
 
 
 def points_frame(points: list[Point]) -> pd.DataFrame:
+    """Points in measured.csv's layout (COLUMNS), to write back."""
     rows = []
     for p in points:
         k = dict(p.knobs)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -24,10 +28,12 @@ def validate(profile: Profile) -> pd.DataFrame:
 
 
 def mape(df: pd.DataFrame) -> float:
+    """Mean absolute error over the points, in %."""
     return float(np.mean(np.abs(df["error_pct"])))
 
 
 def table(df: pd.DataFrame, profile: Profile, max_error: float) -> str:
+    """The validation as a text table, points outside max_error flagged."""
     lines = [f"validation of {profile.name} ({len(df)} measured points)",
              f"  {'point':28s} {'metric':18s} {'measured':>13s} {'predicted':>10s} {'error':>8s}"]
     for r in df.itertuples():
@@ -39,3 +45,32 @@ def table(df: pd.DataFrame, profile: Profile, max_error: float) -> str:
     if fit:
         lines.append(f"  fitted: {fit.get('params', '')}; leave-one-out MAPE {fit.get('loo_mape_pct', 'n/a')}%")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Validation:
+    """A profile's points predicted against measured, and the largest error allowed."""
+
+    profile: Profile
+    points: pd.DataFrame
+    max_error_pct: float
+
+    @property
+    def passed(self) -> bool:
+        """Every point within max_error_pct."""
+        return not (self.points["error_pct"].abs() > self.max_error_pct).any()
+
+    def text(self) -> str:
+        return table(self.points, self.profile, self.max_error_pct)
+
+    def to_json(self) -> str:
+        return json.dumps({"profile": self.profile.name, "mape_pct": mape(self.points),
+                           "max_error_pct": self.max_error_pct, "points": self.points.to_dict("records")}, indent=2)
+
+
+def check(profile: str | Path | Profile, max_error_pct: float) -> Validation:
+    """Validate a profile (a name, a directory or a loaded one) against its measured points."""
+    from ..profile import load_profile
+
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    return Validation(prof, validate(prof), max_error_pct)

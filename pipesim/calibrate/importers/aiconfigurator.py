@@ -40,7 +40,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipesim.errors import UserError
+from ...errors import UserError
+from ...profile import sig6
 
 KERNEL_SETS = ("sglang", "vllm")
 
@@ -65,16 +66,11 @@ def _read(folder: Path, stem: str) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
-def _sig6(x: float) -> float:
-    """Round to 6 significant digits: plenty for ms timings, keeps CSVs small."""
-    return float(f"{x:.6g}")
-
-
 def _finish(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Apply the common contract: drop NaN, average duplicate keys, round, sort."""
     df = df[keys + ["latency"]].dropna()
     df = df.groupby(keys, as_index=False, sort=True)["latency"].mean()
-    df["latency_ms"] = df.pop("latency").map(_sig6).astype(float)
+    df["latency_ms"] = df.pop("latency").map(sig6).astype(float)
     for col in keys:
         if pd.api.types.is_numeric_dtype(df[col]):
             df[col] = df[col].astype("int64")
@@ -221,6 +217,31 @@ def build_tables(src_dir: Path, *, kernel_set: str = "sglang") -> dict[str, pd.D
         "gqa_prefill": _gqa(vdir, "context_attention_perf", gqa_pref, "isl", "isl"),
         "collectives": _collectives(src_dir, vdir),
     }
+
+
+def kernel_floor_us(tables: dict[str, pd.DataFrame]) -> float:
+    """The shortest kernel measured on this GPU (the smallest GEMM latency: launch +
+    tail), the fixed cost of every roofline-estimated kernel; 0 without a GEMM table."""
+    return round(float(tables["gemm"]["latency_ms"].min()) * 1e3, 3) if "gemm" in tables else 0.0
+
+
+def import_profile(system_dir: str | Path, out: str | Path, *, kernel_set: str, box: str,
+                   name: str | None = None) -> dict[str, pd.DataFrame]:
+    """Write a profile at `out` from one AIConfigurator system folder, measured on `box`;
+    returns its tables."""
+    from ...errors import require
+    from ...hardware import load_box
+    from ...profile import write_profile
+
+    require(Path(system_dir).is_dir(), f"{system_dir} is not a folder of AIConfigurator tables")
+    load_box(box)
+    tables = build_tables(Path(system_dir), kernel_set=kernel_set)
+    note = f"AIConfigurator tables from {Path(system_dir).name} ({kernel_set} kernels), pipesim calibrate import"
+    meta = {"name": name or Path(out).name, "box": box, "engine": kernel_set, "engine_version": "",
+            "built_by": "pipesim calibrate import aiconfigurator", "sources": {t: note for t in tables},
+            "params": {"kernel_floor_us": kernel_floor_us(tables)}}
+    write_profile(out, meta, tables)
+    return tables
 
 
 def _main(argv: list[str]) -> int:

@@ -11,7 +11,9 @@ the parallel split, so tp and pp come from the command line.
 
 from __future__ import annotations
 
+import io
 import json
+from pathlib import Path
 
 import pandas as pd
 
@@ -63,3 +65,30 @@ def parse_vllm(text: str, origin: str, tp: int, pp: int, **extra) -> pd.DataFram
         raise UserError(f"{origin}: not JSON ({exc.msg} at line {exc.lineno})") from None
     objs = obj if isinstance(obj, list) else [obj]
     return _rows_from_json(objs, origin, tp, pp, {**extra, "engine": extra.get("engine") or "vllm"})
+
+
+def import_file(file: str | Path, profile_dir: str | Path, out: str | Path | None = None, *, fmt: str,
+                tp: int | None = None, pp: int | None = None, conc: int | None = None, name: str = "",
+                model: str = "") -> tuple[int, int]:
+    """Add a benchmark's runs to a profile's measured points (in place unless `out`),
+    each checked as a hand-written measured.csv row would be. Returns (points added,
+    points in all)."""
+    from ...profile import load_profile, rewrite_profile
+    from ..measured import points_frame, read_points
+
+    path = Path(file)
+    require(path.is_file(), f"benchmark output not found: {file}")
+    prof = load_profile(profile_dir)
+    default_model = prof.meta.get("model", "kimi-k2.6")
+    if fmt == "csv":
+        new = points_frame(read_points(path, str(file), default_model, prof.engine))
+    else:
+        require(tp is not None and pp is not None, f"--tp and --pp are needed: {fmt} benchmark output does not record the split")
+        parse = parse_sglang if fmt == "sglang" else parse_vllm
+        rows = parse(path.read_text(), str(file), tp, pp, conc=conc, name=name, model=model)
+        # read back through the checker: same validation as a hand-written CSV
+        new = points_frame(read_points(io.StringIO(rows.to_csv(index=False)), str(file), default_model, prof.engine))
+    old = points_frame(list(prof.measured)) if prof.measured else None
+    merged = pd.concat([old, new]) if old is not None else new
+    rewrite_profile(profile_dir, out, measured=merged)
+    return len(new), len(merged)

@@ -13,6 +13,7 @@ average per operation after warm-up). Older versions lack the `root` column and
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pandas as pd
 
@@ -56,7 +57,7 @@ def parse(text: str, origin: str, op: str | None = None, gpus: int | None = None
         if len(parts) not in (12, 13):
             if parts[0].isdigit():
                 raise UserError(f"{origin}: line {n}: expected 12 or 13 columns "
-                                "(size count type redop [root] time algbw busbw #wrong x2), got {len(parts)}")
+                                f"(size count type redop [root] time algbw busbw #wrong x2), got {len(parts)}")
             continue  # a trailer such as 'Out of bounds values : 0 OK'
         try:
             nbytes = int(parts[0])
@@ -68,3 +69,29 @@ def parse(text: str, origin: str, op: str | None = None, gpus: int | None = None
     require(rows, f"{origin}: no data rows found (is this nccl-tests output?)")
     df = pd.DataFrame(rows, columns=["op", "impl", "gpus", "nbytes", "latency_ms"])
     return df.groupby(["op", "impl", "gpus", "nbytes"], as_index=False)["latency_ms"].mean()
+
+
+def merge(old: pd.DataFrame | None, rows: pd.DataFrame) -> pd.DataFrame:
+    """A collectives table with `rows` in place of the old rows of the same (op, impl,
+    gpus) groups; every other group kept; sorted by key."""
+    keep = old
+    if old is not None:
+        key = set(zip(rows.op, rows.impl, rows.gpus))
+        keep = old[[k not in key for k in zip(old.op, old.impl, old.gpus)]]
+    merged = pd.concat([keep, rows]) if keep is not None else rows
+    return merged.sort_values(["op", "impl", "gpus", "nbytes"]).reset_index(drop=True)
+
+
+def import_file(file: str | Path, profile_dir: str | Path, out: str | Path | None = None, *,
+                op: str | None = None, gpus: int | None = None) -> pd.DataFrame:
+    """Add one nccl-tests run to a profile's collectives table (in place unless `out`);
+    returns the rows read."""
+    from ...profile import load_profile, rewrite_profile
+
+    require(Path(file).is_file(), f"nccl-tests output not found: {file}")
+    rows = parse(Path(file).read_text(errors="replace"), str(file), op, gpus)
+    prof = load_profile(profile_dir)
+    merged = merge(prof.tables.get("collectives"), rows)
+    sources = {**prof.sources, "collectives": f"{prof.sources.get('collectives', '')}; nccl-tests {Path(file).name}".strip("; ")}
+    rewrite_profile(profile_dir, out, tables={"collectives": merged}, meta_update={"sources": sources})
+    return rows
