@@ -1,5 +1,5 @@
-"""Calibration: importers on real-format samples and malformed files, profile checks,
-fitting (recovering a planted parameter), validation and diagnosis."""
+"""Importers: nccl-tests and serving-benchmark outputs in real formats and malformed,
+and importing into a profile through the CLI (merging, keeping the profile's other files)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 
 from pipesim.calibrate.importers import bench, nccl_tests
-from pipesim.calibrate.measured import Point, read_points
+from pipesim.calibrate.measured import read_points
 from pipesim.cli import main
 from pipesim.errors import UserError
-from pipesim.profile import load_profile, read_table
+from pipesim.profile import load_profile
 
 DATA = Path(__file__).parent / "data"
-DEPLOYMENT = "rtx-pro-6000-sglang-deployment"
 
 
 def run_cli(args, capsys):
@@ -96,56 +95,6 @@ def test_sglang_bench_malformed(text, msg):
         bench.parse_sglang(text, "bad.jsonl", 8, 1)
 
 
-@pytest.mark.parametrize("csv, msg", [
-    ("tp,pp,conc\n8,1,1\n", "missing column"),
-    ("tp,pp,conc,tok_s\n8,1,x,26\n", "line 2, column conc"),
-    ("tp,pp,conc,tok_s\n8,1,1,-3\n", "must be > 0"),
-    ("tp,pp,conc,tok_s,tok_s_lo,tok_s_hi\n8,1,1,26,30,40\n", "tok_s_lo <= tok_s"),
-    ("tp,pp,conc,tok_s,metric\n8,1,1,26,latency\n", "column metric"),
-    ("tp,pp,conc,tok_s,color\n8,1,1,26,red\n", "unknown column"),
-    ("tp,pp,conc,tok_s,disable_cuda_graph\n8,1,1,26,maybe\n", "true or false"),
-])
-def test_measured_csv_malformed(csv, msg):
-    with pytest.raises(UserError, match=msg):
-        read_points(io.StringIO(csv), "m.csv")
-
-
-def test_band_error_is_zero_inside_and_relative_to_the_nearer_edge():
-    p = Point("", "kimi-k2.6", "sglang", 8, 1, 32, 256, 300, "output_tok_s", 578, 808, (), "")
-    assert p.error(700) == 0.0
-    assert p.error(520.2) == pytest.approx((520.2 - 578) / 578)
-    assert p.error(888.8) == pytest.approx((888.8 - 808) / 808)
-
-
-# ---- profile tables ----------------------------------------------------------------
-
-@pytest.mark.parametrize("csv, msg", [
-    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,0.01\nbf16,2,32,32\n", "line 3, column latency_ms"),
-    ("dtype,m,n,k\nbf16,1,32,32\n", "missing column"),
-    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,nan\n", "line 2, column latency_ms"),
-    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,-0.5\n", "latency > 0"),
-    ("dtype,m,n,k,latency_ms\nbf16,0,32,32,0.5\n", "line 2, column m"),
-    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,0.5\nbf16,1,32,32,0.6\n", "line 3: sizes must not repeat"),
-    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,2e-6\nbf16,2,32,32,3e-6\n", "not seconds"),
-    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,2000\nbf16,2,32,32,3000\n", "not microseconds"),
-])
-def test_malformed_tables_name_file_line_column(csv, msg):
-    with pytest.raises(UserError, match=msg):
-        read_table(io.StringIO(csv), "gemm", "gemm.csv")
-
-
-def test_shipped_profiles_and_their_provenance(capsys):
-    out = cli_ok(["profiles", "list"], capsys)
-    for name in (DEPLOYMENT, "rtx-pro-6000-sglang-healthy", "rtx-pro-6000-vllm"):
-        assert name in out
-        prof = load_profile(name)
-        assert set(prof.sources) == set(prof.tables)          # every table names its source
-    dep = load_profile(DEPLOYMENT)
-    assert len(dep.measured) == 3 and dep.deployment["max_running_requests"] == 64
-    healthy = load_profile("rtx-pro-6000-sglang-healthy")
-    assert healthy.params.allreduce_scale == 1.0 and healthy.params.allreduce_offset_us == 0.0
-
-
 # ---- importing into a profile through the CLI ---------------------------------------
 
 @pytest.fixture
@@ -186,47 +135,6 @@ def test_import_bench_needs_the_split(small_profile, capsys):
     code, out, err = run_cli(["calibrate", "import", "bench", str(DATA / "vllm_bench_serve.json"),
                               "--profile", str(small_profile), "--format", "vllm"], capsys)
     assert code == 2 and "--tp and --pp" in err and len(err.strip().splitlines()) == 1
-
-
-def test_validate_default_profile_within_10_percent(capsys):
-    cli_ok(["validate", "--max-error", "10"], capsys)  # exit 0: every reference point within 10%
-
-
-# ---- fitting ----------------------------------------------------------------------
-
-def test_fit_recovers_a_planted_parameter():
-    """Measure with a known CPU cost per iteration, then fit it back from zero."""
-    from pipesim.calibrate.fit import fit, predict_point
-
-    prof = load_profile("rtx-pro-6000-sglang-healthy").with_params(cpu_iteration_ms=0.0, eager_launch_us_per_layer=0.0)
-    planted = prof.with_params(cpu_iteration_ms=4.0)
-    points = []
-    for conc in (1, 4):
-        p = Point(f"C={conc}", "llama-3.1-8b", "sglang", 1, 1, conc, 64, 24, "output_tok_s", 1, 1, (), "")
-        v = predict_point(planted, p)
-        points.append(Point(p.name, p.model, p.engine, 1, 1, conc, 64, 24, "output_tok_s", v, v, (), "planted"))
-    r = fit(prof, ["cpu_iteration_ms"], points)
-    assert r.params["cpu_iteration_ms"] == pytest.approx(4.0, rel=0.02)
-    assert r.mape < 1.0 and all(e is not None and abs(e) < 0.02 for e in r.loo_errors)
-
-
-# ---- diagnosis ------------------------------------------------------------------------
-
-def test_diagnosis_of_the_reference_deployment():
-    """TP8 C=1 ran at 26.3 tok/s where the tables give ~100: charged to all-reduce alone,
-    each of the 123 per step must cost (1/26.3 - 1/tables) / 123 more than the table;
-    that cause cannot also explain TP8 C=32, while a CPU launch bound explains all."""
-    from pipesim.calibrate.diagnose import diagnose
-
-    d = diagnose(load_profile(DEPLOYMENT))
-    tp8 = next(x for x in d.points if x.point.tp == 8 and x.point.conc == 1)
-    assert tp8.allreduces_per_step == 2 * 61 + 1
-    extra_us = (1 / 26.3 - 1 / tp8.tables_only) / tp8.allreduces_per_step * 1e6
-    assert tp8.needed["allreduce_offset_us"] == pytest.approx(extra_us, rel=0.05)
-    assert (tp8.allreduce_table_us + extra_us) / tp8.allreduce_table_us > 5   # far slower than the NCCL table
-    assert d.consistency["eager_launch_us_per_layer"][1] <= 10
-    assert d.consistency["allreduce_offset_us"][1] > 10
-    assert "ruled out" in d.text() and "NCCL table" in d.text()
 
 
 def test_rewriting_a_profile_keeps_its_other_files_and_measured_latencies(small_profile, capsys):
