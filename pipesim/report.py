@@ -24,6 +24,14 @@ def _slot_note(per_slot: list) -> str:
     return ""
 
 
+_SHORT = {"user": "user", "profile deployment": "profile", "engine default": "default"}
+
+
+def _sources(sources: dict):
+    """A formatter: ' [user]' / ' [profile]' / ' [default]' after a knob's value."""
+    return lambda knob: f" [{_SHORT[sources[knob]]}]" if knob in sources else ""
+
+
 def table(result: Result) -> str:
     r, sc = result, result.scenario
     eng = sc["engine"]
@@ -35,12 +43,15 @@ def table(result: Result) -> str:
         f"  TP{sc['tp']} x PP{sc['pp']}  layers {','.join(map(str, sc['layers_per_stage']))}  "
         f"{eng['engine']}  {load}  in/out {w.get('input_len', '-')}/{w.get('output_len', '-')} tokens",
     ]
+    src = _sources(sc.get("knob_sources", {}))
     if eng["engine"] == "sglang":
-        lines.append(f"  max_running_requests {eng['max_running_requests']}  per-slot cap {eng['pp_max_micro_batch_size']}  "
-                     f"slots {eng['slots']} (async depth {eng['pp_async_batch_depth']})  KV {sc['kv_cache_tokens']:,} tokens")
-    else:
-        lines.append(f"  max_num_seqs {eng['max_num_seqs']}  batches in flight {eng['max_concurrent_batches']}  "
+        lines.append(f"  max_running_requests {eng['max_running_requests']}{src('max_running_requests')}  "
+                     f"per-slot cap {eng['pp_max_micro_batch_size']}{src('pp_max_micro_batch_size')}  "
+                     f"slots {eng['slots']} (async depth {eng['pp_async_batch_depth']}{src('pp_async_batch_depth')})  "
                      f"KV {sc['kv_cache_tokens']:,} tokens")
+    else:
+        lines.append(f"  max_num_seqs {eng['max_num_seqs']}{src('max_num_seqs')}  "
+                     f"batches in flight {eng['max_concurrent_batches']}  KV {sc['kv_cache_tokens']:,} tokens")
     sh = r.time_shares
     lines += [
         "",

@@ -3,12 +3,15 @@
 Box, model, parallel plan, engine knobs (resolved to the values the engine would run
 with), workload and calibration profile. Knobs are resolved in this order: what the
 user gave, else the launch flags of the profile's measured deployment, else the
-engine's own default.
+engine's own default (docs/engines.md §7). A deployment flag the engine derives from
+a knob the user gave is not taken from the profile: with `--max-running-requests`
+alone, SGLang's per-slot cap is `max_running_requests // pp` again. Every resolved
+knob says where it came from (`Scenario.knob_sources`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from .engines import ENGINES
@@ -36,6 +39,7 @@ class Scenario:
     memory: Memory
     workload: Workload
     profile: Profile
+    knob_sources: dict = field(default_factory=dict)   # knob -> "user" | "profile deployment" | "engine default"
 
     def describe(self) -> dict:
         """Every resolved input, for reports and --json."""
@@ -49,6 +53,7 @@ class Scenario:
             "pp": self.plan.pp,
             "layers_per_stage": list(self.plan.layers_per_stage),
             "engine": self.settings.describe(),
+            "knob_sources": dict(self.knob_sources),
             "workload": self.workload.describe(),
             "weights_per_gpu_gib": [round(w / 2**30, 2) for w in m.weights_per_gpu_bytes],
             "kv_cache_tokens": m.kv_tokens,
@@ -73,10 +78,14 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
     allowed = {f.name for f in fields(config_cls)}
     unknown = sorted(k for k, v in knobs.items() if v is not None and k not in allowed)
     require(not unknown, f"{', '.join(unknown)} is not a {engine_name} knob; {engine_name} knobs: {', '.join(sorted(allowed))}")
-    values = {k: v for k, v in prof.deployment.items() if k in allowed} if engine_name == prof.engine else {}
-    values.update({k: v for k, v in knobs.items() if v is not None and k in allowed})
-    config = config_cls(**values)
+    given = {k: v for k, v in knobs.items() if v is not None and k in allowed}
+    derived = {k for g in given for k in getattr(config_cls, "derived_from", {}).get(g, ())}
+    deployed = ({k: v for k, v in prof.deployment.items() if k in allowed and k not in given and k not in derived}
+                if engine_name == prof.engine else {})
+    config = config_cls(**{**deployed, **given})
     config.validate()
+    sources = {k: "user" if k in given else "profile deployment" if k in deployed else "engine default"
+               for k in sorted(allowed)}
 
     bx = box if isinstance(box, Box) else load_box(box or prof.box)
     if nodes != 1 or network is not None:   # a cluster of identical boxes (hardware.cluster)
@@ -93,7 +102,7 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
             f"the KV cache holds {memory.kv_tokens} tokens at tp={tp} pp={pp}, but one request needs {need} "
             f"(input + output); shorten the request or use more GPUs")
     settings = config.resolve(bx.gpu.memory_bytes, plan, mdl, memory.kv_tokens)
-    return Scenario(bx, mdl, plan, config, settings, memory, workload, prof)
+    return Scenario(bx, mdl, plan, config, settings, memory, workload, prof, sources)
 
 
 def _workload(concurrency, rate_rps, num_requests, trace, input_len, output_len, seed) -> Workload:

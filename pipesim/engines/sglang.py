@@ -50,6 +50,10 @@ class SGLangConfig:
 
     partition_rule = "sglang"
     name = "sglang"
+    # knobs the engine derives from another when not given (Scheduler.__init__:
+    # pp_max_micro_batch_size = max(max_running_requests // pp_size, 1)): a profile's
+    # deployment value for them does not apply once the user gives the source knob
+    derived_from = {"max_running_requests": ("pp_max_micro_batch_size",)}
 
     def validate(self) -> None:
         for k in ("max_running_requests", "pp_max_micro_batch_size", "chunked_prefill_size", "max_prefill_tokens",
