@@ -4,13 +4,15 @@ eagerly, and the floor of a CUDA-graph decode loop."""
 from __future__ import annotations
 
 import time
+from types import ModuleType
+from typing import Any
 
 from ...model import Model
 from .kernels import Ops
 from .timing import Bench, median
 
 
-def plain_layer_launch_us(torch, bench: Bench, ops: Ops, model: Model) -> float:
+def plain_layer_launch_us(torch: ModuleType, bench: Bench, ops: Ops, model: Model) -> float:
     """CPU time to launch one decoder layer at batch 1, eagerly, written in plain torch
     from the same operations as the tables (norms, QKV, rope, attention, O, MLP or
     router + MoE): the launch cost of a minimal eager layer."""
@@ -60,7 +62,7 @@ def plain_layer_launch_us(torch, bench: Bench, ops: Ops, model: Model) -> float:
     return bench.enqueue_us(layer)
 
 
-def graph_loop_floor_ms(torch, device, reps: int = 200) -> float:
+def graph_loop_floor_ms(torch: ModuleType, device: Any, reps: int = 200) -> float:
     """Per-iteration wall time of the least a CUDA-graph decode loop does: replay a
     graph, take the argmax token, copy it to the host (one sync) and append it. The
     floor of an engine's per-iteration CPU cost; its scheduler adds Python on top."""

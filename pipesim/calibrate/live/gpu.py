@@ -4,6 +4,7 @@ bandwidth and the bf16 GEMM rate) that a box written beside the profile uses."""
 from __future__ import annotations
 
 import datetime as dt
+from types import ModuleType
 
 from ...profile import sig6
 from .timing import Bench
@@ -28,7 +29,7 @@ def _driver_version() -> str:
         return "unknown"
 
 
-def describe_gpu(torch, bench: Bench) -> dict:
+def describe_gpu(torch: ModuleType, bench: Bench) -> dict:
     """Name, count, versions and two measured ceilings of the visible GPUs (on a CPU
     device, for tests: stated placeholders, nothing measured)."""
     dev = bench.device

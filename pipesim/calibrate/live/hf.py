@@ -4,6 +4,9 @@ the decode loop's CPU costs per step and per decoder layer (`hf_decode_costs`)."
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 from ...errors import UserError
 from ...model import Model
@@ -23,7 +26,7 @@ def transformers_version() -> str:
     return transformers.__version__
 
 
-def hf_transformers_config(cfg: dict, layers: int | None = None):
+def hf_transformers_config(cfg: dict, layers: int | None = None) -> Any:
     """The transformers config for an HF config dict (quantization dropped: the weights
     are random bf16), or a UserError saying why transformers cannot build it."""
     try:
@@ -49,7 +52,7 @@ def hf_transformers_config(cfg: dict, layers: int | None = None):
                         f"'{model_type}' ({str(exc).splitlines()[0][:120]})") from None
 
 
-def build_hf_model(cfg: dict, device, *, layers: int | None = None):
+def build_hf_model(cfg: dict, device: Any, *, layers: int | None = None) -> Any:
     """A transformers causal LM built from an HF config dict with random weights (no
     download), bf16, on `device`, in eval mode. `layers` overrides the depth."""
     torch = import_torch()
@@ -68,7 +71,7 @@ def build_hf_model(cfg: dict, device, *, layers: int | None = None):
     return model
 
 
-def generate_once_s(model, batch: int, prompt: int, new_tokens: int, seed: int = 0) -> float:
+def generate_once_s(model: Any, batch: int, prompt: int, new_tokens: int, seed: int = 0) -> float:
     """Wall seconds of one `generate` call: greedy, `new_tokens` tokens for each of
     `batch` random prompts of `prompt` tokens, no early stop."""
     torch = import_torch()
@@ -90,7 +93,7 @@ def generate_once_s(model, batch: int, prompt: int, new_tokens: int, seed: int =
     return seconds
 
 
-def kernel_ms(torch, run) -> float | None:
+def kernel_ms(torch: ModuleType, run: Callable[[], object]) -> float | None:
     """Milliseconds the GPU spent in kernels while `run()` ran (torch.profiler, CUPTI),
     or None where the profiler records no GPU activity."""
     try:
@@ -109,14 +112,14 @@ def kernel_ms(torch, run) -> float | None:
     return total_us / 1e3 if total_us > 0 else None
 
 
-def step_wall_ms(model, batch: int, prompt: int, short: int = 8, long: int = 40) -> float:
+def step_wall_ms(model: Any, batch: int, prompt: int, short: int = 8, long: int = 40) -> float:
     """Wall ms of one decode iteration of `generate` at `batch`: a `long` minus a `short`
     run over the extra tokens, which cancels prefill and set-up."""
     return (generate_once_s(model, batch, prompt, long) - generate_once_s(model, batch, prompt, short)) \
         * 1e3 / (long - short)
 
 
-def step_kernel_ms(model, batch: int, prompt: int, short: int = 8, long: int = 40) -> float | None:
+def step_kernel_ms(model: Any, batch: int, prompt: int, short: int = 8, long: int = 40) -> float | None:
     """GPU kernel ms of one decode iteration (profiler), the same difference."""
     torch = import_torch()
     k_long = kernel_ms(torch, lambda: generate_once_s(model, batch, prompt, long))
@@ -124,7 +127,7 @@ def step_kernel_ms(model, batch: int, prompt: int, short: int = 8, long: int = 4
     return None if k_long is None or k_short is None else (k_long - k_short) / (long - short)
 
 
-def hf_step(model, batch: int, prompt: int, short: int = 8, long: int = 40, repeats: int = 5,
+def hf_step(model: Any, batch: int, prompt: int, short: int = 8, long: int = 40, repeats: int = 5,
             with_kernels: bool = True) -> tuple[float, float | None]:
     """(wall ms, GPU kernel ms) of one decode iteration of `generate` at `batch`,
     the median of `repeats` after two warm-up calls."""
@@ -135,7 +138,7 @@ def hf_step(model, batch: int, prompt: int, short: int = 8, long: int = 40, repe
 
 
 
-def hf_decode_costs(cfg: dict, model: Model, device, grids: Grids, deadline: float, log,
+def hf_decode_costs(cfg: dict, model: Model, device: Any, grids: Grids, deadline: float, log: Callable[[str], None],
                     repeats: int = 5) -> tuple[dict, list[dict]]:
     """The decode loop's CPU costs from the model's HF implementation.
 

@@ -5,6 +5,9 @@ per-expert loop) and sampling. torch is passed in, never imported at module leve
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -25,11 +28,11 @@ class Ops:
         self.sm_count = (torch.cuda.get_device_properties(device).multi_processor_count
                          if device.type == "cuda" else 4)
 
-    def randn(self, *shape, scale: float = 1.0):
+    def randn(self, *shape: int, scale: float = 1.0) -> Any:
         x = self.torch.randn(*shape, device=self.device, dtype=self.dtype)
         return x.mul_(scale) if scale != 1.0 else x
 
-    def build(self, spec: Spec):
+    def build(self, spec: Spec) -> Callable[[], Callable[[], object]]:
         """The factory of the closure to time, or a list of alternative factories (the
         faster is kept)."""
         return getattr(self, spec.table)(*spec.key)
@@ -43,13 +46,13 @@ class Ops:
         return n
 
     # -- GEMM and attention ----------------------------------------------------------
-    def gemm(self, dtype, m, n, k):
+    def gemm(self, dtype: str, m: int, n: int, k: int) -> Callable[[], object]:
         def make():
             w, x = self.randn(n, k, scale=0.02), self.randn(m, k)
             return lambda: self.F.linear(x, w)
         return make
 
-    def gqa_decode(self, heads, kv_heads, head_dim, batch, context):
+    def gqa_decode(self, heads: int, kv_heads: int, head_dim: int, batch: int, context: int) -> Callable[[], object]:
         group = heads // kv_heads
         splits = self.splits(batch * kv_heads, context)
 
@@ -64,7 +67,7 @@ class Ops:
         sdpa = lambda: make(False)  # noqa: E731
         return sdpa if splits == 1 else [sdpa, lambda: make(True)]
 
-    def gqa_prefill(self, heads, kv_heads, head_dim, batch, isl):
+    def gqa_prefill(self, heads: int, kv_heads: int, head_dim: int, batch: int, isl: int) -> Callable[[], object]:
         sdpa = self.F.scaled_dot_product_attention
 
         def make():
@@ -82,7 +85,7 @@ class Ops:
                 return lambda: sdpa(q, k2, v2, is_causal=True)
         return make
 
-    def mla_decode(self, heads, batch, context):
+    def mla_decode(self, heads: int, batch: int, context: int) -> Callable[[], object]:
         a = self.model.mla
         latent, rope = a.kv_lora_rank, a.qk_rope_head_dim
         scale = (a.qk_nope_head_dim + a.qk_rope_head_dim) ** -0.5
@@ -94,7 +97,7 @@ class Ops:
             return split_kv_attention(self.torch, q, cache, cache[..., :latent], scale, self.splits(batch, context))
         return make
 
-    def mla_prefill(self, heads, batch, isl):
+    def mla_prefill(self, heads: int, batch: int, isl: int) -> Callable[[], object]:
         a = self.model.mla
         d = a.qk_nope_head_dim + a.qk_rope_head_dim
 
@@ -104,7 +107,8 @@ class Ops:
         return make
 
     # -- MoE -----------------------------------------------------------------------------
-    def moe(self, dtype, hidden, inter, topk, experts, moe_tp, distribution, tokens):
+    def moe(self, dtype: str, hidden: int, inter: int, topk: int, experts: int, moe_tp: int, distribution: str,
+            tokens: int) -> Callable[[], object]:
         torch = self.torch
         i = inter // moe_tp
         rng = np.random.default_rng(zlib.crc32(repr((distribution, tokens, experts, topk)).encode()))
@@ -146,7 +150,7 @@ class Ops:
         return "grouped_mm" if ok else "per-expert loop"
 
     # -- sampling -------------------------------------------------------------------------
-    def sampling(self, mode, batch):
+    def sampling(self, mode: str, batch: int) -> Callable[[], object]:
         torch = self.torch
 
         def make():
@@ -157,12 +161,12 @@ class Ops:
         return make
 
 
-def grouped_mm_fn(torch):
+def grouped_mm_fn(torch: ModuleType) -> Callable | None:
     """torch's grouped GEMM (public from 2.10, private since 2.8), or None."""
     return getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
-def split_kv_attention(torch, q, k, v, scale: float, splits: int):
+def split_kv_attention(torch: ModuleType, q: Any, k: Any, v: Any, scale: float, splits: int) -> Callable[[], object]:
     """Decode attention the way flash-decoding does it, unfused: the context cut into
     `splits` chunks attended in parallel (so a small batch still fills the GPU), then
     merged by each chunk's log-sum-exp. q (b, h, g, d): the g query heads that share
@@ -190,7 +194,7 @@ def _combine(torch, y, order, gate, tokens: int):
     return torch.bmm(gate.view(tokens, 1, topk).to(rows.dtype), rows).view(tokens, -1)
 
 
-def moe_grouped(torch, x, ids, gate, w13, w2):
+def moe_grouped(torch: ModuleType, x: Any, ids: Any, gate: Any, w13: Any, w2: Any) -> Callable[[], object]:
     """Routed experts with one grouped GEMM per projection. Everything stays on the
     GPU (no host sync), so the layer can be captured in a CUDA graph."""
     gmm = grouped_mm_fn(torch)
@@ -212,7 +216,7 @@ def moe_grouped(torch, x, ids, gate, w13, w2):
     return layer
 
 
-def moe_loop(torch, x, ids, gate, w13, w2, counts):
+def moe_loop(torch: ModuleType, x: Any, ids: Any, gate: Any, w13: Any, w2: Any, counts: Any) -> Callable[[], object]:
     """Routed experts as one GEMM pair per expert that received tokens (the fallback
     where torch has no grouped GEMM): reads only the touched experts' weights."""
     i = w13.shape[1] // 2

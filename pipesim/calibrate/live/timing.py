@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable, Iterable
+from types import ModuleType
 
 from ...errors import UserError
 
@@ -25,7 +27,7 @@ NEEDS_TORCH = "live calibration needs torch: pip install 'pipesim[live]'"
 COLD_FACTOR, MAX_COPIES = 3.0, 32
 
 
-def import_torch():
+def import_torch() -> ModuleType:
     try:
         import torch
     except ImportError:
@@ -33,13 +35,13 @@ def import_torch():
     return torch
 
 
-def require_cuda(torch) -> None:
+def require_cuda(torch: ModuleType) -> None:
     if not torch.cuda.is_available():
         raise UserError("no NVIDIA GPU is visible (torch.cuda.is_available() is False); "
                         "live calibration times CUDA kernels on the GPUs of this machine")
 
 
-def median(xs) -> float:
+def median(xs: Iterable[float]) -> float:
     return float(statistics.median(xs))
 
 
@@ -76,7 +78,7 @@ class Bench:
         torch.cuda.synchronize()
         return cycles / max(e0.elapsed_time(e1) * 1e3, 1.0)
 
-    def time_ms(self, make, graph: bool = True, reps: int | None = None) -> tuple[float, str]:
+    def time_ms(self, make: Callable[[], Callable[[], object]], graph: bool = True, reps: int | None = None) -> tuple[float, str]:
         """(median milliseconds of one call, method) of the closure that `make()` returns
         (a fresh one, with its own inputs, each time it is called)."""
         torch, reps = self.torch, reps or self.reps
@@ -131,7 +133,7 @@ class Bench:
         torch.cuda.synchronize()
         return median([s.elapsed_time(e) for s, e in zip(starts, ends)]) / copies, method
 
-    def enqueue_us(self, fn, reps: int = 20) -> float:
+    def enqueue_us(self, fn: Callable[[], object], reps: int = 20) -> float:
         """CPU microseconds to launch fn's kernels, with the GPU held busy so that no
         launch waits for it (eager launch cost)."""
         torch = self.torch
