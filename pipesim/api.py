@@ -23,29 +23,44 @@ def run(scenario: Scenario, **kwargs: object) -> Result:
     return simulate(scenario, **kwargs)[1]
 
 
+def admitted_concurrency(scenario: Scenario) -> int:
+    """How many of a closed loop's C requests the engine runs at once: at most C, its
+    running cap, and the requests of mean length its KV cache holds (whole-request
+    reservation at admission, Simulation.admit). Clients beyond it only queue."""
+    w, s = scenario.workload, scenario.settings
+    per_request = max(1.0, w.input_len.mean + w.output_len.mean)
+    return max(1, min(w.concurrency, s.running_cap, int(s.kv_tokens // per_request)))
+
+
 def simulate(scenario: Scenario, *, warmup_requests: int | None = None, measure_requests: int | None = None,
              max_measure_requests: int | None = None, ci_target: float | None = CI_TARGET) -> tuple[Record, Result]:
     """Simulate a built scenario; returns what the run recorded (it feeds traces and
     the idle breakdown) and the metrics.
 
-    Closed loop: the first C completed requests are warm-up. The run then measures at
-    least `measure_requests` completions (default max(2C, 16)) while every client keeps
+    Closed loop: the first A completed requests are warm-up, A the requests the engine
+    admits at once (`admitted_concurrency`: C unless its running cap or KV capacity is
+    smaller; more clients only lengthen the queue, not the work in flight, so they
+    need no longer a run). The run then measures at
+    least `measure_requests` completions (default max(2A, 16)) while every client keeps
     its next request coming, and goes on until the throughput's 95% confidence
     half-width (batch means) is within `ci_target` of the mean, or
     `max_measure_requests` (default 20x the minimum) have completed. `ci_target=None`
     measures exactly `measure_requests`. Open loop and traces: every request.
     """
     w = scenario.workload
+    queued = False
     if w.kind == "closed":
-        warm = w.concurrency if warmup_requests is None else warmup_requests
-        measure = max(2 * w.concurrency, 16) if measure_requests is None else measure_requests
+        admitted = admitted_concurrency(scenario)
+        queued = admitted < w.concurrency
+        warm = admitted if warmup_requests is None else warmup_requests
+        measure = max(2 * admitted, 16) if measure_requests is None else measure_requests
         cap = 20 * measure if max_measure_requests is None else max_measure_requests
     else:
         warm, measure, cap, ci_target = 0, w.num_requests, w.num_requests, None
     t = time.perf_counter()
     costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
     sim = Simulation(costs, w, scenario.settings.scheduler, scenario.settings, warm, measure,
-                     max_measure_requests=cap, ci_target=ci_target)
+                     max_measure_requests=cap, ci_target=ci_target, queued=queued)
     sim.run(MAX_SIM_S)
     rec = sim.record()
     return rec, collect(rec, sim.finished, scenario.describe(), time.perf_counter() - t)

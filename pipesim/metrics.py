@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .record import Batch, Record
-from .steady import closed_loop_ci, window_ci
+from .steady import closed_loop_ci, queue_wait_s, window_ci
 
 if TYPE_CHECKING:
     from .simulation import Request
@@ -189,17 +189,32 @@ def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float)
     in_window = (tok[:, 0] > t0) & (tok[:, 0] <= t1)
     out_tokens = float(tok[in_window, 1].sum())
 
-    rows = [(r.rid, r.client, r.arrival_s, r.input_len, r.output_len, r.first_token_s, r.finish_s, r.slot)
+    rows = [(r.rid, r.client, r.arrival_s, r.admit_s, r.input_len, r.output_len, r.first_token_s, r.finish_s, r.slot)
             for r in sorted(finished, key=lambda r: r.rid)]
-    req = pd.DataFrame(rows, columns=["rid", "client", "arrival_s", "input_len", "output_len",
+    req = pd.DataFrame(rows, columns=["rid", "client", "arrival_s", "admit_s", "input_len", "output_len",
                                       "first_token_s", "finish_s", "slot"])
     done = req[(req.finish_s > t0) & (req.finish_s <= t1)].copy()
-    done["ttft_ms"] = (done.first_token_s - done.arrival_s) * 1e3
+    measured = [r for r in finished if r.finish_s > t0] if rec.clients is not None else []
+    if rec.engine_load is not None:
+        # more clients than admitted: the run is too short for the queue to reach its
+        # steady wait, which Little's law gives exactly in mean (steady.py)
+        admitted_s = [r.finish_s - r.admit_s for r in measured]
+        ci = closed_loop_ci(rec.engine_load, [r.output_len for r in measured], admitted_s)
+        wait_s = queue_wait_s(rec.clients, rec.engine_load, float(np.mean(admitted_s))) if admitted_s else 0.0
+        start_s = done.admit_s - wait_s
+    else:
+        start_s = done.arrival_s
+        if rec.clients is not None:
+            ci = closed_loop_ci(rec.clients, [r.output_len for r in measured],
+                                [r.finish_s - r.arrival_s for r in measured])
+        else:
+            ci = window_ci(rec.tokens, t0, t1)
+    done["ttft_ms"] = (done.first_token_s - start_s) * 1e3
     decode_s = done.finish_s - done.first_token_s
     multi = done.output_len > 1
     done["tpot_ms"] = np.where(multi, decode_s / (done.output_len - 1).clip(lower=1) * 1e3, np.nan)
     done["decode_tok_s"] = np.where(multi & (decode_s > 0), (done.output_len - 1) / decode_s.where(decode_s > 0, 1), np.nan)
-    done["e2e_ms"] = (done.finish_s - done.arrival_s) * 1e3
+    done["e2e_ms"] = (done.finish_s - start_s) * 1e3
     tpot = done.tpot_ms.dropna().to_numpy()
     ttft = done.ttft_ms.to_numpy()
 
@@ -211,11 +226,6 @@ def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float)
     hops = [busy_in(v, t0, t1) / span for v in rec.hops.values()]
     batches = [b for b in rec.batches if t0 <= b.launch_s <= t1]
     decode_sizes = [b.requests for b in batches if b.kind == "decode"]
-    if rec.clients is not None:
-        measured = [r for r in finished if r.finish_s > t0]
-        ci = closed_loop_ci(rec.clients, [r.output_len for r in measured], [r.finish_s - r.arrival_s for r in measured])
-    else:
-        ci = window_ci(rec.tokens, t0, t1)
     return Result(
         scenario=scenario,
         window_s=(t0, t1),

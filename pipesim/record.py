@@ -82,7 +82,8 @@ class Recorder:
         self.link_wait: list[Interval] = []     # waits for a shared PCIe link
 
     def freeze(self, *, stage_gpus: tuple[tuple[int, ...], ...], layers_per_stage: tuple[int, ...], slots: int,
-               clients: int | None, window_s: tuple[float, float], end_s: float, events: int) -> Record:
+               clients: int | None, window_s: tuple[float, float], end_s: float, events: int,
+               engine_load: float | None = None) -> Record:
         """The finished run as a value (the lists are handed over, not copied)."""
         pp = len(stage_gpus)
         names = tuple(hop_name(s, pp) for s in range(pp)) if pp > 1 else ()
@@ -91,7 +92,7 @@ class Recorder:
             hops={n: self.hops[s] for s, n in enumerate(names)}, hop_names=names, cpu=self.cpu,
             tokens=self.tokens, batches=self.batches, link_wait=self.link_wait,
             stage_gpus=stage_gpus, layers_per_stage=layers_per_stage, slots=slots, clients=clients,
-            window_s=window_s, end_s=end_s, events=events)
+            window_s=window_s, end_s=end_s, events=events, engine_load=engine_load)
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,9 @@ class Record:
     window_s: tuple[float, float]            # the measurement window
     end_s: float                             # simulated time at the end of the run
     events: int                              # events the simulation scheduled
+    # closed loop with more clients than the engine admits: the mean number of admitted
+    # requests over the window (None: every client's request is admitted at once)
+    engine_load: float | None = None
 
     @property
     def pp(self) -> int:

@@ -55,7 +55,7 @@ class Channel:
 
 class Request:
     __slots__ = ("rid", "arrival_s", "input_len", "output_len", "prefilled", "scheduled", "generated", "slot",
-                 "first_token_s", "finish_s", "client", "kv_reserved", "inflight")
+                 "first_token_s", "finish_s", "client", "kv_reserved", "inflight", "admit_s")
 
     def __init__(self, rid: int, arrival_s: float, input_len: int, output_len: int, client: int = -1):
         self.rid, self.arrival_s, self.client = rid, arrival_s, client
@@ -68,6 +68,7 @@ class Request:
         self.finish_s = -1.0
         self.kv_reserved = 0
         self.inflight = False
+        self.admit_s = -1.0         # when the engine admitted it (left the waiting queue)
 
     @property
     def context(self) -> int:
@@ -96,7 +97,7 @@ class Simulation:
     def __init__(self, costs: CostModel, workload: Workload, engine_factory: Callable[[EngineSimulation], EngineScheduler],
                  settings: EngineSettings,
                  warmup_requests: int, measure_requests: int, max_measure_requests: int | None = None,
-                 ci_target: float | None = None):
+                 ci_target: float | None = None, queued: bool = False):
         self.env = env = CountingEnvironment()
         self.costs, self.workload, self.settings = costs, workload, settings
         plan = costs.plan
@@ -115,6 +116,10 @@ class Simulation:
         self.target = warmup_requests + measure_requests
         self.cap = warmup_requests + max(max_measure_requests or measure_requests, measure_requests)
         self.ci_target = ci_target
+        # A closed loop with more clients than the engine admits keeps a queue: its
+        # throughput is then estimated on the admitted requests (steady.py).
+        self.queued = queued and workload.kind == "closed"
+        self._load_s = self._load_t = self._load_warm_s = 0.0   # integral of `running` over time
         self._check_every = max(1, measure_requests // 8)
         self.warmup_requests = warmup_requests
         self.warmup_end_s = 0.0
@@ -227,7 +232,15 @@ class Simulation:
         """Reserve KV for the whole request (prompt + output) at admission."""
         req.kv_reserved = req.input_len + req.output_len
         self.kv_free -= req.kv_reserved
+        self._count_load()
         self.running += 1
+        req.admit_s = self.env.now
+
+    def _count_load(self) -> None:
+        """Add the running count's time since its last change (the engine's load)."""
+        now = self.env.now
+        self._load_s += self.running * (now - self._load_t)
+        self._load_t = now
 
     def _complete(self, mb: MicroBatch) -> None:
         """Sampled tokens are back on the first stage: update requests, free finished ones."""
@@ -254,10 +267,12 @@ class Simulation:
             r.finish_s = now
             self.finished.append(r)
             self.kv_free += r.kv_reserved
+            self._count_load()
             self.running -= 1
             self.completed += 1
             if self.completed == self.warmup_requests:
                 self.warmup_end_s = now
+                self._load_warm_s = self._load_s
             if self.completed >= self.target and not self.stop.triggered and self._steady():
                 self.stop.succeed()
         self.scheduler.on_return(mb, finished)
@@ -278,8 +293,17 @@ class Simulation:
     def throughput_ci(self) -> tuple[float, float]:
         """Closed-loop output rate and its 95% half-width from the measured requests."""
         done = [r for r in self.finished if r.finish_s > self.warmup_end_s]
+        if self.queued:
+            return closed_loop_ci(self.engine_load(), [r.output_len for r in done],
+                                  [r.finish_s - r.admit_s for r in done])
         return closed_loop_ci(self.workload.concurrency, [r.output_len for r in done],
                               [r.finish_s - r.arrival_s for r in done])
+
+    def engine_load(self) -> float:
+        """Mean number of admitted requests over the measurement window so far."""
+        self._count_load()
+        span = self.env.now - self.warmup_end_s
+        return (self._load_s - self._load_warm_s) / span if span > 0 else float("nan")
 
     def _arrive(self, client: int = -1, input_len: int | None = None, output_len: int | None = None) -> None:
         w = self.workload
@@ -337,4 +361,5 @@ class Simulation:
         return self.rec.freeze(stage_gpus=tuple(tuple(plan.stage_gpus(s)) for s in range(plan.pp)),
                                layers_per_stage=tuple(plan.layers_per_stage), slots=self.settings.slots,
                                clients=self.workload.concurrency if self.workload.kind == "closed" else None,
-                               window_s=(t0, t1), end_s=t1, events=self.env.scheduled)
+                               window_s=(t0, t1), end_s=t1, events=self.env.scheduled,
+                               engine_load=self.engine_load() if self.queued else None)

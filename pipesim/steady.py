@@ -7,6 +7,15 @@ sample, and the 95% half-width is t(0.975, BATCHES-1) x std / sqrt(BATCHES). Thi
 converges even when a fixed-length closed loop runs in synchronized waves, where
 equal-time batches would each see a different phase of the wave.
 
+Closed loop with more clients than the engine admits (C above its running cap or
+its KV capacity): the extra clients wait in the engine's queue and the run is sized
+by the admitted requests, not by C (api.simulate). The same renewal-reward estimate
+is then taken on the engine alone: L x E[output tokens] / E[time admitted], L the
+mean number admitted over the window (Little's law on the engine, which holds with
+or without a queue in front of it). Every client's latency adds the queue wait, by
+Little's law on the whole closed loop (no think time): E[latency] = C / request rate,
+so the mean wait is E[time admitted] x (C / L - 1) (`queue_wait_s`).
+
 Open loop and traces: the window is cut into `BATCHES` equal spans of time and each
 span's output rate is one sample.
 """
@@ -32,6 +41,13 @@ def closed_loop_ci(concurrency: int, output_tokens, latency_s) -> tuple[float, f
     groups = np.array_split(np.arange(len(out)), BATCHES)
     samples = np.array([concurrency * out[g].sum() / lat[g].sum() for g in groups])
     return concurrency * out.sum() / lat.sum(), _half_width(samples)
+
+
+def queue_wait_s(concurrency: int, engine_load: float, mean_admitted_s: float) -> float:
+    """Mean time a closed-loop request waits before admission, in steady state: the
+    request rate is L / E[time admitted] (Little on the engine) and E[latency] is
+    C / request rate (Little on the closed loop)."""
+    return mean_admitted_s * (concurrency / engine_load - 1.0)
 
 
 def window_ci(tokens: list, t0: float, t1: float) -> tuple[float, float]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import pipesim
-from pipesim.steady import BATCHES, closed_loop_ci, window_ci
+from pipesim.steady import BATCHES, closed_loop_ci, queue_wait_s, window_ci
 
 
 def test_closed_loop_ci_by_hand():
@@ -54,3 +54,46 @@ def test_fixed_lengths_converge_at_the_minimum():
     r = pipesim.predict(8, 1, 8, measure_requests=16)
     assert r.output_throughput_ci_tok_s == pytest.approx(0.0, abs=1e-6)
     assert r.completed_requests <= 16 + 8
+
+
+def test_queue_wait_by_littles_law():
+    # 2 admitted, 1 s each: 2 req/s; 10 clients then see 10 / 2 = 5 s per request, 4 s of it queued
+    assert queue_wait_s(10, 2.0, 1.0) == pytest.approx(4.0)
+    assert queue_wait_s(2, 2.0, 1.0) == 0.0
+
+
+def _long_unqueued(scenario, warm: int, measure: int):
+    """A run measured the plain way (latency from arrival, C in the estimator), long
+    enough for the queue to reach its steady wait."""
+    from pipesim.costs import CostModel
+    from pipesim.metrics import collect
+    from pipesim.simulation import Simulation
+
+    costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
+    sim = Simulation(costs, scenario.workload, scenario.settings.scheduler, scenario.settings, warm, measure)
+    sim.run(1e6)
+    return collect(sim.record(), sim.finished, scenario.describe(), 0.0)
+
+
+def test_above_the_running_cap_agrees_with_a_long_run():
+    """C = 32 clients on an engine that runs 8: the run sized by the 8 admitted agrees
+    with a run long enough for the queue to settle, in throughput and in latency
+    (Little's law), within twice the short run's interval."""
+    kw = dict(output_len="20:100", max_running_requests=8)
+    short = pipesim.predict(8, 1, 32, seed=3, **kw)
+    long = _long_unqueued(pipesim.build_scenario(tp=8, pp=1, concurrency=32, seed=4, **kw), 4 * 32, 40 * 32)
+    half = short.output_throughput_ci_tok_s
+    assert half > 0
+    assert abs(short.output_throughput_tok_s - long.output_throughput_tok_s) <= 2 * half
+    rel = half / short.output_throughput_tok_s
+    assert short.e2e_ms_mean == pytest.approx(long.e2e_ms_mean, rel=2 * rel + 0.01)
+    assert short.ttft_ms_p50 == pytest.approx(long.ttft_ms_p50, rel=2 * rel + 0.05)
+
+
+def test_clients_beyond_the_cap_cost_no_longer_a_run():
+    kw = dict(output_len="50", max_running_requests=8)
+    at_cap = pipesim.predict(8, 1, 8, **kw)
+    far_above = pipesim.predict(8, 1, 512, **kw)
+    assert far_above.completed_requests <= 1.5 * at_cap.completed_requests
+    assert far_above.sim_events <= 1.5 * at_cap.sim_events
+    assert far_above.output_throughput_tok_s == pytest.approx(at_cap.output_throughput_tok_s, rel=0.02)
