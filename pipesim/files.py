@@ -77,4 +77,6 @@ def read_table(path: str | Path) -> pd.DataFrame:
         df = pd.read_csv(p, dtype={"input_len": str, "output_len": str})
     missing = [c for c in TABLE_COLUMNS if c not in df.columns]
     require(not missing, f"'{p}' is not a pipesim sweep table: no column(s) {', '.join(missing)}")
+    if "rate_rps" not in df.columns:   # written before open-loop sweeps: every row a closed loop
+        df["rate_rps"] = 0.0
     return df

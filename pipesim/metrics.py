@@ -147,6 +147,7 @@ class Result:
     completed_requests: int
     sim_events: int
     sim_wall_s: float
+    saturation: dict | None               # open loop: arrivals against service (saturation.py); closed: None
     requests: pd.DataFrame = field(repr=False)
     stages: pd.DataFrame = field(repr=False)
 
@@ -177,6 +178,13 @@ def _per_slot(batches: list[Batch], slots: int) -> list[float]:
             sums[b.slot] += b.requests
             counts[b.slot] += 1
     return [s / c if c else 0.0 for s, c in zip(sums, counts)]
+
+
+def _saturation(req: pd.DataFrame) -> dict | None:
+    from .saturation import saturation
+
+    s = saturation(req.arrival_s, req.first_token_s, req.finish_s)
+    return None if s is None else s.to_dict()
 
 
 def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float) -> Result:
@@ -252,6 +260,7 @@ def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float)
         completed_requests=int(len(done)),
         sim_events=rec.events,
         sim_wall_s=wall_s,
+        saturation=_saturation(req) if rec.clients is None else None,
         requests=done.reset_index(drop=True),
         stages=stages,
     )

@@ -60,6 +60,7 @@ def table(result: Result) -> str:
         f"  per-request decode    {r.per_request_tok_s:10,.1f} tok/s",
         f"  TTFT   p50 / p99      {_ms(r.ttft_ms_p50):>12} / {_ms(r.ttft_ms_p99)}",
         f"  TPOT   p50 / p99      {_ms(r.tpot_ms_p50):>12} / {_ms(r.tpot_ms_p99)}",
+        *([f"  load                  {r.saturation['text']}"] if r.saturation else []),
         f"  requests/micro-batch  {r.mean_requests_per_microbatch:10.1f}   (decode batches: {r.mean_decode_batch:.1f})",
         "",
         f"  GPU time: compute {sh['compute']:.0%}  all-reduce {sh['allreduce']:.0%}  idle (bubble) {sh['idle']:.0%};"

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pandas is imported where a table is built, so the CLI can r
 DEFAULT_CONC = (1, 2, 4, 8, 16, 32, 64, 128)
 RUN_KEYS = ("warmup_requests", "measure_requests", "max_measure_requests", "ci_target")
 WALL_COLUMNS = ("sim_wall_s",)   # the only columns that differ between identical runs
-KEY_COLUMNS = ["gpus", "tp", "pp", "conc"]
+KEY_COLUMNS = ["gpus", "tp", "pp", "conc", "rate_rps"]
 
 
 
@@ -40,6 +40,24 @@ def whole_numbers(values: int | Sequence[int], what: str) -> list[int]:
     return sorted(set(values))
 
 
+def positive_numbers(values: float | Sequence[float], what: str) -> list[float]:
+    """A number or a sequence of numbers -> sorted and distinct; each finite and > 0."""
+    if isinstance(values, (int, float)) and not isinstance(values, bool):
+        values = [values]
+    require(not isinstance(values, (str, bytes)), f"{what} {values!r} must be a number or a sequence of them, e.g. [0.5, 1, 2]")
+    values = list(values)
+    require(len(values) > 0, f"{what} is empty; give at least one number > 0, e.g. 0.5,1,2")
+    for v in values:
+        require(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"),
+                f"{what}: {v!r} is not a number > 0")
+    return sorted(set(float(v) for v in values))
+
+
+def load_column(df: pd.DataFrame) -> str:
+    """The load a sweep table varies: 'rate_rps' for an open-loop sweep, else 'conc'."""
+    return "rate_rps" if "rate_rps" in df.columns and (df.rate_rps > 0).all() else "conc"
+
+
 def splits(gpus: int) -> list[tuple[int, int]]:
     """Every (tp, pp) with tp x pp = gpus, TP largest first."""
     return [(gpus // pp, pp) for pp in range(1, gpus + 1) if gpus % pp == 0]
@@ -51,22 +69,27 @@ def split_name(tp: int, pp: int) -> str:
 
 # ---- one point -----------------------------------------------------------------------
 
-def run_point(tp: int, pp: int, conc: int, kwargs: dict, run_kwargs: dict) -> dict:
-    """One row of the sweep table. Module-level so that worker processes (local or
-    Dask) can unpickle it."""
+def run_point(tp: int, pp: int, load: float, kwargs: dict, run_kwargs: dict, open_loop: bool = False) -> dict:
+    """One row of the sweep table: `load` is the closed-loop concurrency, or with
+    `open_loop` the Poisson arrival rate (req/s). Module-level so that worker
+    processes (local or Dask) can unpickle it."""
     from .api import simulate
     from .metrics import idle_breakdown
 
-    scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
+    load_kw = dict(rate_rps=float(load)) if open_loop else dict(concurrency=int(load))
+    scenario = build_scenario(tp=tp, pp=pp, **load_kw, **kwargs)
     rec, r = simulate(scenario, **run_kwargs)
     idle = idle_breakdown(rec, *r.window_s)
     sc = r.scenario
+    eng = sc["engine"]
     n = len(idle)
+    sat = r.saturation or {}
     return {
         "box": sc["box"], "gpu": sc["gpu"], "model": sc["model"], "profile": sc["profile"],
-        "engine": sc["engine"]["engine"], "input_len": sc["workload"]["input_len"],
+        "engine": eng["engine"], "input_len": sc["workload"]["input_len"],
         "output_len": sc["workload"]["output_len"], "seed": sc["workload"]["seed"],
-        "gpus": tp * pp, "tp": tp, "pp": pp, "conc": conc, "split": split_name(tp, pp),
+        "gpus": tp * pp, "tp": tp, "pp": pp, "conc": 0 if open_loop else int(load),
+        "rate_rps": float(load) if open_loop else 0.0, "split": split_name(tp, pp),
         "layers_per_stage": ",".join(map(str, sc["layers_per_stage"])),
         "output_throughput_tok_s": r.output_throughput_tok_s,
         "output_throughput_ci_tok_s": r.output_throughput_ci_tok_s,
@@ -85,15 +108,48 @@ def run_point(tp: int, pp: int, conc: int, kwargs: dict, run_kwargs: dict) -> di
         "p2p_share": r.p2p_share, "cpu_share": r.cpu_share,
         "mean_requests_per_microbatch": r.mean_requests_per_microbatch,
         "mean_decode_batch": r.mean_decode_batch,
+        "decode_batch_per_slot": ";".join(f"{b:.3f}" for b in r.decode_batch_per_slot),
+        **caps(sc),
+        "overloaded": bool(sat.get("overloaded", False)),
+        "served_req_s": sat.get("served_rate_req_s", float("nan")),
+        "queue_growth_req_s": sat.get("queue_growth_req_s", float("nan")),
         "completed_requests": r.completed_requests,
         "sim_events": r.sim_events,
         "sim_wall_s": r.sim_wall_s,
     }
 
 
+def caps(sc: dict) -> dict:
+    """What bounds the requests running at once in a scenario (`Result.scenario`):
+    the engine's running cap (SGLang max_running_requests, vLLM max_num_seqs),
+    SGLang's per-slot cap times its slots, and the KV cache (whole requests of the
+    workload's largest size). `effective_cap` is the smallest: a closed loop with
+    more clients than that only queues, so throughput flattens there; `cap_reason`
+    names the bound."""
+    eng, w = sc["engine"], sc["workload"]
+    running = eng.get("max_running_requests", eng.get("max_num_seqs"))
+    slot_cap, slots = eng.get("pp_max_micro_batch_size"), eng.get("slots", 1)
+    kv = sc["kv_cache_tokens"]
+    size = (_hi(w.get("input_len")) + _hi(w.get("output_len"))) if "input_len" in w else None
+    bounds = {"running cap": running}
+    if slot_cap is not None:
+        bounds["per-slot cap x slots"] = slot_cap * slots
+    if size:
+        bounds["KV cache"] = kv // size
+    reason = min(bounds, key=lambda k: bounds[k])
+    return {"running_cap": running, "slot_cap": slot_cap if slot_cap is not None else 0, "slots": slots,
+            "kv_cache_tokens": kv, "kv_request_cap": bounds.get("KV cache", 0),
+            "effective_cap": bounds[reason], "cap_reason": reason}
+
+
+def _hi(spec) -> int:
+    """The largest length of a spec: '300' -> 300, '100:500' -> 500."""
+    return int(str(spec).split(":")[-1])
+
+
 # ---- the sweep ---------------------------------------------------------------------------
 
-def _valid_splits(gpu_counts: list[int], conc: int, kwargs: dict) -> tuple[list[tuple[int, int]], list[str]]:
+def _valid_splits(gpu_counts: list[int], load: dict, kwargs: dict) -> tuple[list[tuple[int, int]], list[str]]:
     """Splits build_scenario accepts, and 'TPa x PPb (N GPUs): reason' for the rest.
     A reason every split shares (an unknown model, a bad knob) is not about the split:
     it is raised as is."""
@@ -101,7 +157,7 @@ def _valid_splits(gpu_counts: list[int], conc: int, kwargs: dict) -> tuple[list[
     for g in gpu_counts:
         for tp, pp in splits(g):
             try:
-                build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
+                build_scenario(tp=tp, pp=pp, **load, **kwargs)
                 valid.append((tp, pp))
             except UserError as exc:
                 reasons[(tp, pp)] = str(exc)
@@ -115,11 +171,12 @@ def _valid_splits(gpu_counts: list[int], conc: int, kwargs: dict) -> tuple[list[
     return valid, skipped
 
 
-def sweep(gpus: int | Sequence[int] = 8, conc: int | Sequence[int] = DEFAULT_CONC, *,
-          scheduler: str | None = None, workers: int | None = None, progress: bool | None = False,
-          **kwargs) -> pd.DataFrame:
+def sweep(gpus: int | Sequence[int] = 8, conc: int | Sequence[int] | None = DEFAULT_CONC, *,
+          rate: float | Sequence[float] | None = None, scheduler: str | None = None, workers: int | None = None,
+          progress: bool | None = False, **kwargs) -> pd.DataFrame:
     """Run every valid (tp, pp) with tp x pp in `gpus` at every closed-loop concurrency
-    in `conc`. Keyword arguments are those of `pipesim.predict` (model, profile,
+    in `conc`, or, with `rate`, at every open-loop Poisson arrival rate (req/s; `conc`
+    is then not read; `num_requests` per point, default 200). Keyword arguments are those of `pipesim.predict` (model, profile,
     engine, box, input_len, output_len, seed, engine knobs, warmup_requests, ...).
 
     `workers`: local processes (default: every core; 1 runs in this process).
@@ -130,17 +187,21 @@ def sweep(gpus: int | Sequence[int] = 8, conc: int | Sequence[int] = DEFAULT_CON
     import pandas as pd
 
     gpu_counts = whole_numbers(gpus, "gpus")
-    concs = whole_numbers(conc, "conc")
-    for k in ("tp", "pp", "concurrency", "rate_rps", "trace", "num_requests"):
-        require(kwargs.pop(k, None) is None, f"a sweep sets tp, pp and the concurrency itself; it takes no {k}")
+    open_loop = rate is not None
+    loads = positive_numbers(rate, "rate") if open_loop else whole_numbers(conc, "conc")
+    for k in ("tp", "pp", "concurrency", "rate_rps", "trace") + (() if open_loop else ("num_requests",)):
+        require(kwargs.pop(k, None) is None, f"a sweep sets tp, pp and the load itself; it takes no {k}")
+    if open_loop:
+        kwargs["num_requests"] = kwargs.get("num_requests") or 200
     run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
-    valid, skipped = _valid_splits(gpu_counts, concs[0], kwargs)
-    points = [(tp, pp, c) for tp, pp in valid for c in concs]
+    first = dict(rate_rps=loads[0]) if open_loop else dict(concurrency=loads[0])
+    valid, skipped = _valid_splits(gpu_counts, first, kwargs)
+    points = [(tp, pp, c) for tp, pp in valid for c in loads]
 
     if scheduler:
-        rows = _run_dask(scheduler, points, kwargs, run_kwargs, progress)
+        rows = _run_dask(scheduler, points, kwargs, run_kwargs, progress, open_loop)
     else:
-        rows = _run_local(points, kwargs, run_kwargs, workers, progress)
+        rows = _run_local(points, kwargs, run_kwargs, workers, progress, open_loop)
     df = pd.DataFrame(rows).sort_values(KEY_COLUMNS, kind="stable").reset_index(drop=True)
     df.attrs["skipped"] = skipped
     return df
@@ -153,24 +214,24 @@ def _bar(total: int, progress: bool | None):
     return tqdm(total=total, desc="sweep", unit="run", disable=None if progress is None else not progress)
 
 
-def _run_local(points, kwargs, run_kwargs, workers, progress) -> list[dict]:
+def _run_local(points, kwargs, run_kwargs, workers, progress, open_loop=False) -> list[dict]:
     n = min(workers or os.cpu_count() or 1, len(points))
     rows = []
     with _bar(len(points), progress) as bar:
         if n <= 1:
             for tp, pp, c in points:
-                rows.append(run_point(tp, pp, c, kwargs, run_kwargs))
+                rows.append(run_point(tp, pp, c, kwargs, run_kwargs, open_loop))
                 bar.update()
             return rows
         with ProcessPoolExecutor(max_workers=n) as pool:
-            futures = [pool.submit(run_point, tp, pp, c, kwargs, run_kwargs) for tp, pp, c in points]
+            futures = [pool.submit(run_point, tp, pp, c, kwargs, run_kwargs, open_loop) for tp, pp, c in points]
             for fut in as_completed(futures):
                 rows.append(fut.result())
                 bar.update()
     return rows
 
 
-def _run_dask(address: str, points, kwargs, run_kwargs, progress) -> list[dict]:
+def _run_dask(address: str, points, kwargs, run_kwargs, progress, open_loop=False) -> list[dict]:
     try:
         from dask.distributed import Client
         from dask.distributed import as_completed as dask_completed
@@ -184,7 +245,7 @@ def _run_dask(address: str, points, kwargs, run_kwargs, progress) -> list[dict]:
     with client, _bar(len(points), progress) as bar:
         # the scenario inputs (a Profile object can be megabytes) go to each worker once
         [shared] = client.scatter([kwargs], broadcast=True, hash=False)
-        futures = [client.submit(run_point, tp, pp, c, shared, run_kwargs, pure=False) for tp, pp, c in points]
+        futures = [client.submit(run_point, tp, pp, c, shared, run_kwargs, open_loop, pure=False) for tp, pp, c in points]
         for fut in dask_completed(futures, loop=client.loop):
             rows.append(fut.result())
             bar.update()
@@ -194,27 +255,33 @@ def _run_dask(address: str, points, kwargs, run_kwargs, progress) -> list[dict]:
 # ---- summaries ---------------------------------------------------------------------------
 
 def best_by_conc(df: pd.DataFrame, column: str = "output_throughput_tok_s") -> pd.DataFrame:
-    """The best split at each (gpus, concurrency) by `column` (larger is better)."""
-    idx = df.sort_values(["gpus", "conc", column, "tp"], ascending=[True, True, False, True]) \
-            .groupby(["gpus", "conc"], sort=True).head(1).index
-    return df.loc[idx].sort_values(["gpus", "conc"]).reset_index(drop=True)
+    """The best split at each (gpus, load) by `column` (larger is better); the load is
+    the concurrency, or the arrival rate of an open-loop sweep (`load_column`)."""
+    lc = load_column(df)
+    idx = df.sort_values(["gpus", lc, column, "tp"], ascending=[True, True, False, True]) \
+            .groupby(["gpus", lc], sort=True).head(1).index
+    return df.loc[idx].sort_values(["gpus", lc]).reset_index(drop=True)
 
 
 def summary(df: pd.DataFrame) -> str:
     """The human table of a sweep: output tok/s (per-request tok/s) by concurrency and
-    split, the best split at each concurrency marked with *."""
+    split, the best split at each concurrency marked with *; in an open-loop sweep
+    (by arrival rate) an overloaded point is marked with ! (saturation.py)."""
+    lc = load_column(df)
     splits_ = df[["gpus", "tp", "pp", "split"]].drop_duplicates().sort_values(["gpus", "tp", "pp"])
-    best = {(r.gpus, r.conc): (r.tp, r.pp) for r in best_by_conc(df).itertuples()}
+    best = {(r.gpus, getattr(r, lc)): (r.tp, r.pp) for r in best_by_conc(df).itertuples()}
     first = df.iloc[0]
+    what = "arrival rate" if lc == "rate_rps" else "concurrency"
     lines = [f"pipesim sweep  {first['model']} on {first['box']} ({first['profile']}), {first['engine']}, "
              f"in/out {first['input_len']}/{first['output_len']} tokens",
-             "output tok/s (per-request tok/s); * = most output tok/s at that concurrency and GPU count", ""]
+             f"output tok/s (per-request tok/s); * = most output tok/s at that {what} and GPU count"
+             + ("; ! = overloaded (the queue grows)" if lc == "rate_rps" else ""), ""]
     width = 20
-    header = f"{'GPUs':>4} {'C':>5}  " + "".join(f"{s:>{width}}" for s in splits_.split)
+    header = f"{'GPUs':>4} {'req/s' if lc == 'rate_rps' else 'C':>5}  " + "".join(f"{s:>{width}}" for s in splits_.split)
     lines.append(header)
-    cells = df.set_index(["gpus", "tp", "pp", "conc"])
-    for (g, c), _ in df.groupby(["gpus", "conc"], sort=True):
-        row = f"{g:>4} {c:>5}  "
+    cells = df.set_index(["gpus", "tp", "pp", lc])
+    for (g, c), _ in df.groupby(["gpus", lc], sort=True):
+        row = f"{g:>4} {c:>5g}  "
         for sp in splits_.itertuples():
             key = (sp.gpus, sp.tp, sp.pp, c)
             if sp.gpus != g or key not in cells.index:
@@ -222,6 +289,8 @@ def summary(df: pd.DataFrame) -> str:
                 continue
             r = cells.loc[key]
             mark = "*" if best.get((g, c)) == (sp.tp, sp.pp) else " "
+            if lc == "rate_rps" and bool(r.get("overloaded", False)):
+                mark = "!" + mark.strip()
             row += f"{mark + f'{r.output_throughput_tok_s:,.1f} ({r.per_request_tok_s:,.1f})':>{width}}"
         lines.append(row)
     for s in df.attrs.get("skipped", []):

@@ -29,7 +29,10 @@ def test_parquet_without_pyarrow_is_one_line(serial, tmp_path, monkeypatch):
 
 
 def test_a_table_read_back_needs_the_sweep_key(serial, tmp_path):
-    assert set(KEY_COLUMNS) <= set(TABLE_COLUMNS) <= set(serial.columns)
+    # rate_rps is the one key a table written before open-loop sweeps lacks: read as 0 (closed loop)
+    assert set(KEY_COLUMNS) - {"rate_rps"} <= set(TABLE_COLUMNS) <= set(serial.columns)
+    serial.drop(columns=["rate_rps"]).to_csv(tmp_path / "old.csv", index=False)
+    assert (read_table(tmp_path / "old.csv").rate_rps == 0).all()
     serial.drop(columns=["conc"]).to_csv(tmp_path / "r.csv", index=False)
     with pytest.raises(pipesim.UserError, match="not a pipesim sweep table: no column.s. conc"):
         read_table(tmp_path / "r.csv")

@@ -111,3 +111,30 @@ def test_profile_objects_travel_to_workers(profile):
     assert tp8(what_if).allreduce_share < tp8(base).allreduce_share
     assert (what_if.allreduce_share[what_if.tp == 1] == 0).all()
 
+
+
+def test_open_loop_sweep_by_rate(profile):
+    """--rate sweeps arrival rates: one row per split and rate, the load in rate_rps,
+    the saturation verdict per row, the summary by req/s."""
+    from pipesim.sweep import load_column, summary
+
+    df = sweep(8, rate=[0.25, 50.0], profile=profile, workers=1, num_requests=40, **SMALL)
+    assert load_column(df) == "rate_rps" and (df.conc == 0).all()
+    assert sorted(df.rate_rps.unique()) == [0.25, 50.0]
+    # 50 req/s of 40-token answers is far past what any split serves; 0.25 req/s is not
+    assert df[df.rate_rps == 50.0].overloaded.all() and not df[df.rate_rps == 0.25].overloaded.any()
+    text = summary(df)
+    assert "req/s" in text.splitlines()[3] and "! = overloaded" in text and "!" in text.splitlines()[-1]
+
+
+def test_rows_carry_what_caps_the_running_requests(profile):
+    """SGLang's defaults with --max-running-requests 64 at pp 8: per-slot cap 64 // 8 = 8
+    (Scheduler.__init__), 8 slots, so 64 at most; the KV cache holds kv_tokens //
+    (64 + 40) requests of this workload."""
+    df = sweep(8, [1], profile=profile, workers=1, max_running_requests=64, **SMALL)
+    pp8 = df[df.pp == 8].iloc[0]
+    assert (pp8.running_cap, pp8.slot_cap, pp8.slots) == (64, 8, 8)
+    assert pp8.kv_request_cap == pp8.kv_cache_tokens // (64 + 40)
+    assert pp8.effective_cap == min(64, pp8.kv_request_cap)
+    assert pp8.cap_reason in ("running cap", "per-slot cap x slots")
+    assert [float(x) for x in pp8.decode_batch_per_slot.split(";")].__len__() == 8
