@@ -39,6 +39,19 @@ def check_out_path(path: str | Path, suffixes: tuple[str, ...], what: str) -> Pa
     return out
 
 
+def ensure_dir(path: str | Path, what: str) -> Path:
+    """A folder to write into, made with its parents if missing; a file (or anything
+    not a folder) where it or a parent should be is one line of error."""
+    folder = Path(path)
+    for p in [folder, *folder.parents]:
+        require(not p.exists() or p.is_dir(), f"cannot make the {what} folder '{folder}': '{p}' is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot make the {what} folder '{folder}': {exc.strerror or exc}") from None
+    return folder
+
+
 def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
     """Call write(temporary path) in the same directory, then rename it over `path`."""
     path = Path(path)

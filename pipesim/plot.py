@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullLocator
 
 from .errors import require
-from .files import check_out_path, write_atomic
+from .files import check_out_path, ensure_dir, write_atomic
 
 # GPU time of a stage: these five add up to 100% (metrics.idle_breakdown)
 SHARES = (
@@ -103,6 +103,94 @@ def tradeoff(df: pd.DataFrame) -> Figure:
     return fig
 
 
+def pareto_frontier(x, y) -> list[int]:
+    """Positions of the points no other point beats on both x and y (larger is better
+    on both), in order of increasing x."""
+    pts = sorted(range(len(x)), key=lambda i: (-x[i], -y[i]))
+    out, best_y = [], -math.inf
+    for i in pts:
+        if y[i] > best_y:
+            out.append(i)
+            best_y = y[i]
+    return sorted(out, key=lambda i: x[i])
+
+
+def pareto(result) -> Figure:
+    """A search's trade-off: every swept point (output tok/s vs per-request tok/s),
+    filled where it meets the constraints and hollow where it misses them; the Pareto
+    frontier of the qualifying points (none is better on both axes); the constraint
+    lines; the winner starred."""
+    from .search import CONSTRAINTS, load_text
+    from .sweep import load_column
+
+    df = result.table
+    lc = load_column(df)
+    fig = _figure(8.5, 5.5)
+    ax = fig.add_subplot()
+    for label, part in _splits(df):
+        line, = ax.plot(part.output_throughput_tok_s, part.per_request_tok_s, linewidth=0.8, alpha=0.5)
+        color = line.get_color()
+        ok, bad = part[part.qualifies], part[~part.qualifies]
+        ax.scatter(ok.output_throughput_tok_s, ok.per_request_tok_s, color=color, s=28, label=label, zorder=3)
+        ax.scatter(bad.output_throughput_tok_s, bad.per_request_tok_s, facecolors="none", edgecolors=color, s=28,
+                   zorder=3)
+    ok = df[df.qualifies].reset_index(drop=True)
+    if len(ok):
+        front = ok.iloc[pareto_frontier(ok.output_throughput_tok_s.tolist(), ok.per_request_tok_s.tolist())]
+        ax.plot(front.output_throughput_tok_s, front.per_request_tok_s, color="black", linewidth=1.6,
+                label="Pareto frontier (qualifying)", zorder=2)
+        texts = [(r.output_throughput_tok_s, r.per_request_tok_s, f"{r.split.replace(' ', '')} {load_text(r._asdict(), lc)}")
+                 for r in front.itertuples()]
+        _annotate_apart(ax, texts, fontsize=7)
+    w = result.winner
+    ax.scatter([w.output_throughput_tok_s], [w.per_request_tok_s], marker="*", s=260, color="gold",
+               edgecolors="black", zorder=4, label=f"best ({result.objective}): {w.split} at {load_text(w, lc)}")
+    for k, v in result.constraints.items():
+        col, at_most, text = CONSTRAINTS[k]
+        if col == "per_request_tok_s":
+            ax.axhline(v, color="grey", linestyle="--", linewidth=1)
+            ax.annotate(text.format(v), (0.99, v), xycoords=("axes fraction", "data"), ha="right", va="bottom",
+                        fontsize=7, color="dimgrey")
+        elif col.startswith("tpot"):
+            # a request's decode speed is 1000 / its mean TPOT: the limit as a speed (approximate for a percentile)
+            ax.axhline(1000.0 / v, color="grey", linestyle=":", linewidth=1)
+            ax.annotate(f"{text.format(v)} (about {1000.0 / v:,.0f} tok/s per request)", (0.01, 1000.0 / v),
+                        xycoords=("axes fraction", "data"), ha="left", va="bottom", fontsize=7, color="dimgrey")
+    ax.set_xlabel("output throughput (tok/s, whole engine)")
+    ax.set_ylabel("per-request decode speed (tok/s)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    slo = ", ".join(CONSTRAINTS[k][2].format(v) for k, v in result.constraints.items()) or "no constraints"
+    fig.suptitle(f"Search trade-off: filled points meet {slo}, hollow ones miss it\n{_subtitle(df)}", fontsize=10)
+    return fig
+
+
+def _annotate_apart(ax, texts, fontsize: int = 7, color=None) -> None:
+    """Label points so that labels do not print over each other: each label goes to the
+    first of a ring of offsets whose box (in display pixels, estimated from the font
+    size) overlaps no label placed before it."""
+    fig = ax.figure
+    fig.canvas.draw()   # fixes the axes' transforms
+    placed = []
+    char_w, h = 0.6 * fontsize * fig.dpi / 72, 1.2 * fontsize * fig.dpi / 72
+    offsets = [(5, 4), (5, -12), (-5, 4), (-5, -12), (5, 14), (-5, 14), (5, -22), (-5, -22), (5, 24), (-5, 24)]
+    for x, y, text in texts:
+        px, py = ax.transData.transform((x, y))
+        w = char_w * len(text)
+        for dx, dy in offsets + [(5, 34 + 10 * k) for k in range(20)]:
+            scale = fig.dpi / 72
+            x0 = px + dx * scale - (w if dx < 0 else 0)
+            y0 = py + dy * scale
+            box = (x0, y0, x0 + w, y0 + h)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
+                placed.append(box)
+                ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha="right" if dx < 0 else "left",
+                            fontsize=fontsize, color=color)
+                break
+
+
 def breakdown(df: pd.DataFrame) -> Figure:
     """Where each split's GPU time goes at each concurrency: compute, all-reduce, and
     idle time by what it waited for (P2P hop, CPU, or the pipeline bubble)."""
@@ -170,7 +258,8 @@ def compare(variants: dict[str, pd.DataFrame], column: str = "output_throughput_
 
 
 def save(fig: Figure, path: str | Path) -> Path:
-    """Save a figure atomically as .png or .svg (by the suffix)."""
+    """Save a figure atomically as .png or .svg (by the suffix), making its folder if missing."""
+    ensure_dir(Path(path).parent if str(Path(path).parent) else ".", "figure")
     out = check_out_path(path, (".png", ".svg"), "figure")
     fmt = out.suffix.lower()[1:]
     return write_atomic(out, lambda tmp: fig.savefig(tmp, format=fmt))
@@ -180,7 +269,6 @@ def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", pref
     """The three figures of a sweep as OUT_DIR/[PREFIX]throughput.FMT, tradeoff, breakdown."""
     require(fmt in ("png", "svg"), f"unknown figure format '{fmt}'; allowed: png, svg")
     require(len(df) > 0, "the sweep table is empty")
-    folder = Path(out_dir)
-    require(folder.is_dir(), f"output directory '{folder}' does not exist")
+    folder = ensure_dir(out_dir, "figure")
     makers = {"throughput": throughput, "tradeoff": tradeoff, "breakdown": breakdown}
     return [save(makers[name](df), folder / f"{prefix}{name}.{fmt}") for name in FIGURES]

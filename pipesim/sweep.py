@@ -149,13 +149,16 @@ def _hi(spec) -> int:
 
 # ---- the sweep ---------------------------------------------------------------------------
 
-def _valid_splits(gpu_counts: list[int], load: dict, kwargs: dict) -> tuple[list[tuple[int, int]], list[str]]:
+def _valid_splits(gpu_counts: list[int], load: dict, kwargs: dict,
+                  only: list[tuple[int, int]] | None = None) -> tuple[list[tuple[int, int]], list[str]]:
     """Splits build_scenario accepts, and 'TPa x PPb (N GPUs): reason' for the rest.
     A reason every split shares (an unknown model, a bad knob) is not about the split:
     it is raised as is."""
     valid, reasons = [], {}
     for g in gpu_counts:
         for tp, pp in splits(g):
+            if only is not None and (tp, pp) not in only:
+                continue
             try:
                 build_scenario(tp=tp, pp=pp, **load, **kwargs)
                 valid.append((tp, pp))
@@ -172,11 +175,13 @@ def _valid_splits(gpu_counts: list[int], load: dict, kwargs: dict) -> tuple[list
 
 
 def sweep(gpus: int | Sequence[int] = 8, conc: int | Sequence[int] | None = DEFAULT_CONC, *,
-          rate: float | Sequence[float] | None = None, scheduler: str | None = None, workers: int | None = None,
+          rate: float | Sequence[float] | None = None, splits: Sequence[tuple[int, int]] | None = None,
+          scheduler: str | None = None, workers: int | None = None,
           progress: bool | None = False, **kwargs) -> pd.DataFrame:
     """Run every valid (tp, pp) with tp x pp in `gpus` at every closed-loop concurrency
     in `conc`, or, with `rate`, at every open-loop Poisson arrival rate (req/s; `conc`
-    is then not read; `num_requests` per point, default 200). Keyword arguments are those of `pipesim.predict` (model, profile,
+    is then not read; `num_requests` per point, default 200). `splits` [(tp, pp), ...]:
+    only these (their GPU counts are then the ones swept). Keyword arguments are those of `pipesim.predict` (model, profile,
     engine, box, input_len, output_len, seed, engine knobs, warmup_requests, ...).
 
     `workers`: local processes (default: every core; 1 runs in this process).
@@ -186,6 +191,12 @@ def sweep(gpus: int | Sequence[int] = 8, conc: int | Sequence[int] | None = DEFA
     """
     import pandas as pd
 
+    only = None
+    if splits is not None:
+        only = [tuple(x) for x in splits]
+        require(len(only) > 0 and all(len(x) == 2 and all(isinstance(v, int) and v >= 1 for v in x) for x in only),
+                f"splits {splits!r} must be (tp, pp) pairs of whole numbers >= 1, e.g. [(2, 4), (8, 1)]")
+        gpus = sorted({tp * pp for tp, pp in only})
     gpu_counts = whole_numbers(gpus, "gpus")
     open_loop = rate is not None
     loads = positive_numbers(rate, "rate") if open_loop else whole_numbers(conc, "conc")
@@ -195,7 +206,7 @@ def sweep(gpus: int | Sequence[int] = 8, conc: int | Sequence[int] | None = DEFA
         kwargs["num_requests"] = kwargs.get("num_requests") or 200
     run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
     first = dict(rate_rps=loads[0]) if open_loop else dict(concurrency=loads[0])
-    valid, skipped = _valid_splits(gpu_counts, first, kwargs)
+    valid, skipped = _valid_splits(gpu_counts, first, kwargs, only)
     points = [(tp, pp, c) for tp, pp in valid for c in loads]
 
     if scheduler:

@@ -151,6 +151,15 @@ def test_cli_sweep_writes_a_table_and_search_reads_it(tmp_path, capsys):
     main(["search", "--from", str(out), "--objective", "throughput", "--max-ttft-p99-ms", "100000"])
     text = capsys.readouterr().out
     assert "best:" in text and "why:" in text and "ranked" in text
+    # the SLO flags, max-load, a subset of splits and the Pareto figure (its folder made)
+    fig = tmp_path / "figs" / "pareto.png"
+    limit = str(float(df.tpot_ms_p99.max()) + 1)          # every point meets it: each split carries C=8
+    main(["search", "--from", str(out), "--objective", "max-load", "--max-tpot-p99-ms", limit, "--splits", "2x4,8x1",
+          "--plot", str(fig)])
+    text = capsys.readouterr().out
+    ranked = [line.split() for line in text.splitlines() if line.strip()[:2] in ("1 ", "2 ")]
+    assert {" ".join(r[1:4]) for r in ranked} == {"TP2 x PP4", "TP8 x PP1"} and all(r[4] == "C=8" for r in ranked)
+    assert "every load swept qualifies" in text and fig.is_file()
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -113,8 +113,15 @@ def test_save_all_png_and_svg(tmp_path):
     assert len(list(tmp_path.iterdir())) == 6                  # no temporary files left
 
 
+def test_save_all_makes_the_folder_and_its_parents(tmp_path):
+    """A fresh run: `pipesim plot results.csv --out-dir figures` must not need the folder."""
+    paths = plot.save_all(table(), tmp_path / "new" / "figures")
+    assert [p.parent for p in paths] == [tmp_path / "new" / "figures"] * len(paths)
+    assert all(p.is_file() for p in paths)
+
+
 @pytest.mark.parametrize("call, needle", [
-    (lambda tmp: plot.save_all(table(), tmp / "missing"), "does not exist"),
+    (lambda tmp: (tmp / "f").write_text("") or plot.save_all(table(), tmp / "f" / "figs"), "f' is a file, not a folder"),
     (lambda tmp: plot.save_all(table(), tmp, "jpg"), "unknown figure format 'jpg'"),
     (lambda tmp: plot.save(plot.throughput(table()), tmp / "x.pdf"), "must end in .png or .svg"),
     (lambda tmp: plot.breakdown(table().drop(columns=["idle_cpu_share"])), "no idle_cpu_share"),
@@ -139,7 +146,8 @@ def test_cli_plot_bad_input(tmp_path, capsys):
     for args, needle in [([str(tmp_path / "nope.csv")], "does not exist"),
                          ([str(tmp_path / "other.csv")], "not a pipesim sweep table"),
                          ([str(tmp_path / "r.csv"), "--format", "gif"], "unknown figure format 'gif'"),
-                         ([str(tmp_path / "r.csv"), "--out-dir", str(tmp_path / "no")], "does not exist")]:
+                         ([str(tmp_path / "r.csv"), "--out-dir", str(tmp_path / "r.csv" / "figs")],
+                          "r.csv' is a file, not a folder")]:
         with pytest.raises(SystemExit) as exc:
             main(["plot", *args])
         assert exc.value.code == 2

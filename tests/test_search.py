@@ -93,3 +93,101 @@ def test_search_runs_a_sweep(profile):
     res = pipesim.search(gpus=8, objective="throughput", conc=[4], profile=profile, workers=1,
                          model="llama-3.1-70b", **SMALL)
     assert len(res.ranked) == 4 and res.winner.model == "llama-3.1-70b"
+
+
+# ---- SLO constraints, max-load, splits, intervals, the Pareto figure -------------------------
+
+def slo_table(rows, rate=False) -> pd.DataFrame:
+    """(tp, pp, load, tok/s, ttft p99, tpot p99[, overloaded]) -> a sweep table."""
+    out = []
+    for r in rows:
+        tp, pp, load, tok, ttft, tpot = r[:6]
+        out.append(dict(box="b", gpu="g", model="m", profile="p", engine="sglang", gpus=tp * pp, tp=tp, pp=pp,
+                        conc=0 if rate else load, rate_rps=float(load) if rate else 0.0, split=f"TP{tp} x PP{pp}",
+                        output_throughput_tok_s=tok, output_throughput_ci_tok_s=0.0, output_tok_s_per_gpu=tok / (tp * pp),
+                        per_request_tok_s=1000 / tpot, ttft_ms_p50=ttft / 2, ttft_ms_p99=ttft, tpot_ms_p50=tpot * 0.9,
+                        tpot_ms_p99=tpot, compute_share=0.5, allreduce_share=0.2, bubble_fraction=0.3,
+                        overloaded=r[6] if len(r) > 6 else False, served_req_s=float(load)))
+    return pd.DataFrame(out)
+
+
+def test_max_load_is_the_largest_load_carried_with_every_smaller_one():
+    """TP4 x PP2 meets TPOT p99 <= 50 at C=1, 2 and 8 but not 4: it carries C=2 (a load
+    it passes above one it fails is not carried). TP8 x PP1 carries C=4. TP1 x PP8
+    misses at C=1 already and is listed as carrying none."""
+    df = slo_table([(4, 2, 1, 100, 50, 30), (4, 2, 2, 180, 60, 40), (4, 2, 4, 300, 80, 60), (4, 2, 8, 500, 90, 45),
+                    (8, 1, 1, 120, 40, 20), (8, 1, 2, 220, 45, 30), (8, 1, 4, 400, 50, 40), (8, 1, 8, 700, 60, 55),
+                    (1, 8, 1, 30, 90, 70), (1, 8, 2, 50, 95, 80)])
+    res = search(table=df, objective="max-load", max_tpot_p99_ms=50)
+    assert [(r.split, r.conc) for r in res.ranked.itertuples()] == [("TP8 x PP1", 4), ("TP4 x PP2", 2)]
+    assert "the next load swept, C=8: TPOT p99 55.0 ms (needs TPOT p99 <= 50 ms)" in res.why
+    assert "TP4 x PP2 carries C=2" in res.why and "C=4: TPOT p99 60.0 ms" in res.why
+    assert res.unqualified == ("TP1 x PP8 carries none of the swept loads: at C=1 it misses TPOT p99 70.0 ms "
+                               "(needs TPOT p99 <= 50 ms)",)
+    assert "TP1 x PP8 carries none" in res.text()
+
+
+def test_max_load_by_rate_never_counts_an_overloaded_point():
+    """Open loop: a rate whose queue grows does not qualify, whatever its latencies say."""
+    df = slo_table([(8, 1, 1.0, 300, 200, 30), (8, 1, 2.0, 600, 300, 35), (8, 1, 3.0, 700, 400, 38, True),
+                    (4, 2, 1.0, 300, 300, 40), (4, 2, 2.0, 450, 40000, 45, True)], rate=True)
+    res = search(table=df, objective="max-load", max_tpot_p99_ms=50)
+    assert [(r.split, r.rate_rps) for r in res.ranked.itertuples()] == [("TP8 x PP1", 2.0), ("TP4 x PP2", 1.0)]
+    assert "overloaded" in res.why and "2 req/s" in res.text()
+    assert "not overloaded" in res.text().splitlines()[1]
+
+
+def test_every_constraint_filters_its_column(serial):
+    limits = dict(max_ttft_p50_ms=serial.ttft_ms_p50.median(), max_tpot_p50_ms=serial.tpot_ms_p50.quantile(0.7),
+                  max_tpot_p99_ms=serial.tpot_ms_p99.quantile(0.8), min_per_request_tok_s=10.0)
+    res = search(table=serial, objective="throughput", **limits)
+    ok = serial[(serial.ttft_ms_p50 <= limits["max_ttft_p50_ms"]) & (serial.tpot_ms_p50 <= limits["max_tpot_p50_ms"]) &
+                (serial.tpot_ms_p99 <= limits["max_tpot_p99_ms"]) & (serial.per_request_tok_s >= 10.0)]
+    assert res.qualifying == len(ok) and 0 < len(ok) < len(serial)
+    for r in res.ranked.itertuples():
+        assert r.ttft_ms_p50 <= limits["max_ttft_p50_ms"] and r.tpot_ms_p99 <= limits["max_tpot_p99_ms"]
+    assert "TPOT p50 <=" in res.text() and "TTFT p50 <=" in res.text()
+
+
+def test_fewest_gpus_then_the_most_headroom():
+    df = slo_table([(4, 1, 2.0, 600, 1500, 40), (8, 1, 2.0, 600, 300, 20), (2, 2, 2.0, 600, 900, 45)], rate=True)
+    res = search(table=df, objective="fewest-gpus", max_ttft_p99_ms=2000)
+    assert [r.split for r in res.ranked.itertuples()] == ["TP2 x PP2", "TP4 x PP1", "TP8 x PP1"]
+    assert "as many as the runner-up TP4 x PP1, with the lower TTFT p99 (900 ms against 1,500 ms)" in res.why
+
+
+def test_splits_limit_the_search(serial):
+    res = search(table=serial, objective="throughput", splits=[(2, 4), (8, 1)])
+    assert set(res.ranked.split) == {"TP2 x PP4", "TP8 x PP1"}
+    with pytest.raises(pipesim.UserError, match="none of the splits 3x3 is in the table"):
+        search(table=serial, splits=[(3, 3)])
+
+
+def test_the_answer_shows_an_interval_where_the_table_has_one(serial):
+    df = serial.assign(output_throughput_tok_s_lo=serial.output_throughput_tok_s * 0.9,
+                       output_throughput_tok_s_hi=serial.output_throughput_tok_s * 1.2)
+    res = search(table=df, objective="throughput")
+    w = res.winner
+    assert f"{w.output_throughput_tok_s:,.1f} [{w.output_throughput_tok_s * 0.9:,.1f}, " in res.text()
+
+
+def test_pareto_frontier_by_hand():
+    from pipesim.plot import pareto_frontier
+
+    x = [1, 2, 3, 4, 2.5]
+    y = [9, 8, 5, 1, 4]          # (2.5, 4) is beaten by (3, 5) on both axes
+    assert pareto_frontier(x, y) == [0, 1, 2, 3]
+    assert pareto_frontier([1, 1], [2, 3]) == [1]
+
+
+def test_pareto_figure_draws_frontier_and_limits(serial, tmp_path):
+    from pipesim import plot
+
+    res = search(table=serial, objective="throughput", min_per_request_tok_s=20, max_tpot_p99_ms=60)
+    fig = plot.pareto(res)
+    ax = fig.axes[0]
+    # the per-request limit as a line at 20 tok/s, the TPOT one at 1000 / 60 tok/s
+    levels = sorted(round(line.get_ydata()[0], 3) for line in ax.lines if len(set(line.get_ydata())) == 1)
+    assert 20.0 in levels and round(1000 / 60, 3) in levels
+    out = plot.save(fig, tmp_path / "new" / "deeper" / "pareto.png")
+    assert out.is_file() and out.stat().st_size > 10_000
