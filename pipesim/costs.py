@@ -22,9 +22,10 @@ from typing import NamedTuple
 
 from .hardware import Box
 from .interp import bracket
-from .model import BYTES_PER_PARAM, Model
+from .model import Model
 from .plan import Plan
 from .profile import Profile
+from .quantization import BF16, WeightFormat, as_format
 
 ACT_BYTES = 2  # activations are bf16
 # NCCL's own latency model for a ring with the LL protocol (physics.md §4):
@@ -79,9 +80,11 @@ class CostModel:
         gpu = self.box.gpu
         return max(nbytes / gpu.mem_bw_bytes_s, flops / gpu.flops(dtype)) + self.floor_s
 
-    def gemm(self, m: int, n: int, k: int, dtype: str) -> tuple[float, str]:
-        """One GEMM [m x k] @ [k x n] with weights of `dtype`."""
-        table = self.profile.gemm.get(dtype)
+    def gemm(self, m: int, n: int, k: int, dtype: WeightFormat | str) -> tuple[float, str]:
+        """One GEMM [m x k] @ [k x n] with weights stored as `dtype`: the measured table
+        of its kernel family, else the roofline at its bytes and tensor rate."""
+        dtype = as_format(dtype)
+        table = self.profile.gemm.get(dtype.kernel)
         if table is not None and m >= 1:
             ns, ks, curves = table
             total, ok = 0.0, True
@@ -94,21 +97,21 @@ class CostModel:
                     total += wn * wk * curve(m) * 1e-3
             if ok:
                 return total, "table"
-        nbytes = n * k * BYTES_PER_PARAM[dtype] + ACT_BYTES * (m * k + m * n)
-        return self.roofline(nbytes, 2.0 * m * n * k, dtype), "roofline"
+        nbytes = n * k * dtype.bytes_per_param + ACT_BYTES * (m * k + m * n)
+        return self.roofline(nbytes, 2.0 * m * n * k, dtype.compute), "roofline"
 
     def moe(self, tokens: int, tp: int) -> tuple[float, str]:
         """Routed experts of one MoE layer for `tokens` tokens, split over `tp` ranks."""
         mo, m = self.model.moe, self.model
-        base = (m.expert_dtype, m.hidden, mo.moe_intermediate, mo.topk, mo.n_routed_experts, tp)
+        base = (m.expert_dtype.kernel, m.hidden, mo.moe_intermediate, mo.topk, mo.n_routed_experts, tp)
         for dist in (self.params.moe_distribution, "balanced"):
             curve = self.profile.moe.get(base + (dist,))
             if curve is not None:
                 return curve(tokens) * 1e-3, "table"
         touched = distinct_experts(tokens, mo.n_routed_experts, mo.topk)
-        nbytes = touched * m.expert_params() * BYTES_PER_PARAM[m.expert_dtype] / tp + ACT_BYTES * tokens * m.hidden * 2
+        nbytes = touched * m.expert_params() * m.expert_dtype.bytes_per_param / tp + ACT_BYTES * tokens * m.hidden * 2
         flops = 2.0 * tokens * mo.topk * m.expert_params() / tp
-        return self.roofline(nbytes, flops, m.expert_dtype), "roofline"
+        return self.roofline(nbytes, flops, m.expert_dtype.compute), "roofline"
 
     def attention_decode(self, batch: int, context: int, tp: int) -> tuple[float, str]:
         m = self.model
@@ -284,7 +287,7 @@ class CostModel:
             add("dense mlp down", self.gemm(T, h, inter, dt), n_dense)
         if n_moe:
             mo = m.moe
-            add("router gate", self.gemm(T, mo.n_routed_experts, h, "bf16"), n_moe)
+            add("router gate", self.gemm(T, mo.n_routed_experts, h, BF16), n_moe)
             add("routed experts", self.moe(T, tp), n_moe)
             if mo.n_shared_experts:
                 inter = mo.n_shared_experts * mo.moe_intermediate // tp

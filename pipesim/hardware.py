@@ -37,8 +37,11 @@ class GPU:
     pcie_gen: int = 0      # 0 = not stated
 
     def flops(self, dtype: str) -> float:
-        """Dense tensor rate for a weight dtype (int4 weights are dequantized to bf16 math)."""
-        return {"bf16": self.flops_bf16, "fp8": self.flops_fp8, "int4": self.flops_bf16}.get(dtype, self.flops_bf16)
+        """Dense tensor rate of a GEMM's math (quantization.WeightFormat.compute):
+        weight-only formats (int4, ...) dequantize to bf16 math; int8 tensor cores run
+        at the fp8 rate (NVIDIA Hopper/Blackwell datasheets list INT8 TOPS = FP8 TFLOPS)."""
+        return {"bf16": self.flops_bf16, "fp8": self.flops_fp8, "int8": self.flops_fp8,
+                "fp4": self.flops_fp4}.get(dtype, self.flops_bf16)
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,15 @@ Sizes are counted from the config (parameters x bytes per parameter), never look
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from .errors import UserError, require
+from .quantization import BF16, BYTES_PER_PARAM, WeightFormat, as_format, weight_formats
 
-# Bytes per parameter of each weight format, with its scales:
-# int4 with one bf16 scale per group of 32 -> 4 + 16/32 = 4.5 bits;
-# fp8 with one fp32 scale per 128x128 block -> 8 + 32/16384 bits.
-BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0 + 4.0 / (128 * 128), "int4": 4.5 / 8}
+__all__ = ["BYTES_PER_PARAM", "Model", "WeightFormat", "from_hf_config", "load_model"]
+
 
 
 @dataclass(frozen=True)
@@ -62,10 +60,10 @@ class Model:
     max_context: int
     mla: MLA | None = None
     moe: MoE | None = None
-    attn_dtype: str = "bf16"      # attention projections, dense MLP, shared experts
-    expert_dtype: str = "bf16"    # routed experts
-    embed_dtype: str = "bf16"     # embedding and lm_head
-    kv_cache_dtype: str = "bf16"
+    attn_dtype: WeightFormat = BF16      # attention projections, dense MLP, shared experts
+    expert_dtype: WeightFormat = BF16    # routed experts
+    embed_dtype: WeightFormat = BF16     # embedding and lm_head
+    kv_cache_dtype: str = "bf16"         # bf16 | fp8 (kv_cache.py resolves the engines' names)
 
     # ---- structure -------------------------------------------------------------
     def is_moe_layer(self, layer: int) -> bool:
@@ -96,25 +94,26 @@ class Model:
         assert self.moe
         return 3 * self.hidden * self.moe.moe_intermediate
 
-    def layer_weight_bytes(self, layer: int, dtype: str | None = None) -> float:
+    def layer_weight_bytes(self, layer: int, dtype: str | WeightFormat | None = None) -> float:
         """Bytes of one decoder layer's weights (whole layer, before any TP split), in
         the model's own weight formats, or with every projection and expert in `dtype`
         (e.g. "bf16": a random-weight copy built from the config). The router stays bf16."""
-        attn_bytes = BYTES_PER_PARAM[dtype or self.attn_dtype]
+        over = as_format(dtype)
+        attn_bytes = (over or self.attn_dtype).bytes_per_param
         attn = self.attention_params() * attn_bytes
         if self.is_moe_layer(layer):
             m = self.moe
-            routed = m.n_routed_experts * self.expert_params() * BYTES_PER_PARAM[dtype or self.expert_dtype]
+            routed = m.n_routed_experts * self.expert_params() * (over or self.expert_dtype).bytes_per_param
             shared = m.n_shared_experts * self.expert_params() * attn_bytes
             router = self.hidden * m.n_routed_experts * 2
             return attn + routed + shared + router
         return attn + self.dense_mlp_params() * attn_bytes
 
-    def embedding_bytes(self, dtype: str | None = None) -> float:
+    def embedding_bytes(self, dtype: str | WeightFormat | None = None) -> float:
         """Bytes of the embedding (or of the lm_head), in the model's format or `dtype`."""
-        return self.vocab * self.hidden * BYTES_PER_PARAM[dtype or self.embed_dtype]
+        return self.vocab * self.hidden * (as_format(dtype) or self.embed_dtype).bytes_per_param
 
-    def total_weight_bytes(self, dtype: str | None = None) -> float:
+    def total_weight_bytes(self, dtype: str | WeightFormat | None = None) -> float:
         """Every layer, the embedding and the lm_head (untied), as `layer_weight_bytes`."""
         return (sum(self.layer_weight_bytes(i, dtype) for i in range(self.num_layers))
                 + 2 * self.embedding_bytes(dtype))
@@ -224,7 +223,9 @@ def from_hf_config(cfg: dict, name: str = "model") -> Model:
     if n_experts:
         moe = MoE(n_experts, g("num_experts_per_tok"), g("moe_intermediate_size"),
                   g("n_shared_experts", 0), g("first_k_dense_replace", 0), g("moe_layer_freq", 1) or 1)
-    attn_dtype, expert_dtype = _weight_dtypes(cfg.get("quantization_config") or {})
+    quant = cfg.get("quantization_config") or cfg.get("text_config", {}).get("quantization_config") or {}
+    require(isinstance(quant, dict), f"model config {name}: quantization_config must be a JSON object")
+    attn_dtype, expert_dtype = weight_formats(quant, name)
     model = Model(
         name=name,
         num_layers=g("num_hidden_layers"),
@@ -239,32 +240,3 @@ def from_hf_config(cfg: dict, name: str = "model") -> Model:
     )
     require(model.num_layers >= 1, f"model config {name}: num_hidden_layers must be at least 1")
     return model
-
-
-def _weight_dtypes(quant: dict) -> tuple[str, str]:
-    """(dtype of attention/dense weights, dtype of routed experts) from a quantization_config.
-
-    - `fp8` (DeepSeek-V3 style block fp8) quantizes every linear layer;
-    - `compressed-tensors` int4 whose `ignore` list names attention, shared experts and
-      dense MLPs (Kimi K2.x) quantizes the routed experts only.
-
-    Unquantized weights are 16-bit ("bf16") whatever the config's torch_dtype says:
-    bf16 and fp16 take the same 2 bytes, and the engines' default `--dtype auto` serves
-    a float32 checkpoint in 16 bits too (vLLM and SGLang `_get_and_verify_dtype`).
-    """
-    base = "bf16"
-    method = str(quant.get("quant_method", "")).lower()
-    if method == "fp8":
-        return "fp8", "fp8"
-    if method == "compressed-tensors":
-        bits = {int(grp.get("weights", {}).get("num_bits", 16)) for grp in quant.get("config_groups", {}).values()}
-        if bits == {4}:
-            ignore = " ".join(quant.get("ignore", []))
-            attn_quantized = not re.search(r"self_attn", ignore)
-            return ("int4" if attn_quantized else base), "int4"
-        if bits == {8}:
-            return "fp8", "fp8"
-    if method:
-        raise UserError(f"quantization '{method}' is not modelled; supported: fp8 (block), "
-                        "compressed-tensors int4/int8, or none (bf16)")
-    return base, base

@@ -23,7 +23,8 @@ def test_kimi_structure(kimi):
     assert all(kimi.is_moe_layer(i) for i in range(1, 61))
     assert kimi.moe.n_routed_experts == 384 and kimi.moe.topk == 8 and kimi.moe.n_shared_experts == 1
     # routed experts INT4, attention / shared expert / embeddings bf16
-    assert kimi.expert_dtype == "int4" and kimi.attn_dtype == "bf16" and kimi.embed_dtype == "bf16"
+    assert kimi.expert_dtype.kernel == "int4" and kimi.expert_dtype.group == 32
+    assert kimi.attn_dtype.kernel == "bf16" and kimi.embed_dtype.kernel == "bf16"
 
 
 def test_int4_is_4_5_bits():
@@ -42,7 +43,7 @@ def test_kimi_routed_experts_per_layer(kimi):
     assert kimi.expert_params() == per_expert
     assert kimi.moe.n_routed_experts * kimi.expert_params() == 384 * 3 * 7168 * 2048
     assert per_expert * INT4_BYTES / 1e6 == pytest.approx(24.8, abs=0.05)
-    assert kimi.expert_params() * BYTES_PER_PARAM[kimi.expert_dtype] / 1e6 == pytest.approx(24.8, abs=0.05)
+    assert kimi.expert_params() * kimi.expert_dtype.bytes_per_param / 1e6 == pytest.approx(24.8, abs=0.05)
     routed = 384 * per_expert * INT4_BYTES
     assert routed / 1e9 == pytest.approx(9.5, abs=0.05)
 
@@ -162,7 +163,7 @@ def test_missing_file_and_unknown_name_are_user_errors(tmp_path):
 
 
 @pytest.mark.parametrize("overrides", [{"num_hidden_layers": 0}, {"num_attention_heads": 0},
-                                       {"quantization_config": {"quant_method": "awq"}}])
+                                       {"quantization_config": {"quant_method": "bitsandbytes"}}])
 def test_bad_values_are_user_errors(tiny_config, overrides):
     with pytest.raises(UserError):
         load_model(tiny_config(**overrides))
