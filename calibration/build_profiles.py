@@ -71,7 +71,7 @@ def fit_deployment(tables: Tables, meta: dict, points: list) -> tuple[dict, str,
     r = results[best]
     summary = {"hypothesis": best, "params": ", ".join(f"{k}={v:.4g}" for k, v in r.params.items()),
                "mape_pct": round(r.mape, 2), "loo_mape_pct": round(r.loo_mape, 2),
-               "points": "measured.csv", "report": "fit_report.md"}
+               "points": "measured.csv", "report": "fit_report.md", "loo_error_pct": r.loo_error_pct()}
     return r.params, "\n".join(report), summary
 
 

@@ -68,10 +68,16 @@ def simulate(scenario: Scenario, *, warmup_requests: int | None = None, measure_
 
 def predict(tp: int = 1, pp: int = 1, conc: int | None = None, *, warmup_requests: int | None = None,
             measure_requests: int | None = None, max_measure_requests: int | None = None,
-            ci_target: float | None = CI_TARGET, **kwargs: object) -> Result:
+            ci_target: float | None = CI_TARGET, intervals: bool = False, **kwargs: object) -> Result:
     """Predict one scenario. Keyword arguments are those of `build_scenario`
     (model, profile, engine, box, layers, rate_rps, num_requests, trace, input_len,
-    output_len, seed) and the engine's knobs (e.g. max_running_requests)."""
+    output_len, seed) and the engine's knobs (e.g. max_running_requests).
+    `intervals=True` adds prediction intervals (pipesim.uncertainty: a few short runs more)."""
     scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
-    return run(scenario, warmup_requests=warmup_requests, measure_requests=measure_requests,
-               max_measure_requests=max_measure_requests, ci_target=ci_target)
+    result = run(scenario, warmup_requests=warmup_requests, measure_requests=measure_requests,
+                 max_measure_requests=max_measure_requests, ci_target=ci_target)
+    if intervals:
+        from .uncertainty import attach
+
+        result = attach(result, scenario)
+    return result

@@ -140,12 +140,35 @@ def scenario_kwargs(opts: dict) -> dict:
 @click.option("--layers", default=None, help="explicit layers per stage, e.g. 7,7,7,8,8,8,8,8")
 @scenario_options
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of the table")
-def predict(tp, pp, conc, rate, num_requests, trace, layers, as_json, **opts):
+@click.option("--intervals/--no-intervals", default=True, show_default=True,
+              help="prediction intervals (docs/uncertainty.md): 4 short runs more")
+@click.option("--sensitivity", is_flag=True, help="a tornado: which parameters and workload assumptions move the answer")
+@click.option("--step", type=float, default=0.2, show_default=True, help="--sensitivity: relative step of each item")
+@click.option("--plot", "plot_file", default=None, type=click.Path(dir_okay=False),
+              help="--sensitivity: write the tornado figure here (.png, .pdf, .svg)")
+def predict(tp, pp, conc, rate, num_requests, trace, layers, as_json, intervals, sensitivity, step, plot_file, **opts):
     """Predict one scenario (default: Kimi K2.6 with SGLang on 8 x RTX PRO 6000)."""
     from . import api, report
+    from .scenario import build_scenario
 
-    result = api.predict(tp, pp, conc, rate_rps=rate, num_requests=num_requests, trace=trace, layers=_layers(layers),
-                         **scenario_kwargs(opts))
+    require(plot_file is None or sensitivity, "--plot draws the sensitivity tornado: give --sensitivity with it")
+    scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, rate_rps=rate, num_requests=num_requests, trace=trace,
+                              layers=_layers(layers), **scenario_kwargs(opts))
+    if sensitivity:
+        import json
+
+        from .sensitivity import plot, sensitivity as tornado
+
+        sens = tornado(scenario, step)
+        if plot_file:
+            plot(sens, plot_file)
+        click.echo(json.dumps(sens.to_dict(), indent=2) if as_json else sens.table())
+        return
+    result = api.run(scenario)
+    if intervals:
+        from .uncertainty import attach
+
+        result = attach(result, scenario)
     click.echo(report.to_json(result) if as_json else report.table(result))
 
 

@@ -150,10 +150,15 @@ class Result:
     saturation: dict | None               # open loop: arrivals against service (saturation.py); closed: None
     requests: pd.DataFrame = field(repr=False)
     stages: pd.DataFrame = field(repr=False)
+    # prediction intervals (pipesim.uncertainty): metric -> (lo, hi), empty unless asked for
+    intervals: dict = field(default_factory=dict)
+    interval_basis: dict = field(default_factory=dict)   # what each part of the band contributed
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k not in ("requests", "stages")}
         d["window_s"] = list(self.window_s)
+        if not self.intervals:
+            d.pop("intervals"), d.pop("interval_basis")
         return _clean(d)
 
 

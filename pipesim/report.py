@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from .metrics import Result
+from .uncertainty import likely
 
 
 def to_json(result: Result) -> str:
@@ -32,6 +33,15 @@ def _sources(sources: dict):
     return lambda knob: f" [{_SHORT[sources[knob]]}]" if knob in sources else ""
 
 
+def _likely_pair(r: Result, stem: str) -> str:
+    """'   (likely 1,547-2,419 / 1,633-2,777 ms)' for a p50 / p99 pair with intervals."""
+    iv = r.intervals
+    if f"{stem}_p50" not in iv or f"{stem}_p99" not in iv:
+        return ""
+    (a, b), (c, d) = iv[f"{stem}_p50"], iv[f"{stem}_p99"]
+    return "" if a != a or c != c else f"   (likely {a:,.0f}-{b:,.0f} / {c:,.0f}-{d:,.0f} ms)"
+
+
 def table(result: Result) -> str:
     r, sc = result, result.scenario
     eng = sc["engine"]
@@ -56,10 +66,13 @@ def table(result: Result) -> str:
     lines += [
         "",
         f"  output throughput     {r.output_throughput_tok_s:10,.1f} tok/s   "
-        f"(95% CI +/- {r.output_throughput_ci_tok_s:,.1f}; {r.request_throughput_req_s:.2f} req/s)",
-        f"  per-request decode    {r.per_request_tok_s:10,.1f} tok/s",
-        f"  TTFT   p50 / p99      {_ms(r.ttft_ms_p50):>12} / {_ms(r.ttft_ms_p99)}",
-        f"  TPOT   p50 / p99      {_ms(r.tpot_ms_p50):>12} / {_ms(r.tpot_ms_p99)}",
+        f"(95% CI +/- {r.output_throughput_ci_tok_s:,.1f}; {r.request_throughput_req_s:.2f} req/s)"
+        + likely(r, "output_throughput_tok_s"),
+        f"  per-request decode    {r.per_request_tok_s:10,.1f} tok/s" + likely(r, "per_request_tok_s", "{:,.1f}"),
+        f"  TTFT   p50 / p99      {_ms(r.ttft_ms_p50):>12} / {_ms(r.ttft_ms_p99)}"
+        + _likely_pair(r, "ttft_ms"),
+        f"  TPOT   p50 / p99      {_ms(r.tpot_ms_p50):>12} / {_ms(r.tpot_ms_p99)}"
+        + _likely_pair(r, "tpot_ms"),
         *([f"  load                  {r.saturation['text']}"] if r.saturation else []),
         f"  requests/micro-batch  {r.mean_requests_per_microbatch:10.1f}   (decode batches: {r.mean_decode_batch:.1f})",
         "",
@@ -70,6 +83,8 @@ def table(result: Result) -> str:
     if len(r.decode_batch_per_slot) > 1:
         lines.append("  decode batch per slot: " + "  ".join(f"m{i} {b:.1f}" for i, b in enumerate(r.decode_batch_per_slot))
                      + _slot_note(r.decode_batch_per_slot))
+    if r.intervals:
+        lines.append(f"  likely = {r.interval_basis['coverage']:.0%} band; calibration: {r.interval_basis['calibration']}")
     lines += [
         f"  ({r.completed_requests} requests measured; {r.sim_events:,} events in {r.sim_wall_s:.2f} s)",
     ]

@@ -57,6 +57,11 @@ class FitResult:
     def mape(self) -> float:
         return float(np.mean(np.abs(self.errors))) * 100
 
+    def loo_error_pct(self) -> dict:
+        """Point label -> leave-one-out error in %, as profile.toml [fit] stores it
+        (pipesim.uncertainty reads it for prediction intervals)."""
+        return {p.label(): round(e * 100, 3) for p, e in zip(self.points, self.loo_errors) if e is not None}
+
     @property
     def loo_mape(self) -> float:
         vals = [e for e in self.loo_errors if e is not None]
@@ -145,7 +150,8 @@ def fit_profile(profile_dir: str | Path, names: list[str], out: str | Path | Non
     sources = {**prof.meta.get("param_sources", {}),
                **{k: "fitted to measured.csv by pipesim calibrate fit; see fit_report.md" for k in result.params}}
     summary = {"params": ", ".join(f"{k}={v:.4g}" for k, v in result.params.items()),
-               "mape_pct": round(result.mape, 2), "loo_mape_pct": round(result.loo_mape, 2), "report": "fit_report.md"}
+               "mape_pct": round(result.mape, 2), "loo_mape_pct": round(result.loo_mape, 2), "report": "fit_report.md",
+               **({"loo_error_pct": result.loo_error_pct()} if result.loo_error_pct() else {})}
     rewrite_profile(profile_dir, out, meta_update={"params": params, "param_sources": sources, "fit": summary},
                     extra={"fit_report.md": f"# Fit of {prof.name}\n\n{result.report()}\n"})
     return result

@@ -1,0 +1,51 @@
+"""Sensitivity tornado: the step rule, invariants of the model's response, the CLI."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipesim.calibrate.fit import FITTABLE
+from pipesim.cli import main
+from pipesim.scenario import build_scenario
+from pipesim.sensitivity import sensitivity
+
+FAST = dict(model="llama-3.1-8b", input_len="16", output_len="8")
+
+
+@pytest.fixture(scope="module")
+def sens():
+    return sensitivity(build_scenario(tp=2, pp=2, concurrency=8, **FAST), 0.2)
+
+
+def test_items_sorted_by_throughput_swing(sens):
+    swings = [abs(i.swing(sens.base)) for i in sens.items]
+    assert swings == sorted(swings, reverse=True)
+
+
+def test_zero_parameters_move_up_by_their_fit_step(sens):
+    by = {i.name: i for i in sens.items}
+    # the default profile has no front-end cost and no all-reduce offset
+    for name in ("frontend_ms", "allreduce_offset_us"):
+        assert by[name].low is None and float(by[name].high_label) == FITTABLE[name][2]
+
+
+def test_slower_kernels_never_raise_throughput(sens):
+    k = {i.name: i for i in sens.items}["kernel_scale"]
+    assert k.high["output_throughput_tok_s"] < sens.base["output_throughput_tok_s"] < k.low["output_throughput_tok_s"]
+
+
+def test_eager_launch_cost_reaches_prefill_only_under_cuda_graphs(sens):
+    # SGLang replays decode from CUDA graphs by default (costs.py: a graphed step pays no
+    # eager launch); prefill runs eagerly, so only TTFT moves
+    e = {i.name: i for i in sens.items}["eager_launch_us_per_layer"]
+    assert e.swing(sens.base, "tpot_ms_p50") == pytest.approx(0, abs=1e-9)
+    assert e.high["ttft_ms_p50"] > sens.base["ttft_ms_p50"] > e.low["ttft_ms_p50"]
+
+
+def test_cli_table_and_plot(tmp_path, capsys):
+    out = tmp_path / "tornado.png"
+    main(["predict", "--tp", "2", "--pp", "2", "--conc", "4", "--model", "llama-3.1-8b", "--input-len", "16",
+          "--output-len", "8", "--sensitivity", "--plot", str(out)])
+    text = capsys.readouterr().out
+    assert "kernel_scale" in text and "swing" in text
+    assert out.stat().st_size > 1000

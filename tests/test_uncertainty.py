@@ -1,0 +1,106 @@
+"""Prediction intervals: the band formula, the calibration part by regime, the
+ensemble's members, and the quadrature rule (docs/uncertainty.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pipesim import uncertainty as U
+from pipesim.calibrate.fit import FitResult
+from pipesim.calibrate.measured import Point
+from pipesim.cli import main
+from pipesim.profile import load_profile
+from pipesim.scenario import build_scenario
+
+FAST = dict(model="llama-3.1-8b", input_len="16", output_len="8")
+
+
+def _point(tp, pp, conc, name):
+    return Point(name, "kimi-k2.6", "sglang", tp, pp, conc, 256, 300, "output_tok_s", 100.0, 100.0, (), "test")
+
+
+def _profile_with(points, loo):
+    prof = load_profile("rtx-pro-6000-sglang-deployment")
+    meta = {**prof.meta, "fit": {"loo_error_pct": {p.name: e for p, e in zip(points, loo)}, "loo_mape_pct": 1.0}}
+    return replace(prof, meta=meta, measured=tuple(points))
+
+
+def test_band_is_multiplicative_and_positive():
+    assert U.band(100.0, 0.25) == pytest.approx((80.0, 125.0))
+    lo, hi = U.band(100.0, 3.0)          # a huge relative error stays positive
+    assert lo == pytest.approx(25.0) and hi == pytest.approx(400.0)
+
+
+def test_too_few_points_use_the_stated_default():
+    prof = load_profile("rtx-pro-6000-sglang-deployment")   # three measured points
+    cal = U.calibration_spread(prof, 2, 4, 64)
+    assert cal.rel == U.DEFAULT_CALIBRATION_REL and cal.points == 0
+    assert "fewer than 5" in cal.basis and "3 points" in cal.basis
+
+
+def test_regime_quantile_from_leave_one_out_errors():
+    pts = [_point(8, 1, 32 + i, f"b{i}") for i in range(6)] + [_point(8, 1, 1, "single")]
+    prof = _profile_with(pts, [10, -20, 30, -40, 50, -60, 500])
+    cal = U.calibration_spread(prof, 8, 1, 64)
+    # the six batched TP points only; the C=1 point's 500% is another regime
+    assert cal.points == 6 and cal.regime == "batched, TP"
+    assert cal.rel == pytest.approx(float(np.quantile([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], 0.8)))
+
+
+def test_regime_falls_back_to_the_load_class_then_all():
+    pts = [_point(8, 1, 32, "a"), _point(8, 1, 64, "b"), _point(8, 1, 16, "c"), _point(2, 4, 64, "d"), _point(1, 8, 8, "e")]
+    prof = _profile_with(pts, [10, 10, 10, 20, 20])
+    cal = U.calibration_spread(prof, 2, 4, 64)    # 2 PP points: too few; 5 batched: enough
+    assert cal.regime == "batched" and cal.points == 5
+
+
+def test_fit_result_stores_leave_one_out_by_label():
+    pts = (_point(8, 1, 1, "x"), _point(8, 1, 32, "y"))
+    r = FitResult({}, pts, (1.0, 2.0), (0.0, 0.0), (0.5, None), 0)
+    assert r.loo_error_pct() == {"x": 50.0}
+
+
+def test_ensemble_widens_fixed_lengths_keeping_the_mean_and_varies_the_seed():
+    sc = build_scenario(tp=1, pp=1, concurrency=4, **{**FAST, "input_len": "100", "output_len": "40:60"})
+    members = U.ensemble_scenarios(sc, 4)
+    assert sorted(m.workload.seed for m in members) == [1, 2, 3, 4]
+    for m in members:
+        assert (m.workload.input_len.lo, m.workload.input_len.hi) == (50, 150)   # same mean 100
+        assert (m.workload.output_len.lo, m.workload.output_len.hi) == (40, 60)  # given as a range: kept
+
+
+def test_frontend_cost_is_spread_when_the_profile_has_one():
+    sc = build_scenario(tp=1, pp=1, concurrency=4, **FAST)
+    sc = replace(sc, profile=sc.profile.with_params(frontend_ms=2.0))
+    assert sorted({m.profile.params.frontend_ms for m in U.ensemble_scenarios(sc, 4)}) == [1.0, 3.0]
+
+
+def test_parts_combine_in_quadrature_and_the_band_holds_the_value():
+    from pipesim.api import run
+
+    sc = build_scenario(tp=1, pp=1, concurrency=4, **FAST)
+    r = U.attach(run(sc), sc, ensemble=True, runs=3)
+    for m in U.HEADLINE:
+        p = r.interval_basis["parts"][m]
+        assert p["combined"] == pytest.approx(math.sqrt(p["calibration"] ** 2 + p["workload"] ** 2 + p["simulation"] ** 2))
+        lo, hi = r.intervals[m]
+        assert lo < getattr(r, m) < hi
+    cheap = U.attach(run(sc), sc, ensemble=False)
+    assert all(cheap.interval_basis["parts"][m]["workload"] == 0 for m in U.HEADLINE)
+
+
+def test_cli_prints_and_serialises_intervals(capsys):
+    args = ["predict", "--conc", "4", "--model", "llama-3.1-8b", "--input-len", "16", "--output-len", "8"]
+    main(args)
+    assert "(likely " in capsys.readouterr().out
+    main(args + ["--json"])
+    d = json.loads(capsys.readouterr().out)
+    lo, hi = d["intervals"]["output_throughput_tok_s"]
+    assert lo < d["output_throughput_tok_s"] < hi
+    main(args + ["--json", "--no-intervals"])
+    assert "intervals" not in json.loads(capsys.readouterr().out)
