@@ -52,12 +52,12 @@ class Sensitivity:
     def table(self) -> str:
         b = self.base
         sc = self.scenario
-        lines = [f"sensitivity: TP{sc['tp']} x PP{sc['pp']}, {sc['model']} on {sc['box']} ({sc['profile']}), "
-                 f"each item -+{self.step:.0%} alone",
-                 f"  baseline: {b['output_throughput_tok_s']:,.1f} tok/s, per-request {b['per_request_tok_s']:,.1f} tok/s, "
-                 f"TTFT p50 {b['ttft_ms_p50']:,.1f} ms, TPOT p50 {b['tpot_ms_p50']:,.1f} ms",
-                 f"  {'item':28s} {'low -> high':>22s} {'throughput low/high':>22s} {'swing':>7s} "
-                 f"{'per-req':>7s} {'TTFT':>7s} {'TPOT':>7s}"]
+        lines = [(f"sensitivity: TP{sc['tp']} x PP{sc['pp']}, {sc['model']} on {sc['box']} ({sc['profile']}), "
+                 f"each item -+{self.step:.0%} alone"),
+                 (f"  baseline: {b['output_throughput_tok_s']:,.1f} tok/s, per-request {b['per_request_tok_s']:,.1f} tok/s, "
+                 f"TTFT p50 {b['ttft_ms_p50']:,.1f} ms, TPOT p50 {b['tpot_ms_p50']:,.1f} ms"),
+                 (f"  {'item':28s} {'low -> high':>22s} {'throughput low/high':>22s} {'swing':>7s} "
+                 f"{'per-req':>7s} {'TTFT':>7s} {'TPOT':>7s}")]
         for it in self.items:
             lo = "-" if it.low is None else f"{it.low['output_throughput_tok_s']:,.0f}"
             hi = "-" if it.high is None else f"{it.high['output_throughput_tok_s']:,.0f}"

@@ -9,7 +9,7 @@ from pipesim.cli import main
 from pipesim.scenario import build_scenario
 from pipesim.sensitivity import sensitivity
 
-FAST = dict(model="llama-3.1-8b", input_len="16", output_len="8")
+FAST = {"model": "llama-3.1-8b", "input_len": "16", "output_len": "8"}
 
 
 @pytest.fixture(scope="module")

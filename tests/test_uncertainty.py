@@ -17,7 +17,7 @@ from pipesim.cli import main
 from pipesim.profile import load_profile
 from pipesim.scenario import build_scenario
 
-FAST = dict(model="llama-3.1-8b", input_len="16", output_len="8")
+FAST = {"model": "llama-3.1-8b", "input_len": "16", "output_len": "8"}
 
 
 def _point(tp, pp, conc, name):
