@@ -58,6 +58,8 @@ class Params:
     eager_launch_us_per_layer: float = 0.0  # CPU time to launch one layer's kernels without CUDA graphs
     kernel_scale: float = 1.0         # this deployment's kernels vs the measured kernel tables
     frontend_ms: float = 0.0          # per request, serial: tokenize + hand to the scheduler
+    detokenize_step_us: float = 0.0   # output path per returned step (detokenizer, serial)
+    detokenize_token_us: float = 0.0  # output path per token of a returned step
     moe_distribution: str = "power_law_1.01"  # routing skew to read the MoE table at
     custom_allreduce_max_gpus: int = 2  # engines use their custom all-reduce up to this many PCIe GPUs
 

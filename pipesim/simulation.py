@@ -67,7 +67,7 @@ class Request:
         self.first_token_s = -1.0
         self.finish_s = -1.0
         self.kv_reserved = 0
-        self.inflight = False
+        self.inflight = 0           # batches in flight that carry this request
         self.admit_s = -1.0         # when the engine admitted it (left the waiting queue)
 
     @property
@@ -76,15 +76,21 @@ class Request:
 
 
 class MicroBatch:
-    __slots__ = ("seq", "slot", "decode", "prefill", "shape", "returned")
+    __slots__ = ("seq", "slot", "decode", "prefill", "shape", "returned", "it", "cpu_launch_s")
 
-    def __init__(self, seq: int, slot: int, decode: list, prefill: list, env: simpy.Environment, graphed: bool):
+    def __init__(self, seq: int, slot: int, decode: list, prefill: list, env: simpy.Environment, graphed: bool,
+                 pad: int = 0):
         self.seq, self.slot = seq, slot
         self.decode = decode            # requests decoding one token
         self.prefill = prefill          # (request, chunk tokens, prefix tokens)
-        ctx = sum(r.context for r in decode) // len(decode) if decode else 0
-        self.shape = Shape(len(decode), ctx, tuple((c, p) for _, c, p in prefill), graphed)
+        # a graphed batch runs at its padded size: `pad` dummy decode rows, whose
+        # (near-empty) contexts add no attention work, so the mean context is over all rows
+        rows = len(decode) + pad
+        ctx = sum(r.context for r in decode) // rows if decode else 0
+        self.shape = Shape(rows, ctx, tuple((c, p) for _, c, p in prefill), graphed)
         self.returned = env.event()
+        self.it = 0                     # the scheduler's slot iteration that launched it (SGLang PP)
+        self.cpu_launch_s = env.now     # when the previous rank's CPU launched it
 
     @property
     def size(self) -> int:
@@ -125,9 +131,25 @@ class Simulation:
         self.warmup_end_s = 0.0
         self.stop = env.event()
         self._arrival = env.event()
-        self.cpu_iteration_s = costs.params.cpu_iteration_ms * 1e-3
-        self._frontend_s = costs.params.frontend_ms * 1e-3
+        params = costs.params
+        self.cpu_iteration_s = params.cpu_iteration_ms * 1e-3
+        self._frontend_s = params.frontend_ms * 1e-3
         self._frontend_free_s = 0.0
+        # the output path (detokenizer, one process): per returned step and per token in it
+        self._detok_step_s, self._detok_token_s = params.detokenize_step_us * 1e-6, params.detokenize_token_us * 1e-6
+        self._detok_free_s = 0.0
+        # every PP rank runs the scheduler loop (docs/engines.md §2): ranks >= 1 keep a
+        # CPU free-at clock and the last slot iteration they ran
+        self._cpu_hop_s = params.cpu_hop_ms * 1e-3
+        self._rank_cpu = self.pp > 1 and (self.cpu_iteration_s > 0 or self._cpu_hop_s > 0)
+        self._rank_free_s = [0.0] * self.pp
+        self._rank_it = [-1] * self.pp
+        # async depth (docs/engines.md §3): the last rank holds a batch's outputs until
+        # its loop is `depth` iterations further (the send waits only for that batch's
+        # own compute: the forward runs on its own stream)
+        self.depth = getattr(settings, "pp_async_batch_depth", 0) if self.pp > 1 else 0
+        self.iteration = -1                   # the first rank's current slot iteration
+        self._parked: deque[MicroBatch] = deque()   # computed on the last stage, outputs held
         self._seq = 0
         self._users = self._link_users()
         self._free_at = {d: 0.0 for links in self._users.values() for d in links}
@@ -171,10 +193,15 @@ class Simulation:
         inbox, items = self.inbox[s], self.inbox[s].items
         compute_log, comm_log = self.rec.compute[s], self.rec.comm[s]
         ring = self._users[("ar", s)]
+        rank_cpu = self._rank_cpu and s > 0
         while True:
             if not items:
                 yield inbox.wait()
             mb = items.popleft()
+            if rank_cpu:
+                launch_s = self._rank_launch(s, mb)
+                if launch_s > env.now:          # the GPU waits for this rank's CPU
+                    yield env.timeout(launch_s - env.now)
             compute_s, comm_s = stage_time(s, mb.shape)
             t0 = env.now
             yield env.timeout(compute_s)
@@ -184,6 +211,33 @@ class Simulation:
                 yield env.timeout(end - env.now)
                 comm_log.append((start, end))
             self._send(s, mb)
+
+    def _rank_launch(self, s: int, mb: MicroBatch) -> float:
+        """When rank `s`'s CPU launches `mb` (docs/engines.md §2): after its own slot
+        iterations up to this one, empty ones included, each `cpu_iteration_ms`, and
+        after the previous rank's iteration for this slot plus the pickled metadata
+        relay (`cpu_hop_ms`). A free-at clock: no event unless the GPU must wait."""
+        iterations = mb.it - self._rank_it[s] if self._rank_it[s] >= 0 else 1
+        launch_s = max(self._rank_free_s[s] + (iterations - 1) * self.cpu_iteration_s,
+                       mb.cpu_launch_s + self._cpu_hop_s) + self.cpu_iteration_s
+        self._rank_free_s[s], self._rank_it[s] = launch_s, mb.it
+        mb.cpu_launch_s = launch_s
+        return launch_s
+
+    def next_iteration(self) -> None:
+        """The first rank starts its next slot iteration (SGLang PP): held outputs whose
+        release that iteration reaches go out."""
+        self.iteration += 1
+        if self._parked:
+            self._release()
+
+    def _release(self) -> None:
+        """Send the held outputs the last rank's loop has reached (docs/engines.md §3):
+        the batch of iteration j goes out at the last rank's iteration j + depth (taken
+        as the first rank's: the ranks run the same loop)."""
+        parked, depth = self._parked, self.depth
+        while parked and parked[0].it + depth <= self.iteration:
+            self._hop_out(self.pp - 1, parked.popleft())
 
     def _hop_seconds(self, s: int, mb: MicroBatch) -> float:
         if s == self.pp - 1:
@@ -203,6 +257,13 @@ class Simulation:
         if self.pp == 1:
             self._complete(mb)
             return
+        if s == self.pp - 1 and self.depth:
+            self._parked.append(mb)
+            self._release()
+            return
+        self._hop_out(s, mb)
+
+    def _hop_out(self, s: int, mb: MicroBatch) -> None:
         start, end = self._book(self._users[("hop", s)], self._hop_seconds(s, mb))
         self.rec.hops[s].append((start, end))
         self.env.timeout(end - self.env.now).callbacks.append(lambda _ev, s=s, mb=mb: self._deliver(s, mb))
@@ -210,14 +271,17 @@ class Simulation:
     # ---- requests ---------------------------------------------------------------------
     def launch(self, slot: int, decode: list, prefill: list) -> MicroBatch:
         """The engine hands a formed micro-batch to the first stage."""
-        graphed = self.settings.graphed(len(decode), sum(c for _, c, _ in prefill))
-        mb = MicroBatch(self._seq, slot, decode, prefill, self.env, graphed)
+        prefill_tokens = sum(c for _, c, _ in prefill)
+        graphed = self.settings.graphed(len(decode), prefill_tokens)
+        pad = max(self.settings.graph_tokens(len(decode), prefill_tokens) - len(decode) - prefill_tokens, 0) if graphed else 0
+        mb = MicroBatch(self._seq, slot, decode, prefill, self.env, graphed, pad)
         self._seq += 1
         for r in decode:
-            r.inflight = True
+            r.inflight += 1
         for r, _, _ in prefill:
-            r.inflight = True
+            r.inflight += 1
         self.rec.batches.append(Batch(self.env.now, slot, mb.size, "decode" if not prefill else ("prefill" if not decode else "mixed")))
+        mb.it = self.iteration
         self.inbox[0].put(mb)
         return mb
 
@@ -248,7 +312,7 @@ class Simulation:
         produced = 0
         finished = []
         for r, chunk, _ in mb.prefill:
-            r.inflight = False
+            r.inflight -= 1
             r.prefilled += chunk
             if r.prefilled == r.input_len:
                 r.generated = 1
@@ -257,7 +321,7 @@ class Simulation:
                 if r.output_len == 1:
                     finished.append(r)
         for r in mb.decode:
-            r.inflight = False
+            r.inflight -= 1
             r.generated += 1
             produced += 1
             if r.generated == r.output_len:
@@ -277,9 +341,23 @@ class Simulation:
                 self.stop.succeed()
         self.scheduler.on_return(mb, finished)
         mb.returned.succeed(finished)
+        if self.workload.kind != "closed" or self.stop.triggered or not finished:
+            return
+        # a client sends its next request once its response has fully arrived: after the
+        # detokenizer has handled this step's outputs (one process, serial; docs/engines.md §1)
+        if self._detok_step_s or self._detok_token_s:
+            done = self._detok_free_s = (max(now, self._detok_free_s) + self._detok_step_s
+                                         + self._detok_token_s * produced)
+            self.env.timeout(done - now).callbacks.append(
+                lambda _ev, clients=[r.client for r in finished]: self._resend(clients))
+            return
         for r in finished:
-            if self.workload.kind == "closed" and not self.stop.triggered:
-                self._arrive(r.client)
+            self._arrive(r.client)
+
+    def _resend(self, clients: list) -> None:
+        if not self.stop.triggered:
+            for c in clients:
+                self._arrive(c)
 
     def _steady(self) -> bool:
         """Enough measured: no CI target, the cap reached, or the CI within target."""

@@ -30,6 +30,8 @@ FITTABLE = {
     "eager_launch_us_per_layer": (0.0, 20000.0, 100.0),
     "kernel_scale": (0.2, 10.0, 1.0),
     "frontend_ms": (0.0, 50.0, 0.1),
+    "detokenize_step_us": (0.0, 50000.0, 100.0),
+    "detokenize_token_us": (0.0, 5000.0, 10.0),
 }
 
 

@@ -61,4 +61,6 @@ class EngineSettings(Protocol):
 
     def graphed(self, decode: int, prefill_tokens: int) -> bool: ...
 
+    def graph_tokens(self, decode: int, prefill_tokens: int) -> int: ...   # padded size; 0: eager
+
     def scheduler(self, sim: EngineSimulation) -> EngineScheduler: ...

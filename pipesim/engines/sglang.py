@@ -35,6 +35,23 @@ if TYPE_CHECKING:
 MiB = 2**20
 
 
+def capture_sizes(max_bs: int) -> tuple[int, ...]:
+    """Decode batch sizes SGLang captures CUDA graphs for, up to `cuda_graph_max_bs`
+    (server_args.py `_generate_cuda_graph_batch_sizes`, no speculative decoding;
+    docs/engines.md §5)."""
+    sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    return tuple(b for b in sizes if b <= max_bs)
+
+
+def padded_size(sizes: tuple[int, ...], n: int) -> int:
+    """The captured size a batch of `n` is padded to (`bisect_left`, as the graph
+    runners do), or 0 when `n` is above every captured size (eager)."""
+    from bisect import bisect_left
+
+    i = bisect_left(sizes, n)
+    return sizes[i] if i < len(sizes) else 0
+
+
 @dataclass(frozen=True)
 class SGLangConfig:
     """SGLang launch flags pipesim models. None means SGLang's own default."""
@@ -143,6 +160,13 @@ class SGLangSettings:
         prefill (extend) batches run eagerly."""
         return prefill_tokens == 0 and decode <= self.cuda_graph_max_bs
 
+    def graph_tokens(self, decode: int, prefill_tokens: int) -> int:
+        """Tokens the batch runs at: a graphed decode batch is padded to the next
+        captured size (`CudaGraphRunner.replay`, docs/engines.md §5); 0 when eager."""
+        if prefill_tokens or not self.cuda_graph_max_bs:
+            return 0
+        return padded_size(capture_sizes(self.cuda_graph_max_bs), decode)
+
     def scheduler(self, sim: EngineSimulation) -> SGLangScheduler:
         return SGLangScheduler(sim, self)
 
@@ -158,25 +182,42 @@ class SGLangScheduler:
         self.cpu_s = sim.cpu_iteration_s
 
     def run(self) -> Generator[simpy.Event, object, None]:
-        """One pass per slot, in SGLang's order: form and launch this slot's batch,
-        then block until the *next* slot's outputs are back and process them (so a
-        slot's results are ready when its turn comes again)."""
+        """One pass per slot, in SGLang's order (`event_loop_pp`, docs/engines.md §2-3):
+        every slot iteration costs the rank's CPU (`cpu_iteration_ms`: receive requests,
+        form the batch, process the results), empty slots included while the server is
+        busy. It launches this slot's batch, then blocks until the *next* slot's outputs
+        have arrived and processes them, so its CPU time sits between a batch's return
+        and the next launch; with async depth d there are pp + d slots, up to pp + d
+        batches in flight, and the GPUs can work through queued batches meanwhile."""
         sim, n = self.sim, self.s.slots
+        inflight = self.inflight
+        busy = 0                    # batches in flight
+        owed = 0.0                  # CPU of empty iterations not yet charged (one event for a run of them)
         while True:
             worked = False
             for slot in range(n):
+                sim.next_iteration()
                 batch = self.form(slot)
-                if batch is not None:
-                    yield from sim.cpu(self.cpu_s)
-                    self.inflight[slot] = sim.launch(slot, *batch)
-                    worked = True
                 nxt = (slot + 1) % n
-                mb = self.inflight[nxt]
+                if batch is not None or busy:
+                    owed += self.cpu_s
+                if batch is not None:
+                    yield from sim.cpu(owed)
+                    owed = 0.0
+                    inflight[slot] = sim.launch(slot, *batch)
+                    busy += 1
+                    worked = True
+                mb = inflight[nxt]
                 if mb is not None:
+                    if owed:
+                        yield from sim.cpu(owed)
+                        owed = 0.0
                     yield mb.returned       # outputs relayed from the last stage
-                    self.inflight[nxt] = None
+                    inflight[nxt] = None
+                    busy -= 1
                     worked = True
             if not worked:
+                owed = 0.0
                 yield sim.wait_arrival()
 
     def form(self, slot: int) -> tuple[list, list] | None:

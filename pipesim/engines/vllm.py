@@ -33,8 +33,17 @@ if TYPE_CHECKING:
     from ..simulation import MicroBatch, Request
 
 GiB = 2**30
-# vllm/config/compilation.py: the largest CUDA-graph capture size by default
+# vllm/config/vllm.py `_set_cudagraph_sizes`: the largest capture size by default is
+# min(max_num_seqs x 2, 512), and no larger than max_num_batched_tokens
 CUDAGRAPH_MAX_TOKENS = 512
+
+
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """Token counts vLLM captures CUDA graphs for by default
+    ([1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16); docs/engines.md §5)."""
+    top = min(max_num_seqs * 2, CUDAGRAPH_MAX_TOKENS, max_num_batched_tokens)
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
+    return tuple(b for b in sizes if b <= top)
 
 
 @dataclass(frozen=True)
@@ -63,8 +72,9 @@ class VLLMConfig:
         seqs = self.max_num_seqs or (1024 if big else 256)
         tokens = self.max_num_batched_tokens or (8192 if big else 2048)
         inflight = plan.pp + 1 if (self.async_scheduling and plan.pp > 1) else (2 if self.async_scheduling else plan.pp)
+        sizes = () if self.enforce_eager else capture_sizes(seqs, tokens)
         return VLLMSettings(seqs, tokens, self.async_scheduling, inflight, kv_tokens, self.gpu_memory_utilization,
-                            0 if self.enforce_eager else CUDAGRAPH_MAX_TOKENS)
+                            max(sizes, default=0), sizes)
 
 
 @dataclass(frozen=True)
@@ -76,11 +86,19 @@ class VLLMSettings:
     kv_tokens: int
     gpu_memory_utilization: float
     cudagraph_max_tokens: int       # 0: enforce_eager
+    cudagraph_capture_sizes: tuple = ()
 
     def graphed(self, decode: int, prefill_tokens: int) -> bool:
         """vLLM V1 captures (piecewise) CUDA graphs for batches up to its largest
         capture size, mixed prefill included."""
         return 0 < decode + prefill_tokens <= self.cudagraph_max_tokens
+
+    def graph_tokens(self, decode: int, prefill_tokens: int) -> int:
+        """Tokens the batch runs at: padded to the next captured size (the CUDA-graph
+        dispatcher, docs/engines.md §5); 0 when it runs eagerly."""
+        from .sglang import padded_size
+
+        return padded_size(self.cudagraph_capture_sizes, decode + prefill_tokens) if self.cudagraph_capture_sizes else 0
 
     @property
     def running_cap(self) -> int:
