@@ -15,6 +15,7 @@ import types
 _EXPORTS = {
     "predict": "api", "run": "api", "sweep": "sweep", "search": "search",
     "build_scenario": "scenario", "Scenario": "scenario", "Result": "metrics", "UserError": "errors",
+    "whatif": "whatif",
 }
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"

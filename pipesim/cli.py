@@ -110,6 +110,14 @@ def scenario_options(f):
         click.option("--max-num-batched-tokens", type=int, default=None, help="vLLM: token budget per batch"),
         click.option("--async-scheduling/--no-async-scheduling", default=None,
                      help="vLLM: async scheduling (one more batch in flight)"),
+        click.option("--kernel-scale", type=float, default=None,
+                     help="what-if: every kernel takes this many times its calibrated time (0.5: a GPU twice as fast)"),
+        click.option("--allreduce-scale", type=float, default=None,
+                     help="what-if: every TP collective takes this many times its calibrated time"),
+        click.option("--pcie-bandwidth-scale", type=float, default=None,
+                     help="what-if: every link of the box carries this many times its bandwidth"),
+        click.option("--cpu-iteration-ms", type=float, default=None,
+                     help="what-if: the scheduler's CPU time per iteration [default: the profile's]"),
     ]
     for option in reversed(options):
         f = option(f)
@@ -118,7 +126,8 @@ def scenario_options(f):
 
 SCENARIO_FLAGS = ("model", "profile", "engine", "box", "nodes", "network", "input_len", "output_len", "seed", "max_running_requests",
                   "pp_max_micro_batch_size", "pp_async_batch_depth", "chunked_prefill_size", "disable_cuda_graph",
-                  "max_num_seqs", "max_num_batched_tokens", "async_scheduling")
+                  "max_num_seqs", "max_num_batched_tokens", "async_scheduling",
+                  "kernel_scale", "allreduce_scale", "pcie_bandwidth_scale", "cpu_iteration_ms")
 
 
 def scenario_kwargs(opts: dict) -> dict:
@@ -131,10 +140,14 @@ def scenario_kwargs(opts: dict) -> dict:
 
 
 @cli.command()
-@click.option("--tp", type=int, default=1, show_default=True, help="tensor-parallel size (GPUs per stage)")
-@click.option("--pp", type=int, default=1, show_default=True, help="pipeline-parallel size (stages)")
-@click.option("--conc", type=int, default=None, help="closed-loop concurrency C (clients)")
-@click.option("--rate", type=float, default=None, help="open-loop Poisson arrival rate, requests/s (instead of --conc)")
+@click.option("--tp", "--tensor-parallel-size", "--tp-size", "tp", type=int, default=1, show_default=True,
+              help="tensor-parallel size (GPUs per stage)")
+@click.option("--pp", "--pipeline-parallel-size", "--pp-size", "pp", type=int, default=1, show_default=True,
+              help="pipeline-parallel size (stages)")
+@click.option("--conc", "--max-concurrency", "conc", type=int, default=None,
+              help="closed-loop concurrency C (clients); one of --conc, --rate, --trace is needed")
+@click.option("--rate", "--request-rate", "rate", type=float, default=None,
+              help="open-loop Poisson arrival rate, requests/s (instead of --conc)")
 @click.option("--num-requests", type=int, default=None, help="requests to send with --rate or from --trace")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None, help="replay a CSV: arrival_s,input_tokens,output_tokens")
 @click.option("--layers", default=None, help="explicit layers per stage, e.g. 7,7,7,8,8,8,8,8")
@@ -288,8 +301,11 @@ def profiles_show(name):
     """One profile: its box, engine, parameters and the source of every table."""
     from .profile import load_profile
 
+    from .profile import profile_folder
+
     p = load_profile(name)
     click.echo(f"{p.name}: {p.meta.get('description', '')}")
+    click.echo(f"  folder {profile_folder(name)}")
     click.echo(f"  box {p.box}, engine {p.engine} {p.engine_version}")
     click.echo("  parameters:")
     for k, v in vars(p.params).items():
@@ -412,9 +428,11 @@ def plot(results, out_dir, fmt, prefix):
 
 
 @cli.command()
-@click.option("--tp", type=int, default=1, show_default=True, help="tensor-parallel size")
-@click.option("--pp", type=int, default=1, show_default=True, help="pipeline-parallel size")
-@click.option("--conc", type=int, default=None, help="closed-loop concurrency C")
+@click.option("--tp", "--tensor-parallel-size", "--tp-size", "tp", type=int, default=1, show_default=True,
+              help="tensor-parallel size")
+@click.option("--pp", "--pipeline-parallel-size", "--pp-size", "pp", type=int, default=1, show_default=True,
+              help="pipeline-parallel size")
+@click.option("--conc", "--max-concurrency", "conc", type=int, default=None, help="closed-loop concurrency C (needed)")
 @scenario_options
 @click.option("--out", default="trace.json", show_default=True, help="the Chrome trace event file (.json)")
 def trace(tp, pp, conc, out, **opts):

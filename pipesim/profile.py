@@ -232,6 +232,12 @@ def _profile_dir(name_or_path: str | Path):
     return path
 
 
+def profile_folder(name_or_path: str | Path) -> Path:
+    """Where a profile's files live on disk: a shipped profile's folder inside the
+    installed package, or the directory given."""
+    return Path(str(_profile_dir(name_or_path))).resolve()
+
+
 def load_profile(name_or_path: str | Path) -> Profile:
     """Load a profile (cached per process while its files are unchanged: a sweep loads
     and indexes the tables once)."""

@@ -17,8 +17,10 @@ arrival period [a0, a1] (first to last arrival):
   growing batch up to its running cap, then as requests waiting for a first token
   (`waiting_at_last_arrival`).
 
-Rule: overloaded when the requests in the engine grow by more than `GROWTH_SHARE` of
-the arrival rate over that half, and by at least `MIN_GROWTH_REQUESTS`. A run shorter
+Rule: overloaded when the requests in the engine grow faster than `GROWTH_SHARE` of
+the arrival rate over that half, and the growth over it (slope x its length) is more
+than twice the count's Poisson noise at its start (2 sqrt(N + 1)) and at least
+`MIN_GROWTH_REQUESTS`: a stable count fluctuates by about its square root. A run shorter
 than about two request latencies has not filled yet and reads as overloaded: send
 more requests to tell.
 """
@@ -30,7 +32,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 GROWTH_SHARE = 0.10        # growth above 10% of the arrival rate: overloaded
-MIN_GROWTH_REQUESTS = 3    # ... and by at least this many requests (a stable count fluctuates)
+MIN_GROWTH_REQUESTS = 5    # ... and by at least this many requests over the half
 
 
 @dataclass(frozen=True)
@@ -79,5 +81,6 @@ def saturation(arrival_s, first_token_s, finish_s) -> Saturation | None:
     t = np.unique(np.concatenate((arr[(arr >= mid) & (arr <= a1)], fin[(fin >= mid) & (fin <= a1)], [mid, a1])))
     count = np.searchsorted(arr, t, side="right") - np.searchsorted(fin, t, side="right")
     growth = float(np.polyfit(t, count, 1)[0]) if len(t) >= 3 else (n_end - n_mid) / (a1 - mid)
-    over = growth > GROWTH_SHARE * rate and n_end - n_mid >= MIN_GROWTH_REQUESTS
+    gained = growth * (a1 - mid)
+    over = growth > GROWTH_SHARE * rate and gained > max(2 * np.sqrt(n_mid + 1), MIN_GROWTH_REQUESTS)
     return Saturation(float(rate), float(served), float(growth), n_mid, n_end, n - by(first, a1), bool(over))

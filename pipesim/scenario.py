@@ -40,6 +40,7 @@ class Scenario:
     workload: Workload
     profile: Profile
     knob_sources: dict = field(default_factory=dict)   # knob -> "user" | "profile deployment" | "engine default"
+    whatif: dict = field(default_factory=dict)   # what-if knobs given (whatif.py), as given
 
     def describe(self) -> dict:
         """Every resolved input, for reports and --json."""
@@ -59,6 +60,7 @@ class Scenario:
             "kv_cache_tokens": m.kv_tokens,
             **({"nodes": self.box.nodes, "gpus_per_node": self.box.gpus_per_node, "network": self.box.network.name}
                if self.box.nodes > 1 else {}),
+            **({"whatif": dict(self.whatif)} if self.whatif else {}),
             "profile_params": {f.name: getattr(self.profile.params, f.name) for f in fields(self.profile.params)},
         }
 
@@ -68,10 +70,17 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
                    layers: tuple[int, ...] | None = None, rate_rps: float | None = None,
                    num_requests: int | None = None, trace: str | None = None,
                    input_len: str | int = DEFAULT_INPUT_LEN, output_len: str | int = DEFAULT_OUTPUT_LEN,
-                   seed: int = 0, nodes: int = 1, network: str | None = None, **knobs) -> Scenario:
+                   seed: int = 0, nodes: int = 1, network: str | None = None,
+                   kernel_scale: float | None = None, allreduce_scale: float | None = None,
+                   pcie_bandwidth_scale: float | None = None, cpu_iteration_ms: float | None = None,
+                   **knobs) -> Scenario:
+    from .whatif import apply_box, apply_profile, check
     from .profile import Profile, load_profile
 
+    changes = check(dict(kernel_scale=kernel_scale, allreduce_scale=allreduce_scale,
+                         pcie_bandwidth_scale=pcie_bandwidth_scale, cpu_iteration_ms=cpu_iteration_ms))
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    prof = apply_profile(prof, changes)
     engine_name = engine or prof.engine
     require(engine_name in ENGINES, f"unknown engine '{engine_name}'; known: {', '.join(ENGINES)}")
     config_cls = ENGINES[engine_name]
@@ -90,6 +99,7 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
     bx = box if isinstance(box, Box) else load_box(box or prof.box)
     if nodes != 1 or network is not None:   # a cluster of identical boxes (hardware.cluster)
         bx = cluster(bx, nodes, load_network(network) if network is not None else None)
+    bx = apply_box(bx, changes)
     mdl = model if isinstance(model, Model) else load_model(model)
     plan = make_plan(tp, pp, mdl.num_layers, bx.gpu_count, config.partition_rule, layers)
     mdl.check_tp(tp)
@@ -102,7 +112,7 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
             f"the KV cache holds {memory.kv_tokens} tokens at tp={tp} pp={pp}, but one request needs {need} "
             f"(input + output); shorten the request or use more GPUs")
     settings = config.resolve(bx.gpu.memory_bytes, plan, mdl, memory.kv_tokens)
-    return Scenario(bx, mdl, plan, config, settings, memory, workload, prof, sources)
+    return Scenario(bx, mdl, plan, config, settings, memory, workload, prof, sources, whatif=changes)
 
 
 def _workload(concurrency, rate_rps, num_requests, trace, input_len, output_len, seed) -> Workload:

@@ -142,6 +142,8 @@ CASES = [
     (["boxes", "show", "{t}/infbw.toml"], "gpu.mem_bw_bytes_s = inf must be a finite number > 0", None),
     (["boxes", "show", "{t}/gpu9.toml"], "link names gpu9, but gpu.count = 2", None),
     (["boxes", "show", "{t}/badnet.toml"], "network.nic_gb_s = 0 must be a finite number > 0", None),
+    (["predict", "--conc", "1", "--kernel-scale", "0", *FAST], "--kernel-scale must be a finite number > 0, got 0.0", None),
+    (["predict", "--conc", "1", "--cpu-iteration-ms", "-1", *FAST], "--cpu-iteration-ms must be a finite number >= 0, got -1.0", None),
     (["search", "--splits", "2by4"], "--splits '2by4': '2by4' is not TPxPP", None),
     (["search", "--rate", "0,1"], "--rate: 0 is not a number > 0", None),
     (["search", "--rate", "1", "--conc", "8"], "give --conc or --rate, not both", None),
