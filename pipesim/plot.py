@@ -26,7 +26,7 @@ SHARES = (
     ("idle_cpu_share", "idle: waiting on the scheduler CPU", "#8172B3"),
     ("idle_bubble_share", "idle: pipeline bubble", "#C44E52"),
 )
-FIGURES = ("throughput", "tradeoff", "breakdown")
+FIGURES = ("throughput", "per_gpu", "tradeoff", "breakdown", "bubble_cause")
 
 
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
@@ -77,7 +77,92 @@ def throughput(df: pd.DataFrame) -> Figure:
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(title="split", loc="upper left")
-    fig.suptitle(f"Output throughput vs concurrency\n{_subtitle(df)}", fontsize=10)
+    _mark_caps(ax, df, "output_throughput_tok_s")
+    fig.suptitle(f"Output throughput vs concurrency (arrows: where a cap stops more requests running)\n"
+                 f"{_subtitle(df)}", fontsize=10)
+    return fig
+
+
+def _mark_caps(ax, df: pd.DataFrame, column: str, scale=lambda part: 1.0) -> None:
+    """Where the running cap or the KV cache flattens a split's curve: the first swept
+    concurrency at or above the split's `effective_cap` (sweep.caps), labelled with the
+    bound; past it more clients only queue. Needs the sweep table's cap columns."""
+    if "effective_cap" not in df.columns:
+        return
+    texts = []
+    for label, part in _splits(df):
+        cap = int(part.effective_cap.iloc[0])
+        at = part[part.conc >= cap]
+        if at.empty or cap <= int(part.conc.min()):
+            continue
+        r = at.iloc[0]
+        reason = str(part.cap_reason.iloc[0])
+        what = f"KV cache: {cap} requests" if reason == "KV cache" else f"{reason} {cap}"
+        texts.append((r.conc, r[column] / scale(part), f"{part.split.iloc[0].replace(' ', '')}: {what}"))
+    if texts:
+        _annotate_apart(ax, texts, fontsize=7, color="dimgrey", arrows=True)
+
+
+def per_gpu(df: pd.DataFrame) -> Figure:
+    """Output tok/s per GPU vs concurrency: what each GPU of a split earns (splits of
+    different GPU counts compare on cost)."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    for label, part in _splits(df):
+        ax.plot(part.conc, part.output_throughput_tok_s / part.gpus, marker="o", label=label)
+    _conc_axis(ax, df.conc)
+    ax.set_ylabel("output tok/s per GPU")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(title="split", loc="upper left")
+    _mark_caps(ax, df.assign(per_gpu=df.output_throughput_tok_s / df.gpus), "per_gpu")
+    fig.suptitle(f"Output throughput per GPU vs concurrency\n{_subtitle(df)}", fontsize=10)
+    return fig
+
+
+def _slot_batches(part: pd.DataFrame) -> list[list[float]]:
+    """Per row, the decode batch of each micro-batch slot (vLLM: the in-flight group
+    sizes, where the table has them)."""
+    col = "group_sizes" if "group_sizes" in part.columns and part.group_sizes.notna().all() else "decode_batch_per_slot"
+    return [[float(x) for x in str(v).split(";") if x != ""] for v in part[col]]
+
+
+def bubble_cause(df: pd.DataFrame) -> Figure:
+    """Why pipeline stages idle: the mean decode batch of each micro-batch slot against
+    the load, per split. With PP = N the engine runs N slots (plus async depth); a slot
+    with a small or empty batch leaves every stage idle for its turn: the bubble. The
+    per-slot cap is drawn where the table has it."""
+    require("decode_batch_per_slot" in df.columns,
+            "the sweep table has no decode_batch_per_slot; rerun it with this version of pipesim")
+    parts = [(label, part) for label, part in _splits(df) if int(part.pp.iloc[0]) > 1] or list(_splits(df))
+    cols = min(3, len(parts))
+    rows = math.ceil(len(parts) / cols)
+    fig = _figure(3.6 * cols + 0.6, 3.2 * rows + 1.3)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, (label, part) in zip(axes, parts):
+        per_row = _slot_batches(part)
+        slots = max(len(b) for b in per_row)
+        for k in range(slots):
+            ys = [b[k] if k < len(b) else 0.0 for b in per_row]
+            ax.plot(part.conc, ys, marker="o", markersize=3, linewidth=1, label=f"slot {k}")
+        if "slot_cap" in part.columns and int(part.slot_cap.iloc[0]) > 0:
+            ax.axhline(int(part.slot_cap.iloc[0]), color="grey", linestyle="--", linewidth=1)
+            ax.annotate(f"per-slot cap {int(part.slot_cap.iloc[0])}", (0.98, int(part.slot_cap.iloc[0])),
+                        xycoords=("axes fraction", "data"), ha="right", va="top", fontsize=7, color="dimgrey")
+        _conc_axis(ax, part.conc)
+        ax.set_xlabel("concurrency C", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_title(f"{label} ({slots} slot{'s' if slots > 1 else ''})", fontsize=9)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        if slots > 1:
+            ax.legend(fontsize=6, ncols=2, loc="lower right")
+    for ax in axes[len(parts):]:
+        ax.set_visible(False)
+    for ax in axes[::cols]:
+        ax.set_ylabel("mean decode batch (requests)", fontsize=8)
+    fig.suptitle("The bubble's cause: requests in each micro-batch slot against load (equal slots fill the pipeline; "
+                 f"an empty or small slot idles every stage for its turn)\n{_subtitle(df)}", fontsize=9)
     return fig
 
 
@@ -86,19 +171,18 @@ def tradeoff(df: pd.DataFrame) -> Figure:
     concurrency (top left: fast requests, little throughput) to high (bottom right)."""
     fig = _figure()
     ax = fig.add_subplot()
-    for i, (label, part) in enumerate(_splits(df)):
+    labels = []
+    for label, part in _splits(df):
         line, = ax.plot(part.output_throughput_tok_s, part.per_request_tok_s, marker="o", label=label)
-        # labels above-right and below-left by turns, so neighbouring curves' labels part
-        dx, dy, ha = (5, 4, "left") if i % 2 == 0 else (-5, -10, "right")
-        for r in part.itertuples():
-            ax.annotate(str(r.conc), (r.output_throughput_tok_s, r.per_request_tok_s), textcoords="offset points",
-                        xytext=(dx, dy), ha=ha, fontsize=7, color=line.get_color())
+        labels += [(r.output_throughput_tok_s, r.per_request_tok_s, str(r.conc), line.get_color())
+                   for r in part.itertuples()]
     ax.set_xlabel("output throughput (tok/s, whole engine)")
     ax.set_ylabel("per-request decode speed (tok/s)")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(title="split", loc="upper right")
+    _annotate_apart(ax, labels, fontsize=7)
     fig.suptitle(f"Per-request speed vs total throughput (point labels: concurrency C)\n{_subtitle(df)}", fontsize=10)
     return fig
 
@@ -167,28 +251,32 @@ def pareto(result) -> Figure:
     return fig
 
 
-def _annotate_apart(ax, texts, fontsize: int = 7, color=None) -> None:
+def _annotate_apart(ax, texts, fontsize: int = 7, color=None, arrows: bool = False) -> None:
     """Label points so that labels do not print over each other: each label goes to the
-    first of a ring of offsets whose box (in display pixels, estimated from the font
-    size) overlaps no label placed before it."""
+    first of a ring of offsets where its drawn box overlaps no label placed before it
+    (measured with the Agg renderer at the figure's size)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     fig = ax.figure
-    fig.canvas.draw()   # fixes the axes' transforms
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw_without_rendering()   # lays the figure out, fixing the axes' transforms
     placed = []
-    char_w, h = 0.6 * fontsize * fig.dpi / 72, 1.2 * fontsize * fig.dpi / 72
     offsets = [(5, 4), (5, -12), (-5, 4), (-5, -12), (5, 14), (-5, 14), (5, -22), (-5, -22), (5, 24), (-5, 24)]
-    for x, y, text in texts:
-        px, py = ax.transData.transform((x, y))
-        w = char_w * len(text)
-        for dx, dy in offsets + [(5, 34 + 10 * k) for k in range(20)]:
-            scale = fig.dpi / 72
-            x0 = px + dx * scale - (w if dx < 0 else 0)
-            y0 = py + dy * scale
-            box = (x0, y0, x0 + w, y0 + h)
-            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
+    offsets += [(5, 34 + 10 * k) for k in range(20)]
+    if arrows:   # labels set off below-right of the point, with an arrow to it
+        offsets = [(12, -28 - 12 * k) for k in range(12)] + [(-12, -28 - 12 * k) for k in range(12)]
+    for item in texts:
+        x, y, text = item[:3]
+        c = item[3] if len(item) > 3 else color
+        for k, (dx, dy) in enumerate(offsets):
+            note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy),
+                               ha="right" if dx < 0 else "left", fontsize=fontsize, color=c,
+                               arrowprops=dict(arrowstyle="->", color="grey", lw=0.7) if arrows else None)
+            box = note.get_window_extent(renderer)
+            if not any(box.overlaps(b) for b in placed) or k == len(offsets) - 1:   # the last place if none is free
                 placed.append(box)
-                ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha="right" if dx < 0 else "left",
-                            fontsize=fontsize, color=color)
                 break
+            note.remove()
 
 
 def breakdown(df: pd.DataFrame) -> Figure:
@@ -266,9 +354,13 @@ def save(fig: Figure, path: str | Path) -> Path:
 
 
 def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", prefix: str = "") -> list[Path]:
-    """The three figures of a sweep as OUT_DIR/[PREFIX]throughput.FMT, tradeoff, breakdown."""
+    """The figures of a sweep as OUT_DIR/[PREFIX]NAME.FMT, NAME in FIGURES: throughput,
+    per-GPU throughput, the trade-off, the time breakdown, the bubble's cause."""
     require(fmt in ("png", "svg"), f"unknown figure format '{fmt}'; allowed: png, svg")
     require(len(df) > 0, "the sweep table is empty")
     folder = ensure_dir(out_dir, "figure")
-    makers = {"throughput": throughput, "tradeoff": tradeoff, "breakdown": breakdown}
-    return [save(makers[name](df), folder / f"{prefix}{name}.{fmt}") for name in FIGURES]
+    makers = {"throughput": throughput, "per_gpu": per_gpu, "tradeoff": tradeoff, "breakdown": breakdown,
+              "bubble_cause": bubble_cause}
+    # a table written before the slot column: no bubble-cause figure rather than none at all
+    names = [n for n in FIGURES if n != "bubble_cause" or "decode_batch_per_slot" in df.columns]
+    return [save(makers[name](df), folder / f"{prefix}{name}.{fmt}") for name in names]

@@ -45,6 +45,29 @@ def _meta(kind: str, pid: int, tid: int, value) -> dict:
     return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": {key: value}}
 
 
+def flows(rec: Record) -> list[dict]:
+    """Flow arrows (trace event format: ph "s" start, "t" step, "f" finish, one id per
+    micro-batch) linking a micro-batch's slices in order: its compute on stage 0 (TP
+    rank 0's track), the hop out, stage 1's compute, ... the last stage's compute and
+    the hop that returns its tokens. Each flow point sits at its slice's start, which
+    binds it to that slice ("bp": "e" on the finish: the enclosing slice)."""
+    out = []
+    hops = [rec.hops[name] for name in rec.hop_names]
+    n = min([len(c) for c in rec.compute] + [len(h) for h in hops])
+    for i in range(n):
+        points = []
+        for s in range(rec.pp):
+            points.append((rec.compute[s][i][0], TRACK_GPUS, rec.stage_gpus[s][0]))
+            points.append((hops[s][i][0], TRACK_HOPS, s))
+        for k, (t, pid, tid) in enumerate(points):
+            ph = "s" if k == 0 else "f" if k == len(points) - 1 else "t"
+            ev = {"name": "micro-batch", "cat": "flow", "ph": ph, "id": i, "ts": _ns(t) / 1e3, "pid": pid, "tid": tid}
+            if ph == "f":
+                ev["bp"] = "e"
+            out.append(ev)
+    return out
+
+
 def build_trace(rec: Record, result: Result) -> dict:
     """The trace event JSON object of a finished run (see the module docstring)."""
     t0, t1 = result.window_s
@@ -94,6 +117,7 @@ def build_trace(rec: Record, result: Result) -> dict:
             what = "tokens" if dst == 0 else "activations"
             for i, (a, b) in enumerate(rec.hops[name]):
                 events.append(_slice(f"P2P {what}", "p2p", a, b, TRACK_HOPS, s, batch_args(i, s)))
+        events += flows(rec)
     for a, b in rec.cpu:
         events.append(_slice("schedule", "cpu", a, b, TRACK_CPU, 0))
     events.append(_slice("measurement window", "window", t0, t1, TRACK_WINDOW, 0,

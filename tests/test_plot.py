@@ -102,15 +102,15 @@ def test_compare_draws_the_best_split_of_each_variant():
 
 
 def test_save_all_png_and_svg(tmp_path):
-    df = table()
+    df = capped()
     pngs = plot.save_all(df, tmp_path, "png")
     svgs = plot.save_all(df, tmp_path, "svg", prefix="k-")
-    assert [p.name for p in pngs] == ["throughput.png", "tradeoff.png", "breakdown.png"]
+    assert [p.name for p in pngs] == [f"{name}.png" for name in plot.FIGURES]
     for p in pngs:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
     for p in svgs:
         assert p.name.startswith("k-") and ET.parse(p).getroot().tag.endswith("svg")
-    assert len(list(tmp_path.iterdir())) == 6                  # no temporary files left
+    assert len(list(tmp_path.iterdir())) == 2 * len(plot.FIGURES)   # no temporary files left
 
 
 def test_save_all_makes_the_folder_and_its_parents(tmp_path):
@@ -136,8 +136,8 @@ def test_cli_plot_from_a_real_sweep(tmp_path, capsys, profile):
     df = pipesim.sweep(8, [1, 4], profile=profile, workers=1, input_len="64", output_len="20")
     write_table(df, tmp_path / "r.csv")
     main(["plot", str(tmp_path / "r.csv"), "--out-dir", str(tmp_path), "--format", "svg"])
-    assert capsys.readouterr().out.count("wrote") == 3
-    assert sorted(p.name for p in tmp_path.glob("*.svg")) == ["breakdown.svg", "throughput.svg", "tradeoff.svg"]
+    assert capsys.readouterr().out.count("wrote") == len(plot.FIGURES)
+    assert sorted(p.name for p in tmp_path.glob("*.svg")) == sorted(f"{n}.svg" for n in plot.FIGURES)
 
 
 def test_cli_plot_bad_input(tmp_path, capsys):
@@ -153,3 +153,77 @@ def test_cli_plot_bad_input(tmp_path, capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and needle in err
+
+
+# ---- per-GPU view, caps, the bubble's cause, labels that do not overprint ------------------
+
+def capped(reason: str = "running cap", cap: int = 8) -> pd.DataFrame:
+    df = table()
+    slots = df.pp.where(df.pp > 1, 1)
+    per_slot = [";".join(f"{min(c, 8) / p if k < c else 0.0:.3f}" for k in range(p)) for c, p in zip(df.conc, slots)]
+    return df.assign(effective_cap=cap, cap_reason=reason, slot_cap=8 // df.pp, slots=slots,
+                     decode_batch_per_slot=per_slot)
+
+
+def texts(ax) -> list[str]:
+    return [t.get_text() for t in ax.texts]
+
+
+def test_per_gpu_figure_divides_by_the_gpus():
+    df = table()
+    ax = plot.per_gpu(df).axes[0]
+    line = lines_by_label(ax)["TP4 x PP2"]
+    assert list(line.get_ydata()) == (df[df.tp == 4].output_throughput_tok_s / 8).tolist()
+    assert "per GPU" in ax.get_ylabel()
+
+
+@pytest.mark.parametrize("reason, label", [("running cap", "running cap 8"), ("KV cache", "KV cache: 8 requests")])
+def test_caps_are_marked_where_the_curve_flattens(reason, label):
+    """With a cap of 8 running requests, C=8 is the first swept load at the cap: each
+    split's label points there (at C=8 and its throughput)."""
+    df = capped(reason)
+    ax = plot.throughput(df).axes[0]
+    notes = [t for t in ax.texts if label in t.get_text()]
+    assert len(notes) == 3
+    for t in notes:
+        split = t.get_text().split(":")[0]
+        row = df[(df.split.str.replace(" ", "") == split) & (df.conc == 8)].iloc[0]
+        assert tuple(t.xy) == (8, row.output_throughput_tok_s)
+
+
+def test_no_cap_marks_without_the_cap_columns():
+    assert not plot.throughput(table()).axes[0].texts
+
+
+def test_bubble_cause_draws_each_slot_of_each_pp_split():
+    df = capped()
+    fig = plot.bubble_cause(df)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == ["TP1 x PP8 (8 slots)", "TP4 x PP2 (2 slots)"]   # PP1 has no slots
+    lines = lines_by_label(axes[1])
+    part = df[df.pp == 2]
+    assert list(lines["slot 1"].get_ydata()) == [float(v.split(";")[1]) for v in part.decode_batch_per_slot]
+    assert any("per-slot cap 4" in t for t in texts(axes[1]))
+
+
+def _overlaps(fig) -> list[tuple[str, str]]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    r = canvas.get_renderer()
+    boxes = [(t.get_text(), t.get_window_extent(r)) for ax in fig.axes for t in ax.texts if t.get_text()]
+    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:] if ba.overlaps(bb)]
+
+
+def test_labels_do_not_print_over_each_other():
+    """Point labels of the trade-off figure and cap labels of the throughput figure:
+    no two text boxes overlap once drawn."""
+    df = capped()
+    for fig in (plot.tradeoff(df), plot.throughput(df), plot.per_gpu(df)):
+        assert _overlaps(fig) == []
+
+
+def test_save_all_writes_every_figure(tmp_path):
+    paths = plot.save_all(capped(), tmp_path)
+    assert [p.stem for p in paths] == list(plot.FIGURES)

@@ -36,6 +36,8 @@ def validate(trace: dict) -> None:
             assert ev["name"] in META_NAMES
             key = "name" if ev["name"].endswith("_name") else "sort_index"
             assert set(ev["args"]) == {key}
+        elif ev["ph"] in ("s", "t", "f"):       # flow events: an id and a time, bound to a slice
+            assert isinstance(ev["id"], int) and isinstance(ev["ts"], (int, float)) and ev["cat"] == "flow"
         else:
             raise AssertionError(f"unexpected event phase {ev['ph']}")
 
@@ -186,7 +188,7 @@ def test_cli_trace_writes_perfetto_json(tmp_path, capsys):
 @pytest.mark.parametrize("args, needle", [
     (["--out", "/nonexistent-dir/t.json"], "does not exist"),
     (["--out", "trace.txt"], "must end in .json"),
-    (["--tp", "two"], "'--tp': 'two' is not a valid integer"),
+    (["--tp", "two"], "'--tp' / '--tensor-parallel-size' / '--tp-size': 'two' is not a valid integer"),
     (["--conc", "0", "--model", "llama-3.1-8b"], "concurrency must be a whole number >= 1"),
 ])
 def test_cli_trace_bad_input(capsys, args, needle):
@@ -222,3 +224,25 @@ def test_idle_breakdown_of_a_hand_built_record():
     assert (s1.compute, s1.allreduce, s1.idle_cpu, s1.idle_p2p, s1.idle_bubble) == pytest.approx((0.4, 0.0, 0.0, 0.1, 0.5))
     assert (s1.bubbles, s1.bubble_s) == (2, pytest.approx(6.0))
     assert busy_in(rec.compute[0] + rec.comm[0], 2.5, 5.5) == pytest.approx(1.0)
+
+
+def test_flow_arrows_link_each_micro_batch_across_stages(tp2pp4):
+    """One flow per micro-batch: starts ("s") on stage 0's compute, steps ("t") through
+    every hop and later stage, finishes ("f") on the hop that returns the tokens; each
+    point at the start of a slice on its own track, in time order."""
+    _, _, obj = tp2pp4
+    ev = obj["traceEvents"]
+    starts = {(e["pid"], e["tid"], e["ts"]) for e in ev if e["ph"] == "X"}
+    by_id = {}
+    for e in ev:
+        if e.get("cat") == "flow":
+            by_id.setdefault(e["id"], []).append(e)
+    assert len(by_id) > 10
+    pp = len(obj["otherData"]["stages"])
+    for chain in by_id.values():
+        assert [e["ph"] for e in chain] == ["s"] + ["t"] * (2 * pp - 2) + ["f"]
+        assert [e["ts"] for e in chain] == sorted(e["ts"] for e in chain)
+        assert all((e["pid"], e["tid"], e["ts"]) in starts for e in chain)
+        # alternating GPU (stage s, TP rank 0) and hop (out of stage s) tracks
+        assert [e["pid"] for e in chain] == [1, 2] * pp
+        assert chain[-1]["bp"] == "e"
