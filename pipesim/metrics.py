@@ -9,16 +9,22 @@ busy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from .record import Batch, Record
 from .steady import closed_loop_ci, queue_wait_s, window_ci
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from .simulation import Request
+
+REQUEST_COLUMNS = ("rid", "client", "arrival_s", "admit_s", "input_len", "output_len", "first_token_s", "finish_s",
+                   "slot", "ttft_ms", "tpot_ms", "decode_tok_s", "e2e_ms")
+STAGE_COLUMNS = ("stage", "layers", "compute", "allreduce", "busy", "idle")
 
 # Gaps shorter than this are float noise between touching intervals, not bubbles.
 BUBBLE_MIN_S = 1e-9
@@ -119,7 +125,9 @@ def _pct(values, q: float) -> float:
 
 @dataclass
 class Result:
-    """One prediction. Scalars for reports; `requests` and `stages` as DataFrames."""
+    """One prediction. Scalars for reports; `requests` and `stages` as DataFrames,
+    built on first use from numpy columns (pandas is imported only then: a prediction
+    needs none)."""
 
     scenario: dict
     window_s: tuple[float, float]
@@ -148,14 +156,27 @@ class Result:
     sim_events: int
     sim_wall_s: float
     saturation: dict | None               # open loop: arrivals against service (saturation.py); closed: None
-    requests: pd.DataFrame = field(repr=False)
-    stages: pd.DataFrame = field(repr=False)
+    request_columns: dict = field(repr=False)     # REQUEST_COLUMNS -> array, measured requests by rid
+    stage_columns: dict = field(repr=False)       # STAGE_COLUMNS -> array, one row per stage
     # prediction intervals (pipesim.uncertainty): metric -> (lo, hi), empty unless asked for
     intervals: dict = field(default_factory=dict)
     interval_basis: dict = field(default_factory=dict)   # what each part of the band contributed
 
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame({c: self.request_columns[c] for c in REQUEST_COLUMNS})
+
+    @cached_property
+    def stages(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame({c: self.stage_columns[c] for c in STAGE_COLUMNS})
+
     def to_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k not in ("requests", "stages")}
+        d = {k: v for k, v in self.__dict__.items()
+             if k not in ("requests", "stages", "request_columns", "stage_columns")}
         d["window_s"] = list(self.window_s)
         if not self.intervals:
             d.pop("intervals"), d.pop("interval_basis")
@@ -185,10 +206,11 @@ def _per_slot(batches: list[Batch], slots: int) -> list[float]:
     return [s / c if c else 0.0 for s, c in zip(sums, counts)]
 
 
-def _saturation(req: pd.DataFrame) -> dict | None:
+def _saturation(finished: list[Request]) -> dict | None:
     from .saturation import saturation
 
-    s = saturation(req.arrival_s, req.first_token_s, req.finish_s)
+    s = saturation([r.arrival_s for r in finished], [r.first_token_s for r in finished],
+                   [r.finish_s for r in finished])
     return None if s is None else s.to_dict()
 
 
@@ -202,11 +224,9 @@ def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float)
     in_window = (tok[:, 0] > t0) & (tok[:, 0] <= t1)
     out_tokens = float(tok[in_window, 1].sum())
 
-    rows = [(r.rid, r.client, r.arrival_s, r.admit_s, r.input_len, r.output_len, r.first_token_s, r.finish_s, r.slot)
-            for r in sorted(finished, key=lambda r: r.rid)]
-    req = pd.DataFrame(rows, columns=["rid", "client", "arrival_s", "admit_s", "input_len", "output_len",
-                                      "first_token_s", "finish_s", "slot"])
-    done = req[(req.finish_s > t0) & (req.finish_s <= t1)].copy()
+    done_rows = sorted((r for r in finished if t0 < r.finish_s <= t1), key=lambda r: r.rid)
+    cols = {c: np.array([getattr(r, c) for r in done_rows], dtype=np.int64 if c in ("rid", "client", "input_len", "output_len", "slot") else float)
+            for c in REQUEST_COLUMNS[:9]}
     measured = [r for r in finished if r.finish_s > t0] if rec.clients is not None else []
     if rec.engine_load is not None:
         # more clients than admitted: the run is too short for the queue to reach its
@@ -214,28 +234,31 @@ def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float)
         admitted_s = [r.finish_s - r.admit_s for r in measured]
         ci = closed_loop_ci(rec.engine_load, [r.output_len for r in measured], admitted_s)
         wait_s = queue_wait_s(rec.clients, rec.engine_load, float(np.mean(admitted_s))) if admitted_s else 0.0
-        start_s = done.admit_s - wait_s
+        start_s = cols["admit_s"] - wait_s
     else:
-        start_s = done.arrival_s
+        start_s = cols["arrival_s"]
         if rec.clients is not None:
             ci = closed_loop_ci(rec.clients, [r.output_len for r in measured],
                                 [r.finish_s - r.arrival_s for r in measured])
         else:
             ci = window_ci(rec.tokens, t0, t1)
-    done["ttft_ms"] = (done.first_token_s - start_s) * 1e3
-    decode_s = done.finish_s - done.first_token_s
-    multi = done.output_len > 1
-    done["tpot_ms"] = np.where(multi, decode_s / (done.output_len - 1).clip(lower=1) * 1e3, np.nan)
-    done["decode_tok_s"] = np.where(multi & (decode_s > 0), (done.output_len - 1) / decode_s.where(decode_s > 0, 1), np.nan)
-    done["e2e_ms"] = (done.finish_s - start_s) * 1e3
-    tpot = done.tpot_ms.dropna().to_numpy()
-    ttft = done.ttft_ms.to_numpy()
+    out_len, first_s, finish_s = cols["output_len"], cols["first_token_s"], cols["finish_s"]
+    decode_s = finish_s - first_s
+    multi = out_len > 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cols["ttft_ms"] = ttft = (first_s - start_s) * 1e3
+        cols["tpot_ms"] = np.where(multi, decode_s / np.clip(out_len - 1, 1, None) * 1e3, np.nan)
+        cols["decode_tok_s"] = np.where(multi & (decode_s > 0), (out_len - 1) / np.where(decode_s > 0, decode_s, 1), np.nan)
+    cols["e2e_ms"] = e2e = (finish_s - start_s) * 1e3
+    tpot = cols["tpot_ms"][~np.isnan(cols["tpot_ms"])]
+    speeds = cols["decode_tok_s"][~np.isnan(cols["decode_tok_s"])]
+    n_done = len(done_rows)
 
     stage_rows = []
     for s in range(rec.pp):
         c, a = busy_in(rec.compute[s], t0, t1) / span, busy_in(rec.comm[s], t0, t1) / span
         stage_rows.append((s, rec.layers_per_stage[s], c, a, c + a, max(0.0, 1 - c - a)))
-    stages = pd.DataFrame(stage_rows, columns=["stage", "layers", "compute", "allreduce", "busy", "idle"])
+    stages = {name: np.array([row[i] for row in stage_rows]) for i, name in enumerate(STAGE_COLUMNS)}
     hops = [busy_in(v, t0, t1) / span for v in rec.hops.values()]
     batches = [b for b in rec.batches if t0 <= b.launch_s <= t1]
     decode_sizes = [b.requests for b in batches if b.kind == "decode"]
@@ -244,28 +267,28 @@ def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float)
         window_s=(t0, t1),
         output_throughput_tok_s=out_tokens / span,
         output_throughput_ci_tok_s=ci[1],
-        request_throughput_req_s=len(done) / span,
-        per_request_tok_s=float(done.decode_tok_s.mean()) if len(done) else float("nan"),
+        request_throughput_req_s=n_done / span,
+        per_request_tok_s=float(speeds.mean()) if len(speeds) else float("nan"),
         ttft_ms_mean=float(ttft.mean()) if len(ttft) else float("nan"),
         ttft_ms_p50=_pct(ttft, 50), ttft_ms_p99=_pct(ttft, 99),
         tpot_ms_mean=float(tpot.mean()) if len(tpot) else float("nan"),
         tpot_ms_p50=_pct(tpot, 50), tpot_ms_p99=_pct(tpot, 99),
-        e2e_ms_mean=float(done.e2e_ms.mean()) if len(done) else float("nan"),
-        bubble_fraction=float(stages.idle.mean()),
-        stage_busy_fraction=[float(x) for x in stages.busy],
-        time_shares={"compute": float(stages.compute.mean()), "allreduce": float(stages.allreduce.mean()),
-                     "idle": float(stages.idle.mean())},
-        allreduce_share=float(stages.allreduce.mean()),
+        e2e_ms_mean=float(e2e.mean()) if n_done else float("nan"),
+        bubble_fraction=float(stages["idle"].mean()),
+        stage_busy_fraction=[float(x) for x in stages["busy"]],
+        time_shares={"compute": float(stages["compute"].mean()), "allreduce": float(stages["allreduce"].mean()),
+                     "idle": float(stages["idle"].mean())},
+        allreduce_share=float(stages["allreduce"].mean()),
         p2p_share=float(np.mean(hops)) if hops else 0.0,
         cpu_share=busy_in(rec.cpu, t0, t1) / span,
         link_wait_share=busy_in(rec.link_wait, t0, t1) / span,
         mean_requests_per_microbatch=float(np.mean([b.requests for b in batches])) if batches else 0.0,
         mean_decode_batch=float(np.mean(decode_sizes)) if decode_sizes else 0.0,
         decode_batch_per_slot=_per_slot(batches, rec.slots),
-        completed_requests=int(len(done)),
+        completed_requests=n_done,
         sim_events=rec.events,
         sim_wall_s=wall_s,
-        saturation=_saturation(req) if rec.clients is None else None,
-        requests=done.reset_index(drop=True),
-        stages=stages,
+        saturation=_saturation(finished) if rec.clients is None else None,
+        request_columns=cols,
+        stage_columns=stages,
     )

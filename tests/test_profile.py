@@ -46,3 +46,36 @@ def test_shipped_profiles_and_their_provenance(capsys):
     assert len(dep.measured) == 3 and dep.deployment["max_running_requests"] == 64
     healthy = load_profile("rtx-pro-6000-sglang-healthy")
     assert healthy.params.allreduce_scale == 1.0 and healthy.params.allreduce_offset_us == 0.0
+
+
+def test_tables_read_without_pandas_match_pandas(tmp_path, monkeypatch):
+    """The csv-module reader (and its cached copy) gives what pandas reads from the same file."""
+    import gzip as _gzip
+
+    import pandas as pd
+
+    from pipesim.profile import _cached_columns
+
+    monkeypatch.setenv("PIPESIM_CACHE_DIR", str(tmp_path / "cache"))
+    f = tmp_path / "moe.csv.gz"
+    f.write_bytes(_gzip.compress(
+        b"dtype,hidden,inter,topk,experts,moe_tp,distribution,tokens,latency_ms\n"
+        b"bf16,7168,2048,8,384,1,balanced,1,0.05\nbf16,7168,2048,8,384,1,balanced,16,0.25\n"))
+    want = pd.read_csv(f)
+    for _ in range(2):   # parsed, then from the cache
+        got = _cached_columns(f, "moe")
+        assert list(got) == list(want.columns)
+        for c in want.columns:
+            assert list(got[c]) == list(want[c])
+    assert len(list((tmp_path / "cache").glob("moe-*.npz"))) == 1
+
+
+def test_predict_imports_no_pandas():
+    import subprocess
+    import sys
+
+    code = ("import sys; from pipesim.cli import main; sys.argv = ['pipesim', 'predict', '--tp', '8', '--conc', '1', "
+            "'--output-len', '8']\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('pandas', 'pyarrow', 'matplotlib', 'scipy', 'dask') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"

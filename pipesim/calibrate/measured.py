@@ -17,11 +17,14 @@ nearer edge.
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ..errors import UserError, require
+
+if TYPE_CHECKING:  # read with the csv module: loading a profile needs no pandas
+    import pandas as pd
 
 COLUMNS = ("name", "model", "engine", "tp", "pp", "conc", "input_len", "output_len",
            "metric", "tok_s", "tok_s_lo", "tok_s_hi", "ttft_ms", "tpot_ms",
@@ -72,16 +75,24 @@ class Point:
 def read_points(source, origin: str, default_model: str = "kimi-k2.6", default_engine: str = "sglang") -> list[Point]:
     """Read measured points; errors name the file, the line and the column."""
     try:
-        df = pd.read_csv(source, dtype=str, keep_default_na=False)
+        text = source.read() if hasattr(source, "read") else open(source, encoding="utf-8").read()
+        if isinstance(text, bytes):
+            text = text.decode()
+        table = [r for r in csv.reader(text.splitlines()) if r]
     except Exception as exc:
         raise UserError(f"{origin}: cannot read as CSV ({type(exc).__name__})") from None
-    missing = [c for c in REQUIRED if c not in df.columns]
+    require(len(table) > 0, f"{origin}: cannot read as CSV (EmptyDataError)")
+    header = [h.strip() for h in table[0]]
+    missing = [c for c in REQUIRED if c not in header]
     require(not missing, f"{origin}: missing column(s) {', '.join(missing)}; needed: {', '.join(REQUIRED)}")
-    unknown = [c for c in df.columns if c not in COLUMNS]
+    unknown = [c for c in header if c not in COLUMNS]
     require(not unknown, f"{origin}: unknown column(s) {', '.join(unknown)}; allowed: {', '.join(COLUMNS)}")
     points = []
-    for i, row in enumerate(df.to_dict("records")):
+    for i, cells in enumerate(table[1:]):
         line = i + 2
+        require(len(cells) <= len(header), f"{origin}: cannot read as CSV (line {line} has {len(cells)} fields, "
+                f"the header {len(header)})")
+        row = dict(zip(header, cells))
 
         def num(col, kind, required=False):
             text = str(row.get(col, "")).strip()
@@ -128,6 +139,8 @@ def read_points(source, origin: str, default_model: str = "kimi-k2.6", default_e
 
 def points_frame(points: list[Point]) -> pd.DataFrame:
     """Points in measured.csv's layout (COLUMNS), to write back."""
+    import pandas as pd
+
     rows = []
     for p in points:
         k = dict(p.knobs)
