@@ -48,6 +48,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 TEXT_COLUMNS = {"dtype", "distribution", "op", "impl"}
 CACHE_VERSION = 1   # of the parsed-table cache's layout (`_cached_columns`)
+CACHE_MIN_BYTES = 64 * 1024   # smaller table files parse in milliseconds: not worth a cached copy
 
 
 def sig6(x: float) -> float:
@@ -314,9 +315,11 @@ def _cached_columns(f, table: str) -> dict[str, np.ndarray]:
     default ~/.cache/pipesim) keyed by the file's path, size and modification time:
     parsing the largest tables costs more than the rest of a prediction, a cached read
     a few milliseconds. The cache is only ever a copy; a folder that cannot be written
-    is skipped."""
+    is skipped, and files under CACHE_MIN_BYTES are parsed each time."""
     try:
         st = Path(str(f)).stat()
+        if st.st_size < CACHE_MIN_BYTES:
+            raise OSError("small table: parsed each time")
         key = hashlib.sha256(f"{Path(str(f)).resolve()}|{st.st_size}|{st.st_mtime_ns}|{CACHE_VERSION}".encode()).hexdigest()[:24]
         cached = _cache_dir() / f"{table}-{key}.npz"
     except OSError:

@@ -57,6 +57,7 @@ def test_tables_read_without_pandas_match_pandas(tmp_path, monkeypatch):
     from pipesim.profile import _cached_columns
 
     monkeypatch.setenv("PIPESIM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("pipesim.profile.CACHE_MIN_BYTES", 0)
     f = tmp_path / "moe.csv.gz"
     f.write_bytes(_gzip.compress(
         b"dtype,hidden,inter,topk,experts,moe_tp,distribution,tokens,latency_ms\n"

@@ -1,0 +1,156 @@
+"""Where a prediction's time and memory go, as ratios measured in one run.
+
+    python benchmarks/bench_speed.py [--reps N] [--json OUT]
+
+1. a whole `pipesim predict` process against a bare `python -c "import numpy, simpy"`
+   (and whether predict imported pandas);
+2. sim wall time at C = 4096 against C = 64 under the default profile's running cap
+   of 64 (TP2 x PP4): the horizon follows the requests the engine admits;
+3. peak resident memory of an open-loop run of 20,000 requests against 2,000;
+4. events per stage visit (PP8, C = 256) and events per second against a bare SimPy
+   loop of the same event count;
+5. the CountingEnvironment against plain simpy.Environment on the same bare loop;
+6. (`--only sweep`) the wall time of a 1,000-scenario sweep on two local processes:
+   the four 8-GPU splits x concurrencies 1..250, 100 output tokens.
+
+Each figure is the median of `--reps` repetitions, the two sides of a ratio measured
+alternately so that a noisy machine hurts both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+PREDICT = ["-m", "pipesim.cli", "predict", "--tp", "2", "--pp", "4", "--conc", "64"]
+
+
+def wall(cmd: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, *cmd], check=True, capture_output=True)
+    return time.perf_counter() - t
+
+
+def child(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def predict_vs_bare(reps: int) -> dict:
+    bare, pred = [], []
+    for _ in range(reps):
+        bare.append(wall(["-c", "import numpy, simpy"]))
+        pred.append(wall(PREDICT))
+    code = ("import sys, json; from pipesim.cli import main\n"
+            "sys.argv = ['pipesim', 'predict', '--tp', '2', '--pp', '4', '--conc', '64', '--json']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(json.dumps({'pandas': 'pandas' in sys.modules, 'pyarrow': 'pyarrow' in sys.modules,"
+            " 'matplotlib': 'matplotlib' in sys.modules, 'scipy': 'scipy' in sys.modules, 'dask': 'dask' in sys.modules}))")
+    loaded = child(code)
+    b, p = statistics.median(bare), statistics.median(pred)
+    return {"bare_s": b, "predict_s": p, "ratio": p / b, "loaded": loaded}
+
+
+def sim_wall(tp: int, pp: int, conc: int) -> tuple[float, float, int]:
+    import pipesim
+
+    r = pipesim.predict(tp, pp, conc)
+    return r.sim_wall_s, r.output_throughput_tok_s, r.completed_requests
+
+
+def horizon(reps: int) -> dict:
+    sim_wall(2, 4, 64)   # profile loaded and indexed once
+    lo, hi, tok = [], [], {}
+    for _ in range(reps):
+        w, t, _ = sim_wall(2, 4, 64)
+        lo.append(w)
+        tok[64] = t
+        w, t, _ = sim_wall(2, 4, 4096)
+        hi.append(w)
+        tok[4096] = t
+    a, b = statistics.median(lo), statistics.median(hi)
+    return {"c64_s": a, "c4096_s": b, "ratio": b / a, "tok_s_c64": tok[64], "tok_s_c4096": tok[4096]}
+
+
+def rss(n: int) -> float:
+    code = ("import json, resource, pipesim\n"
+            f"r = pipesim.predict(8, 1, rate_rps=50, num_requests={n}, output_len='50', input_len='200')\n"
+            "print(json.dumps({'mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))")
+    return child(code)["mb"]
+
+
+def memory(reps: int) -> dict:
+    small = [rss(2000) for _ in range(reps)]
+    big = [rss(20000) for _ in range(reps)]
+    a, b = statistics.median(small), statistics.median(big)
+    return {"rss_2000_mb": a, "rss_20000_mb": b, "ratio": b / a}
+
+
+def bare_loop(n_events: int, counting: bool) -> float:
+    import simpy
+
+    from pipesim.record import CountingEnvironment
+
+    env = CountingEnvironment() if counting else simpy.Environment()
+
+    def proc(env):
+        while True:
+            yield env.timeout(1.0)
+
+    for _ in range(8):
+        env.process(proc(env))
+    t = time.perf_counter()
+    env.run(until=n_events / 8)
+    return n_events / (time.perf_counter() - t)
+
+
+def events(reps: int) -> dict:
+    from pipesim.api import simulate
+    from pipesim.scenario import build_scenario
+
+    rows = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        rec, r = simulate(build_scenario(tp=1, pp=8, concurrency=256))
+        dt = time.perf_counter() - t
+        visits = sum(len(c) for c in rec.compute)
+        ev_s = r.sim_events / r.sim_wall_s
+        bare = bare_loop(r.sim_events, counting=False)
+        rows.append((r.sim_events / visits, ev_s / bare, dt))
+    plain = [bare_loop(200_000, False) for _ in range(reps)]
+    counting = [bare_loop(200_000, True) for _ in range(reps)]
+    return {"events_per_stage_visit": statistics.median(x[0] for x in rows),
+            "events_per_s_vs_bare": statistics.median(x[1] for x in rows),
+            "counting_env_vs_plain": statistics.median(counting) / statistics.median(plain)}
+
+
+def sweep_1000(reps: int) -> dict:
+    from pipesim.sweep import sweep
+
+    t = time.perf_counter()
+    df = sweep(8, list(range(1, 251)), workers=2, output_len="100", progress=True)
+    return {"scenarios": len(df), "wall_s": time.perf_counter() - t}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default="predict,horizon,memory,events")
+    args = ap.parse_args()
+    report = {}
+    for name in args.only.split(","):
+        report[name] = {"predict": predict_vs_bare, "horizon": horizon, "memory": memory, "events": events,
+                        "sweep": sweep_1000}[name](args.reps)
+        print(name, json.dumps(report[name]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
