@@ -97,6 +97,9 @@ def scenario_options(f):
                      help="a cluster of this many identical boxes (GPUs numbered node-major)"),
         click.option("--network", default=None,
                      help="what joins the nodes: ib-ndr-400, roce-200, eth-100, ... [default: the box's [network]]"),
+        click.option("--kv-cache-dtype", default=None,
+                     help="KV-cache dtype, as the engines name it: auto (the model's 16-bit dtype), bf16, fp16, "
+                          "fp8, fp8_e4m3, fp8_e5m2 [default: auto]"),
         click.option("--input-len", default=DEFAULT_INPUT_LEN, show_default=True, help="prompt tokens: N or LO:HI (uniform)"),
         click.option("--output-len", default=DEFAULT_OUTPUT_LEN, show_default=True, help="output tokens: N or LO:HI (uniform)"),
         click.option("--seed", type=int, default=0, show_default=True, help="random seed, a whole number >= 0"),
@@ -124,7 +127,7 @@ def scenario_options(f):
     return f
 
 
-SCENARIO_FLAGS = ("model", "profile", "engine", "box", "nodes", "network", "input_len", "output_len", "seed", "max_running_requests",
+SCENARIO_FLAGS = ("model", "profile", "engine", "box", "nodes", "network", "kv_cache_dtype", "input_len", "output_len", "seed", "max_running_requests",
                   "pp_max_micro_batch_size", "pp_async_batch_depth", "chunked_prefill_size", "disable_cuda_graph",
                   "max_num_seqs", "max_num_batched_tokens", "async_scheduling",
                   "kernel_scale", "allreduce_scale", "pcie_bandwidth_scale", "cpu_iteration_ms")

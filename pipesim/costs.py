@@ -126,9 +126,9 @@ class CostModel:
             surface = self.profile.gqa_decode.get((heads, max(m.kv_heads // tp, 1), m.head_dim))
             kv_elems = 2 * max(m.kv_heads // tp, 1) * m.head_dim
             flops = 4.0 * batch * heads * context * m.head_dim
-        if surface is not None:
+        if surface is not None and m.kv_cache_dtype == "bf16":   # the tables hold a bf16 KV cache
             return surface(batch, max(context, 1)) * 1e-3, "table"
-        nbytes = batch * context * kv_elems * ACT_BYTES
+        nbytes = batch * context * kv_elems * m.kv_bytes_per_element
         return self.roofline(nbytes, flops), "roofline"
 
     def attention_prefill(self, chunk: int, prefix: int, tp: int) -> tuple[float, str]:

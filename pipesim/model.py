@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from .errors import UserError, require
-from .quantization import BF16, BYTES_PER_PARAM, WeightFormat, as_format, weight_formats
+from .quantization import BF16, BYTES_PER_PARAM, KV_BYTES_PER_ELEMENT, WeightFormat, as_format, weight_formats
 
 __all__ = ["BYTES_PER_PARAM", "Model", "WeightFormat", "from_hf_config", "load_model"]
 
@@ -63,7 +63,7 @@ class Model:
     attn_dtype: WeightFormat = BF16      # attention projections, dense MLP, shared experts
     expert_dtype: WeightFormat = BF16    # routed experts
     embed_dtype: WeightFormat = BF16     # embedding and lm_head
-    kv_cache_dtype: str = "bf16"         # bf16 | fp8 (kv_cache.py resolves the engines' names)
+    kv_cache_dtype: str = "bf16"         # bf16 | fp8 (quantization.kv_cache_dtype reads the engines' names)
 
     # ---- structure -------------------------------------------------------------
     def is_moe_layer(self, layer: int) -> bool:
@@ -119,6 +119,10 @@ class Model:
                 + 2 * self.embedding_bytes(dtype))
 
     # ---- KV cache -----------------------------------------------------------------
+    @property
+    def kv_bytes_per_element(self) -> float:
+        return KV_BYTES_PER_ELEMENT[self.kv_cache_dtype]
+
     def kv_bytes_per_token_per_layer(self, tp: int) -> float:
         """KV-cache bytes one GPU holds per token per layer at tensor parallelism `tp`.
 
@@ -126,7 +130,7 @@ class Model:
         TP rank; GQA caches K and V of `kv_heads` heads, split over TP ranks (a head is
         replicated when there are fewer KV heads than ranks).
         """
-        elem = 2.0 if self.kv_cache_dtype == "bf16" else 1.0
+        elem = self.kv_bytes_per_element
         if self.mla:
             return (self.mla.kv_lora_rank + self.mla.qk_rope_head_dim) * elem
         heads_per_gpu = max(self.kv_heads // tp, 1)

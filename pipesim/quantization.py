@@ -197,3 +197,23 @@ def _ct_group(group: dict, name: str) -> WeightFormat:
         return fmt
     raise UserError(f"model config {name}: compressed-tensors {kind} {bits}-bit weights are not modelled; "
                     "supported: int4/int8 (weight-only or W8A8), fp8, nvfp4")
+
+
+# KV-cache dtypes, as the engines name them: vLLM `--kv-cache-dtype`
+# (vllm/config/cache.py CacheDType: auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2) and SGLang
+# `--kv-cache-dtype` (python/sglang/srt/server_args.py: auto, bf16/bfloat16, fp8_e4m3,
+# fp8_e5m2). `auto` is the model's own 16-bit dtype in both (vLLM CacheConfig: "auto"
+# uses the model data type; SGLang ModelRunner: kv_cache_dtype = self.dtype when "auto").
+KV_CACHE_DTYPES = {"auto": "bf16", "bf16": "bf16", "bfloat16": "bf16", "fp16": "bf16", "float16": "bf16",
+                   "half": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+KV_BYTES_PER_ELEMENT = {"bf16": 2.0, "fp8": 1.0}
+
+
+def kv_cache_dtype(value: str | None) -> str:
+    """The storage class ("bf16": 2 bytes, fp16 alike; "fp8": 1 byte) of a KV-cache dtype name."""
+    if value is None:
+        return "bf16"
+    key = str(value).lower()
+    require(key in KV_CACHE_DTYPES,
+            f"--kv-cache-dtype '{value}' is not known; allowed: {', '.join(KV_CACHE_DTYPES)}")
+    return KV_CACHE_DTYPES[key]

@@ -11,7 +11,7 @@ knob says where it came from (`Scenario.knob_sources`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 from .engines import ENGINES
@@ -20,6 +20,7 @@ from .hardware import Box, cluster, load_box, load_network
 from .memory import Memory, plan_memory
 from .model import Model, load_model
 from .plan import Plan, make_plan
+from .quantization import kv_cache_dtype as resolve_kv_cache_dtype
 from .workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Workload, closed_loop, from_trace, poisson
 
 if TYPE_CHECKING:  # profiles load pandas: imported where one is loaded, so the CLI starts without it
@@ -58,6 +59,7 @@ class Scenario:
             "workload": self.workload.describe(),
             "weights_per_gpu_gib": [round(w / 2**30, 2) for w in m.weights_per_gpu_bytes],
             "kv_cache_tokens": m.kv_tokens,
+            **({"kv_cache_dtype": self.model.kv_cache_dtype} if self.model.kv_cache_dtype != "bf16" else {}),
             **({"nodes": self.box.nodes, "gpus_per_node": self.box.gpus_per_node, "network": self.box.network.name}
                if self.box.nodes > 1 else {}),
             **({"whatif": dict(self.whatif)} if self.whatif else {}),
@@ -70,7 +72,7 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
                    layers: tuple[int, ...] | None = None, rate_rps: float | None = None,
                    num_requests: int | None = None, trace: str | None = None,
                    input_len: str | int = DEFAULT_INPUT_LEN, output_len: str | int = DEFAULT_OUTPUT_LEN,
-                   seed: int = 0, nodes: int = 1, network: str | None = None,
+                   seed: int = 0, nodes: int = 1, network: str | None = None, kv_cache_dtype: str | None = None,
                    kernel_scale: float | None = None, allreduce_scale: float | None = None,
                    pcie_bandwidth_scale: float | None = None, cpu_iteration_ms: float | None = None,
                    **knobs) -> Scenario:
@@ -101,6 +103,8 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
         bx = cluster(bx, nodes, load_network(network) if network is not None else None)
     bx = apply_box(bx, changes)
     mdl = model if isinstance(model, Model) else load_model(model)
+    if kv_cache_dtype is not None:      # engine flag --kv-cache-dtype; auto = the model's 16-bit dtype
+        mdl = replace(mdl, kv_cache_dtype=resolve_kv_cache_dtype(kv_cache_dtype))
     plan = make_plan(tp, pp, mdl.num_layers, bx.gpu_count, config.partition_rule, layers)
     mdl.check_tp(tp)
     fraction = config.memory_fraction(bx.gpu.memory_bytes, tp, pp)

@@ -89,6 +89,7 @@ CASES = [
     (["predict", "--conc", "0", *FAST], "concurrency must be a whole number >= 1", None),
     (["predict", "--conc", "-4", *FAST], "concurrency must be a whole number >= 1", None),
     (["predict", "--conc", "1", "--model", "gpt-9"], "unknown model 'gpt-9'; known presets", None),
+    (["predict", "--conc", "1", *FAST, "--kv-cache-dtype", "fp4"], "--kv-cache-dtype 'fp4' is not known", None),
     (["predict", "--conc", "1", "--model", "{t}/missing/config.json"], "model config not found", None),
     (["predict", "--conc", "1", "--model", "{t}/bad.json"], "cannot read model config", None),
     (["predict", "--conc", "1", "--model", "{t}/nonnum/config.json"], "'num_hidden_layers' = 'many' must be a whole number", None),

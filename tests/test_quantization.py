@@ -109,3 +109,41 @@ def test_awq_checkpoint_is_about_a_quarter_of_bf16():
     # routed experts dominate: 4.156 of 16 bits; attention, router and embeddings add the rest
     ratio = model.total_weight_bytes() / model.total_weight_bytes("bf16")
     assert (4 + 20 / 128) / 16 < ratio < 0.30
+
+
+# ---- KV-cache dtype --------------------------------------------------------------------
+
+def test_kv_cache_dtype_names_as_the_engines_spell_them():
+    from pipesim.quantization import kv_cache_dtype
+    assert kv_cache_dtype("auto") == "bf16"          # auto = the model's 16-bit dtype
+    assert {kv_cache_dtype(n) for n in ("fp8", "fp8_e4m3", "fp8_e5m2")} == {"fp8"}
+    assert kv_cache_dtype("bfloat16") == kv_cache_dtype("fp16") == "bf16"
+    with pytest.raises(UserError):
+        kv_cache_dtype("int3")
+
+
+def test_fp8_kv_halves_bytes_per_token_and_doubles_capacity():
+    from pipesim.scenario import build_scenario
+    kw = dict(tp=1, concurrency=1, model="qwen3-30b-a3b", profile="rtx-pro-6000-vllm", engine="vllm")
+    bf16, fp8 = build_scenario(**kw), build_scenario(kv_cache_dtype="fp8_e4m3", **kw)
+    # Qwen3-30B-A3B: 4 KV heads x 128 x (K and V) per layer, 48 layers
+    assert bf16.memory.kv_bytes_per_token[0] == 2 * 4 * 128 * 2 * 48
+    assert fp8.memory.kv_bytes_per_token[0] == 2 * 4 * 128 * 1 * 48
+    free = bf16.memory.usable_per_gpu_bytes - bf16.memory.weights_per_gpu_bytes[0]
+    assert fp8.memory.kv_tokens == int(free // (2 * 4 * 128 * 48))
+    assert fp8.describe()["kv_cache_dtype"] == "fp8" and "kv_cache_dtype" not in bf16.describe()
+
+
+def test_fp8_kv_decode_attention_reads_one_byte_per_element():
+    from pipesim.costs import CostModel
+    from pipesim.scenario import build_scenario
+    sc = build_scenario(tp=1, concurrency=1, model="llama-3.1-8b", profile="rtx-pro-6000-vllm", engine="vllm",
+                        kv_cache_dtype="fp8")
+    cm = CostModel(sc.box, sc.model, sc.plan, sc.profile)
+    t, source = cm.attention_decode(64, 8192, 1)
+    # the profile's decode table holds a bf16 cache: fp8 is the roofline over 1-byte elements
+    reads = 64 * 8192 * 2 * 8 * 128 * 1.0
+    flops = 4.0 * 64 * 32 * 8192 * 128
+    gpu = sc.box.gpu
+    assert source == "roofline"
+    assert t == pytest.approx(max(reads / gpu.mem_bw_bytes_s, flops / gpu.flops_bf16) + cm.floor_s)
