@@ -262,10 +262,21 @@ def calibrate_fit(profile_dir, names, out, no_loo):
 @click.option("--profile", default=None, help="profile name or directory [default: the reference deployment]")
 @click.option("--max-error", type=float, default=10.0, show_default=True, help="largest allowed error per point, %")
 @click.option("--json", "as_json", is_flag=True)
-def validate(profile, max_error, as_json):
-    """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error."""
+@click.option("--corpus", "corpus_dir", is_flag=False, flag_value="", default=None, metavar="[DIR]",
+              help="check against the public validation corpus (the shipped one, or DIR) instead of a profile")
+def validate(profile, max_error, as_json, corpus_dir):
+    """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error.
+    With --corpus: every corpus run pipesim can express, its error, ranking agreement and interval coverage."""
     from .calibrate.validate import check
     from .scenario import DEFAULT_PROFILE
+
+    if corpus_dir is not None:
+        from .calibrate import crosscheck
+        from .corpus import load_corpus
+
+        chk = crosscheck.check(load_corpus(corpus_dir or None))
+        click.echo(crosscheck.to_json(chk) if as_json else crosscheck.text(chk))
+        return
 
     result = check(profile or DEFAULT_PROFILE, max_error)
     click.echo(result.to_json() if as_json else result.text())

@@ -152,6 +152,7 @@ CASES = [
     (["search", "--plot", "{t}/pareto.jpg"], "figure file '{t}/pareto.jpg' must end in .png or .svg", None),
     (["plot", "{t}/nothere.csv", "--out-dir", "{t}/bad.json/figures"],
      "cannot make the figure folder '{t}/bad.json/figures': '{t}/bad.json' is a file, not a folder", None),
+    (["validate", "--corpus", "{t}/no-corpus"], "corpus folder not found: {t}/no-corpus", None),
     (["predict", "--conc", "1", "--plot", "{t}/t.png", *FAST], "--plot draws the sensitivity tornado: give --sensitivity with it", None),
     (["predict", "--conc", "1", "--sensitivity", "--step", "1.5", *FAST], "sensitivity step must be between 0 and 1", None),
     (["predict", "--conc", "1", "--nodes", "0", *FAST], "--nodes must be a whole number >= 1, got 0", None),
