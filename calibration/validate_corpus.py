@@ -40,12 +40,12 @@ def render(chk: X.Check) -> str:
         "",
         "## The corpus as the check sees it",
         "",
-        f"{c['rows']} rows, {c['runs']} runs, {c['sources']} sources; rows with PP > 1: {c['rows_pp_gt_1']} "
+        (f"{c['rows']} rows, {c['runs']} runs, {c['sources']} sources; rows with PP > 1: {c['rows_pp_gt_1']} "
         f"({c['runs_pp_gt_1']} runs); sources with several splits under one condition: "
-        f"{c['sources_with_several_splits']}.",
+        f"{c['sources_with_several_splits']}."),
         "",
-        f"Reproduced: {rows.run_id.nunique()} runs ({len(rows)} measured numbers); skipped: {len(chk.skipped)} runs "
-        f"({int(chk.skipped.rows.sum())} rows).",
+        (f"Reproduced: {rows.run_id.nunique()} runs ({len(rows)} measured numbers); skipped: {len(chk.skipped)} runs "
+        f"({int(chk.skipped.rows.sum())} rows)."),
         "",
         "## Headline",
         "",
@@ -60,11 +60,11 @@ def render(chk: X.Check) -> str:
                      "reproduced (their models, DP/EP flags or boxes are outside what the check expresses; see "
                      "the skipped runs)")
     profiles = ", ".join(sorted(set(rows.profile)))
-    lines += ["", f"Profiles used: {profiles}. A `roofline-<engine>` profile is the engine's scheduling with no "
+    lines += ["", (f"Profiles used: {profiles}. A `roofline-<engine>` profile is the engine's scheduling with no "
               "measured tables and neutral parameters (no shipped profile was measured on these GPUs for these "
               "models): every operation is priced by max(bytes / bandwidth, FLOPs / rate). Its band uses the "
               "stated 25% calibration default, which this check shows to be far too narrow for a roofline-only "
-              "prediction; the default is not changed to fit it."]
+              "prediction; the default is not changed to fit it.")]
     lines += ["", "## Per source", "", "| source | numbers | runs | mean abs error | median | in band |", "|---|---|---|---|---|---|"]
     for r in X.per_source(rows).itertuples():
         lines.append(f"| {r.source_id} | {r.numbers} | {r.runs} | {r.mape_pct:.1f}% | {r.median_ape_pct:.1f}% | "

@@ -129,6 +129,7 @@ def knobs_for(engine: str, flags: str) -> dict:
 def profile_for(box: str, engine: str, model: str):
     """A shipped profile measured on the box's GPU (for this model, if it names one),
     the row's engine first; else the engine's scheduling with the roofline alone."""
+    from ..errors import UserError
     from ..hardware import load_box
     from ..profile import Params, Tables, load_profile, profile_names
 
@@ -138,7 +139,7 @@ def profile_for(box: str, engine: str, model: str):
         p = load_profile(name)
         try:
             same_gpu = load_box(p.box).gpu.name == gpu
-        except Exception:   # a profile's own box file: not a preset
+        except UserError:   # a profile's own box file, not a preset
             same_gpu = False
         if same_gpu and p.meta.get("model", model) == model:
             fits.append(p)
@@ -251,7 +252,7 @@ def check(corpus: pd.DataFrame, progress=None) -> Check:
             skipped.append({"run_id": run_id, "source_id": first["source_id"], "rows": len(part), "reason": str(exc)})
             continue
         result = simulate(sc)
-        iv, basis = intervals(result, sc, ensemble=False)
+        _iv, basis = intervals(result, sc, ensemble=False)
         pred = _predicted(result, str(sc.workload.input_len), str(sc.workload.output_len))
         if progress:
             progress(run_id)
@@ -261,7 +262,7 @@ def check(corpus: pd.DataFrame, progress=None) -> Check:
             field, family = METRIC_MAP[r.metric]
             p = pred.get(field, float("nan"))
             rel = basis["parts"][family]["combined"]
-            lo, hi = (p / (1 + rel), p * (1 + rel)) if p == p else (float("nan"),) * 2
+            lo, hi = (p / (1 + rel), p * (1 + rel)) if math.isfinite(p) else (float("nan"),) * 2
             rows.append({"row_id": r.row_id, "run_id": run_id, "source_id": r.source_id, "metric": r.metric,
                          "tp": r.tp, "pp": r.pp, "dp": r.dp, "ep": r.ep, "measured": r.value, "predicted": p,
                          "error_pct": (p - r.value) / r.value * 100, "lo": lo, "hi": hi,
@@ -300,11 +301,11 @@ def per_source(df: pd.DataFrame) -> pd.DataFrame:
 
 def text(chk: Check) -> str:
     c = chk.corpus
-    lines = [f"corpus: {c['rows']} rows, {c['runs']} runs, {c['sources']} sources; PP > 1: {c['rows_pp_gt_1']} rows "
+    lines = [(f"corpus: {c['rows']} rows, {c['runs']} runs, {c['sources']} sources; PP > 1: {c['rows_pp_gt_1']} rows "
              f"({c['runs_pp_gt_1']} runs); sources with several splits under one condition: "
-             f"{c['sources_with_several_splits']}",
-             f"reproduced: {chk.rows.run_id.nunique() if len(chk.rows) else 0} runs, {len(chk.rows)} numbers; "
-             f"skipped: {len(chk.skipped)} runs ({int(chk.skipped.rows.sum()) if len(chk.skipped) else 0} rows)", ""]
+             f"{c['sources_with_several_splits']}"),
+             (f"reproduced: {chk.rows.run_id.nunique() if len(chk.rows) else 0} runs, {len(chk.rows)} numbers; "
+             f"skipped: {len(chk.skipped)} runs ({int(chk.skipped.rows.sum()) if len(chk.skipped) else 0} rows)"), ""]
     ps = per_source(chk.rows)
     lines.append(f"  {'source':52s} {'numbers':>7s} {'runs':>5s} {'MAPE':>8s} {'median':>8s} {'in band':>8s}")
     for r in ps.itertuples():
@@ -319,9 +320,9 @@ def text(chk: Check) -> str:
                          f"{g.error_pct.abs().median():7.1f}% {g.inside.mean():7.0%}")
     if len(chk.ranking):
         rk = chk.ranking
-        lines += ["", f"ranking of splits under one condition: {len(rk)} groups, {int(rk.pairs.sum())} pairs, "
+        lines += ["", (f"ranking of splits under one condition: {len(rk)} groups, {int(rk.pairs.sum())} pairs, "
                   f"pairwise agreement {np.average(rk.agreement, weights=rk.pairs):.0%}, "
-                  f"mean Kendall tau {rk.kendall_tau.mean():+.2f}"]
+                  f"mean Kendall tau {rk.kendall_tau.mean():+.2f}")]
     else:
         lines += ["", "ranking of splits: no reproduced condition has several splits"]
     if len(chk.skipped):
