@@ -63,7 +63,9 @@ def simulate(scenario: Scenario, *, warmup_requests: int | None = None, measure_
                      max_measure_requests=cap, ci_target=ci_target, queued=queued)
     sim.run(MAX_SIM_S)
     rec = sim.record()
-    return rec, collect(rec, sim.finished, scenario.describe(), time.perf_counter() - t)
+    result = collect(rec, sim.finished, scenario.describe(), time.perf_counter() - t)
+    result.provenance_shares = costs.provenance_shares()
+    return rec, result
 
 
 def predict(tp: int = 1, pp: int = 1, conc: int | None = None, *, warmup_requests: int | None = None,

@@ -13,6 +13,12 @@ measured collective table by (group size, bytes), else from NCCL's ring model
 link latency + bytes / bandwidth along the box's PCIe path. Across the nodes of a
 cluster a hop pays the NIC path and a TP group that spans nodes runs NCCL's ring over
 the network (`cross_node_collective`).
+
+Every operation time carries its provenance (`PROVENANCE`): read at a measured point,
+interpolated between points, extrapolated outside the table's range, estimated by the
+roofline, or borrowed (read from a profile measured on another box, GPU or engine,
+run with --allow-foreign-profile). `provenance_shares` weighs them by stage time over
+every micro-batch the run computed.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .hardware import Box
-from .interp import bracket
+from .interp import TABLE_PROVENANCE, bracket, grid_provenance, weakest
 from .model import Model
 from .plan import Plan
 from .profile import Profile
@@ -34,13 +40,14 @@ NCCL_BASE_S, NCCL_STEP_S = 6.6e-6, 1.0e-6
 # Attention cost is smooth in context: decode contexts are bucketed to this many
 # tokens for the stage-time cache (relative error < 1% above ~3k tokens of context).
 CONTEXT_BUCKET = 32
+PROVENANCE = TABLE_PROVENANCE + ("roofline", "borrowed")
 
 
 class Op(NamedTuple):
     name: str
     seconds: float   # for one layer / one occurrence
     count: int       # occurrences in the stage
-    source: str      # "table" or "roofline"
+    source: str      # its provenance, one of PROVENANCE
     kind: str        # "compute" or "tp_comm"
 
 
@@ -71,6 +78,9 @@ class CostModel:
         self.params = profile.params
         self.floor_s = self.params.kernel_floor_us * 1e-6
         self._stage_cache: dict = {}
+        self._stage_sources: dict = {}   # stage-time cache key -> {provenance: seconds}
+        self._stage_uses: dict = {}      # stage-time cache key -> micro-batches computed
+        self._foreign = bool(getattr(profile, "foreign", ""))
         self._hop_cache: dict = {}
         self._hop_time_cache: dict = {}
         self._kinds = tuple(self._stage_kind(s) for s in range(plan.pp))
@@ -87,7 +97,7 @@ class CostModel:
         table = self.profile.gemm.get(dtype.kernel)
         if table is not None and m >= 1:
             ns, ks, curves = table
-            total, ok = 0.0, True
+            total, ok, tags = 0.0, True, [grid_provenance(ns, n), grid_provenance(ks, k)]
             for i, wn in bracket(ns, n):
                 for j, wk in bracket(ks, k):
                     curve = curves.get((ns[i], ks[j]))
@@ -95,8 +105,9 @@ class CostModel:
                         ok = False
                         break
                     total += wn * wk * curve(m) * 1e-3
+                    tags.append(curve.provenance(m))
             if ok:
-                return total, "table"
+                return total, weakest(*tags)
         nbytes = n * k * dtype.bytes_per_param + ACT_BYTES * (m * k + m * n)
         return self.roofline(nbytes, 2.0 * m * n * k, dtype.compute), "roofline"
 
@@ -107,7 +118,7 @@ class CostModel:
         for dist in (self.params.moe_distribution, "balanced"):
             curve = self.profile.moe.get(base + (dist,))
             if curve is not None:
-                return curve(tokens) * 1e-3, "table"
+                return curve(tokens) * 1e-3, curve.provenance(tokens)
         touched = distinct_experts(tokens, mo.n_routed_experts, mo.topk)
         nbytes = touched * m.expert_params() * m.expert_dtype.bytes_per_param / tp + ACT_BYTES * tokens * m.hidden * 2
         flops = 2.0 * tokens * mo.topk * m.expert_params() / tp
@@ -116,7 +127,7 @@ class CostModel:
     def attention_decode(self, batch: int, context: int, tp: int) -> tuple[float, str]:
         m = self.model
         if batch == 0:
-            return 0.0, "table"
+            return 0.0, "measured"
         heads = m.heads // tp
         if m.mla:
             surface = self.profile.mla_decode.get((heads,))
@@ -127,7 +138,7 @@ class CostModel:
             kv_elems = 2 * max(m.kv_heads // tp, 1) * m.head_dim
             flops = 4.0 * batch * heads * context * m.head_dim
         if surface is not None and m.kv_cache_dtype == "bf16":   # the tables hold a bf16 KV cache
-            return surface(batch, max(context, 1)) * 1e-3, "table"
+            return surface(batch, max(context, 1)) * 1e-3, surface.provenance(batch, max(context, 1))
         nbytes = batch * context * kv_elems * m.kv_bytes_per_element
         return self.roofline(nbytes, flops), "roofline"
 
@@ -143,7 +154,7 @@ class CostModel:
         surface = (self.profile.mla_prefill.get((heads,)) if m.mla else
                    self.profile.gqa_prefill.get((heads, max(m.kv_heads // tp, 1), m.head_dim)))
         if surface is not None:
-            return surface(1, chunk) * 1e-3 * scale, "table"
+            return surface(1, chunk) * 1e-3 * scale, surface.provenance(1, chunk)
         qk = (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim) if m.mla else 2 * m.head_dim
         flops = 2.0 * heads * chunk * (prefix + chunk / 2.0) * qk
         return self.roofline(ACT_BYTES * chunk * m.hidden * 3 / tp, flops), "roofline"
@@ -156,7 +167,7 @@ class CostModel:
     def collective(self, op: str, gpus: tuple[int, ...], nbytes: float) -> tuple[float, str]:
         n = len(gpus)
         if n < 2 or nbytes <= 0:
-            return 0.0, "table"
+            return 0.0, "measured"
         p = self.params
         if self.box.spans_nodes(gpus):
             return self.cross_node_collective(op, gpus, nbytes), "roofline"
@@ -164,15 +175,15 @@ class CostModel:
         for impl in impls:
             curve = self.profile.collectives.get((op, impl, n))
             if curve is not None:
-                t = curve(nbytes) * 1e-3
+                t, source = curve(nbytes) * 1e-3, curve.provenance(nbytes)
                 break
         else:
             bw = self.ring_bw(gpus)
             steps, frac = (2 * (n - 1), 2.0 * (n - 1) / n) if op == "all_reduce" else (n - 1, (n - 1) / n)
-            t, impl = NCCL_BASE_S + steps * NCCL_STEP_S + frac * nbytes / bw, "roofline"
+            t, source = NCCL_BASE_S + steps * NCCL_STEP_S + frac * nbytes / bw, "roofline"
         if op == "all_reduce":
             t = t * p.allreduce_scale + p.allreduce_offset_us * 1e-6
-        return t, ("table" if impl != "roofline" else "roofline")
+        return t, source
 
     def cross_node_collective(self, op: str, gpus: tuple[int, ...], nbytes: float) -> float:
         """A collective whose group spans nodes: NCCL's ring over the slowest link.
@@ -251,9 +262,12 @@ class CostModel:
         h, dt = m.hidden, m.attn_dtype
         ops: list[Op] = []
 
+        foreign = self._foreign
+
         def add(name, result, count, kind="compute"):
             if count:
-                ops.append(Op(name, result[0], count, result[1], kind))
+                source = "borrowed" if foreign and result[1] != "roofline" else result[1]
+                ops.append(Op(name, result[0], count, source, kind))
 
         L = len(layers)
         if stage == 0:
@@ -314,11 +328,28 @@ class CostModel:
         hit = self._stage_cache.get(key)
         if hit is None:
             ops = self.stage_ops(stage, Shape(shape.decode, ctx, shape.prefill))
-            compute = sum(o.seconds * o.count for o in ops if o.kind == "compute") * self.params.kernel_scale
+            scale = self.params.kernel_scale
+            compute = sum(o.seconds * o.count for o in ops if o.kind == "compute") * scale
             comm = sum(o.seconds * o.count for o in ops if o.kind == "tp_comm")
+            by_source: dict = {}
+            for o in ops:
+                by_source[o.source] = by_source.get(o.source, 0.0) + o.seconds * o.count * (scale if o.kind == "compute" else 1.0)
+            self._stage_sources[key] = by_source
             compute += self.launch_wait(stage, compute + comm, shape.graphed)
             hit = self._stage_cache[key] = (compute, comm)
+        self._stage_uses[key] = self._stage_uses.get(key, 0) + 1
         return hit
+
+    def provenance_shares(self) -> dict[str, float]:
+        """Share of the operation time of every micro-batch computed so far, by
+        provenance (the CPU launch wait of eager batches is not an operation and is
+        left out); all zeros before any."""
+        total = dict.fromkeys(PROVENANCE, 0.0)
+        for key, uses in self._stage_uses.items():
+            for source, seconds in self._stage_sources[key].items():
+                total[source] += seconds * uses
+        whole = sum(total.values())
+        return {k: (v / whole if whole else 0.0) for k, v in total.items()}
 
     def launch_wait(self, stage: int, gpu_s: float, graphed: bool) -> float:
         """GPU time lost waiting for the CPU to launch kernels one by one.

@@ -4,13 +4,33 @@ Inside a table's range: piecewise-linear between measured points (exact at every
 measured point). Above the largest measured size: proportional scaling of the last
 point (time ~ size once an operation is bandwidth- or compute-bound). Below the
 smallest: the smallest point's latency (a kernel cannot run faster than its launch).
+
+Each lookup can also say how it was answered (its provenance): "measured" at a
+measured point, "interpolated" between points, "extrapolated" outside the measured
+range; a lookup over several axes is as weak as its weakest axis.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 
 import numpy as np
+
+# Table provenances, from strongest to weakest.
+TABLE_PROVENANCE = ("measured", "interpolated", "extrapolated")
+_RANK = {p: i for i, p in enumerate(TABLE_PROVENANCE)}
+
+
+def weakest(*tags: str) -> str:
+    """The weakest of table provenances (extrapolated > interpolated > measured)."""
+    return max(tags, key=_RANK.__getitem__)
+
+
+def grid_provenance(grid: list[float], x: float) -> str:
+    """How a value at x is read from sorted measured sizes `grid`."""
+    if x < grid[0] or x > grid[-1]:
+        return "extrapolated"
+    return "measured" if grid[bisect_left(grid, x)] == x else "interpolated"
 
 
 class Curve:
@@ -33,6 +53,9 @@ class Curve:
         c = cls.__new__(cls)
         c.xs, c.ys = [float(v) for v in xs], [float(v) for v in ys]
         return c
+
+    def provenance(self, x: float) -> str:
+        return grid_provenance(self.xs, x)
 
     def __call__(self, x: float) -> float:
         xs, ys = self.xs, self.ys
@@ -86,3 +109,6 @@ class Surface:
 
     def __call__(self, a: float, b: float) -> float:
         return sum(w * self.rows[i](b) for i, w in bracket(self.keys, a))
+
+    def provenance(self, a: float, b: float) -> str:
+        return weakest(grid_provenance(self.keys, a), *(self.rows[i].provenance(b) for i, _ in bracket(self.keys, a)))

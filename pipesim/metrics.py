@@ -161,6 +161,7 @@ class Result:
     # prediction intervals (pipesim.uncertainty): metric -> (lo, hi), empty unless asked for
     intervals: dict = field(default_factory=dict)
     interval_basis: dict = field(default_factory=dict)   # what each part of the band contributed
+    provenance_shares: dict = field(default_factory=dict)   # share of stage time by cost provenance (costs.py)
 
     @cached_property
     def requests(self) -> pd.DataFrame:

@@ -85,6 +85,11 @@ def table(result: Result) -> str:
                      + _slot_note(r.decode_batch_per_slot))
     if r.intervals:
         lines.append(f"  likely = {r.interval_basis['coverage']:.0%} band; calibration: {r.interval_basis['calibration']}")
+    if r.provenance_shares:
+        lines.append("  costs: " + "  ".join(f"{k} {v:.0%}" for k, v in r.provenance_shares.items() if v > 0)
+                     + "   (share of stage time by provenance)")
+    for table_name, source in sc.get("table_sources", {}).items():
+        lines.append(f"  table {table_name}: {source}")
     lines += [
         f"  ({r.completed_requests} requests measured; {r.sim_events:,} events in {r.sim_wall_s:.2f} s)",
     ]

@@ -43,7 +43,7 @@ def test_profile_is_neutral_for_collectives(profile):
 def test_gemm_at_grid_point_is_the_measurement(profile, kimi, box):
     cm = cost_model(box, kimi, profile, 1, 1)
     t, source = cm.gemm(1, 7168, 7168, "bf16")
-    assert source == "table"
+    assert source == "measured"   # read at a measured point
     # physics.md §5 / brief: sglang_torch_linear bfloat16 m=1 n=7168 k=7168: 0.0702071 ms
     assert t == pytest.approx(0.0702071e-3, rel=1e-5)
 
@@ -53,7 +53,7 @@ def test_gemm_matches_raw_table(profile, kimi, box, raw_dir, m, n, k):
     expected_ms = raw_mean(raw_dir, "gemm_perf", kernel_source="sglang_torch_linear", gemm_dtype="bfloat16",
                            m=m, n=n, k=k)
     t, source = cost_model(box, kimi, profile, 1, 1).gemm(m, n, k, "bf16")
-    assert source == "table"
+    assert source == "measured"   # read at a measured point
     assert t == pytest.approx(expected_ms * 1e-3, rel=1e-5)
 
 
@@ -62,6 +62,9 @@ def test_gemm_between_grid_points_is_bracketed(profile, kimi, box):
     lo, hi = cm.gemm(1, 7168, 7168, "bf16")[0], cm.gemm(2, 7168, 7168, "bf16")[0]
     mid = cm.gemm(1.5, 7168, 7168, "bf16")[0]
     assert min(lo, hi) <= mid <= max(lo, hi)
+    assert cm.gemm(1.5, 7168, 7168, "bf16")[1] == "interpolated"
+    m_max = max(c.xs[-1] for c in profile.gemm["bf16"][2].values())
+    assert cm.gemm(2 * m_max, 7168, 7168, "bf16")[1] == "extrapolated"   # beyond the largest measured m
 
 
 @pytest.mark.parametrize("tp", [1, 8])   # a whole layer on one GPU (PP), and TP8
@@ -71,7 +74,7 @@ def test_moe_int4_kimi_one_token_matches_raw(profile, kimi, box, raw_dir, tp):
                            num_tokens=1, hidden_size=7168, inter_size=2048, topk=8, num_experts=384,
                            moe_tp_size=tp, moe_ep_size=1, distribution=dist)
     t, source = cost_model(box, kimi, profile, tp, 1).moe(1, tp)
-    assert source == "table"
+    assert source == "measured"   # read at a measured point
     assert t == pytest.approx(expected_ms * 1e-3, rel=1e-5)
 
 
@@ -82,7 +85,7 @@ def test_nccl_allreduce_8_gpus_matches_raw(profile, kimi, box, raw_dir, elements
                            num_gpus=8, message_size=elements)
     cm = cost_model(box, kimi, profile, 8, 1)
     t, source = cm.collective("all_reduce", tuple(range(8)), elements * 2)
-    assert source == "table"
+    assert source == "measured"   # read at a measured point
     p = profile.params
     assert t == pytest.approx(expected_ms * 1e-3 * p.allreduce_scale + p.allreduce_offset_us * 1e-6, rel=1e-5)
 

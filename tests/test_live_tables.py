@@ -11,6 +11,7 @@ from pipesim.calibrate.live import specs, tables
 from pipesim.cli import main
 from pipesim.costs import CostModel, Shape
 from pipesim.hardware import load_box
+from pipesim.interp import TABLE_PROVENANCE
 from pipesim.model import load_model
 from pipesim.plan import Plan
 from pipesim.profile import TABLE_COLUMNS, load_profile
@@ -53,7 +54,8 @@ def test_profile_covers_every_table_lookup_at_tp1(tmp_path, name):
     looked_up = [o for o in ops if "proj" in o.name or "mlp" in o.name and "act" not in o.name
                  or o.name in ("lm_head", "router gate", "routed experts", "attention decode", "attention prefill")]
     assert {o.name for o in looked_up} >= {"qkv proj", "o proj", "lm_head", "attention decode", "attention prefill"}
-    assert all(o.source == "table" for o in looked_up), [(o.name, o.source) for o in looked_up if o.source != "table"]
+    assert all(o.source in TABLE_PROVENANCE for o in looked_up), [(o.name, o.source) for o in looked_up
+                                                               if o.source not in TABLE_PROVENANCE]
 
 
 # ---- records -> tables -> profile ---------------------------------------------------------
