@@ -89,9 +89,15 @@ def cli():
 def scenario_options(f):
     """The scenario and engine flags every simulating command shares."""
     options = [
-        click.option("--model", default=None, help=f"preset name or path of a Hugging Face config.json [default: {DEFAULT_MODEL}]"),
-        click.option("--profile", default=None, help=f"calibration profile name or directory [default: {DEFAULT_PROFILE}]"),
+        click.option("--model", default=None,
+                     help=f"preset name or path of a Hugging Face config.json (the profile's if it names one) [default: {DEFAULT_MODEL}]"),
+        click.option("--profile", default=None,
+                     help=f"calibration profile name or directory (with --box: the box's own, see docs/boxes.md) [default: {DEFAULT_PROFILE}]"),
         click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]"),
+        click.option("--engine-version", default=None,
+                     help="with --box and no --profile: the engine version of the measured tables [default: the newest]"),
+        click.option("--allow-foreign-profile", is_flag=True, default=False,
+                     help="run a profile measured on another box, GPU or engine (its costs reported as borrowed)"),
         click.option("--box", default=None, help="box preset or .toml [default: the profile's]"),
         click.option("--nodes", type=int, default=1, show_default=True,
                      help="a cluster of this many identical boxes (GPUs numbered node-major)"),
@@ -127,7 +133,8 @@ def scenario_options(f):
     return f
 
 
-SCENARIO_FLAGS = ("model", "profile", "engine", "box", "nodes", "network", "kv_cache_dtype", "input_len", "output_len", "seed", "max_running_requests",
+SCENARIO_FLAGS = ("model", "profile", "engine", "engine_version", "allow_foreign_profile", "box", "nodes", "network",
+                  "kv_cache_dtype", "input_len", "output_len", "seed", "max_running_requests",
                   "pp_max_micro_batch_size", "pp_async_batch_depth", "chunked_prefill_size", "disable_cuda_graph",
                   "max_num_seqs", "max_num_batched_tokens", "async_scheduling",
                   "kernel_scale", "allreduce_scale", "pcie_bandwidth_scale", "cpu_iteration_ms")
@@ -136,8 +143,6 @@ SCENARIO_FLAGS = ("model", "profile", "engine", "box", "nodes", "network", "kv_c
 def scenario_kwargs(opts: dict) -> dict:
     """The shared flags as `build_scenario` keyword arguments (unset ones left out)."""
     kw = {k: opts.pop(k) for k in SCENARIO_FLAGS}
-    kw["model"] = kw["model"] or DEFAULT_MODEL
-    kw["profile"] = kw["profile"] or DEFAULT_PROFILE
     kw["disable_cuda_graph"] = kw["disable_cuda_graph"] or None
     return kw
 

@@ -76,6 +76,7 @@ class Box:
     network: Network | None = None
     interconnect: str = ""
     sources: tuple[tuple[str, str], ...] = ()   # (field, where its number comes from)
+    aiconfigurator_system: str = ""      # AIConfigurator's name for this GPU's measured tables (catalogue.py)
 
     @property
     def gpus_per_node(self) -> int:
@@ -298,7 +299,8 @@ def box_from_dict(data: dict, origin: str = "box") -> Box:
             f"{where}: [sources] must map field names to strings")
     box = Box(_text(data, "name", where, origin), _text(data, "description", where, ""), gpu, count, tuple(links),
               network=net, interconnect=_text(data, "interconnect", where, ""),
-              sources=tuple((str(k), v) for k, v in sources.items()))
+              sources=tuple((str(k), v) for k, v in sources.items()),
+              aiconfigurator_system=_text(data, "aiconfigurator_system", where, ""))
     for i in range(1, count):   # every GPU must be reachable from gpu0
         up, down = box._ancestors("gpu0"), box._ancestors(f"gpu{i}")
         require(any(n in down for n in up), f"{where}: gpu{i} is not connected to gpu0 "

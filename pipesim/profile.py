@@ -223,6 +223,8 @@ class Profile:
     meta: dict = field(hash=False, compare=False)
     tables: Tables = field(hash=False, compare=False)
     measured: tuple = field(default=(), hash=False, compare=False)   # measured.Point, to fit and validate
+    foreign: str = field(default="", hash=False, compare=False)      # what differs from the run it costs (borrowed)
+    box_spec: object = field(default=None, hash=False, compare=False)  # the Box it was built for (catalogue), else box names it
 
     @property
     def sources(self) -> dict:

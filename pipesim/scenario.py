@@ -7,10 +7,16 @@ engine's own default (docs/engines.md §7). A deployment flag the engine derives
 a knob the user gave is not taken from the profile: with `--max-running-requests`
 alone, SGLang's per-slot cap is `max_running_requests // pp` again. Every resolved
 knob says where it came from (`Scenario.knob_sources`).
+
+The profile is what the user named (its box, engine and model the defaults), else the
+one measured for the box asked for (`catalogue.profile_for_box`). A profile measured on
+another box, GPU or engine is refused (`foreign_reasons`) unless allowed, and then its
+costs are reported as borrowed.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
@@ -64,27 +70,67 @@ class Scenario:
                if self.box.nodes > 1 else {}),
             **({"whatif": dict(self.whatif)} if self.whatif else {}),
             "profile_params": {f.name: getattr(self.profile.params, f.name) for f in fields(self.profile.params)},
+            **({"table_sources": dict(self.profile.meta["table_sources"])} if "table_sources" in self.profile.meta else {}),
+            **({"profile_foreign": self.profile.foreign} if self.profile.foreign else {}),
         }
 
 
-def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, model: str | Model = DEFAULT_MODEL,
-                   profile: str | Profile = DEFAULT_PROFILE, engine: str | None = None, box: str | Box | None = None,
+def foreign_reasons(profile: Profile, box: Box, engine: str) -> list[str]:
+    """What differs between where a profile was measured and the run it would cost:
+    its box (the one-node box, for a cluster), the box's GPU, the engine."""
+    measured_on = profile.box_spec or load_box(profile.box)
+    out = []
+    if measured_on.gpu.name != box.gpu.name:
+        out.append(f"GPU {measured_on.gpu.name} vs {box.gpu.name}")
+    if measured_on.name != box.name:
+        out.append(f"box {measured_on.name} vs {box.name}")
+    if profile.engine != engine:
+        out.append(f"engine {profile.engine} vs {engine}")
+    return out
+
+
+def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, model: str | Model | None = None,
+                   profile: str | Profile | None = None, engine: str | None = None, box: str | Box | None = None,
                    layers: tuple[int, ...] | None = None, rate_rps: float | None = None,
                    num_requests: int | None = None, trace: str | None = None,
                    input_len: str | int = DEFAULT_INPUT_LEN, output_len: str | int = DEFAULT_OUTPUT_LEN,
                    seed: int = 0, nodes: int = 1, network: str | None = None, kv_cache_dtype: str | None = None,
                    kernel_scale: float | None = None, allreduce_scale: float | None = None,
                    pcie_bandwidth_scale: float | None = None, cpu_iteration_ms: float | None = None,
+                   engine_version: str | None = None, allow_foreign_profile: bool = False,
                    **knobs) -> Scenario:
-    from .whatif import apply_box, apply_profile, check
+    from .catalogue import profile_for_box
     from .profile import Profile, load_profile
+    from .whatif import apply_box, apply_profile, check
 
     changes = check(dict(kernel_scale=kernel_scale, allreduce_scale=allreduce_scale,
                          pcie_bandwidth_scale=pcie_bandwidth_scale, cpu_iteration_ms=cpu_iteration_ms))
-    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    require(engine is None or engine in ENGINES, f"unknown engine '{engine}'; known: {', '.join(ENGINES)}")
+    default_engine = load_profile(DEFAULT_PROFILE).engine if profile is None else None
+    if profile is None and (box is not None or engine not in (None, default_engine)):
+        # no profile named: the one measured for this box and engine (the default box if none)
+        bx = box if isinstance(box, Box) else load_box(box or load_profile(DEFAULT_PROFILE).box)
+        model_name = model.name if isinstance(model, Model) else (model or DEFAULT_MODEL)
+        prof = profile_for_box(bx, engine or default_engine, model_name, engine_version)
+    else:
+        prof = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
+        require(engine_version is None or engine_version == prof.engine_version,
+                f"--engine-version {engine_version}: profile {prof.name} was measured with {prof.engine} "
+                f"{prof.engine_version or '(version not recorded)'}; leave out --profile to pick the version from the catalogue")
+        bx = box if isinstance(box, Box) else load_box(box or prof.box)
     prof = apply_profile(prof, changes)
     engine_name = engine or prof.engine
     require(engine_name in ENGINES, f"unknown engine '{engine_name}'; known: {', '.join(ENGINES)}")
+    differs = foreign_reasons(prof, bx, engine_name)
+    if differs:
+        require(allow_foreign_profile,
+                f"profile {prof.name} was measured on {prof.box} with {prof.engine}, not this run's {bx.name} with "
+                f"{engine_name} ({'; '.join(differs)}); leave out --profile to use this box's own tables, "
+                "or pass --allow-foreign-profile to borrow them")
+        sys.stderr.write(f"warning: borrowing profile {prof.name} ({'; '.join(differs)}): its costs are reported as borrowed\n")
+        prof = replace(prof, foreign="; ".join(differs))
+    if model is None:
+        model = str(prof.meta.get("model", DEFAULT_MODEL))
     config_cls = ENGINES[engine_name]
     allowed = {f.name for f in fields(config_cls)}
     unknown = sorted(k for k, v in knobs.items() if v is not None and k not in allowed)
@@ -98,7 +144,6 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
     sources = {k: "user" if k in given else "profile deployment" if k in deployed else "engine default"
                for k in sorted(allowed)}
 
-    bx = box if isinstance(box, Box) else load_box(box or prof.box)
     if nodes != 1 or network is not None:   # a cluster of identical boxes (hardware.cluster)
         bx = cluster(bx, nodes, load_network(network) if network is not None else None)
     bx = apply_box(bx, changes)

@@ -20,6 +20,7 @@ from pipesim.simulation import Simulation
 
 PROFILE_NAME = "rtx-pro-6000-sglang-healthy"
 BOX_NAME = "rtx-pro-6000-server-8x"
+VLLM_PROFILE_NAME = "rtx-pro-6000-vllm"   # the same box measured with vLLM: a vLLM run needs vLLM's tables
 REPO = Path(__file__).resolve().parent.parent
 RAW_DIR = REPO.parent / "shared" / "reference-data" / "aiconfigurator" / "rtx_pro_6000_server"
 
@@ -28,6 +29,16 @@ RAW_DIR = REPO.parent / "shared" / "reference-data" / "aiconfigurator" / "rtx_pr
 def profile():
     """The shipped profile, loaded once (its lookups are cached per object)."""
     return load_profile(PROFILE_NAME)
+
+
+@pytest.fixture(scope="session")
+def vllm_profile():
+    return load_profile(VLLM_PROFILE_NAME)
+
+
+def profile_for(engine: str) -> str:
+    """The shipped profile measured with `engine` on the reference box."""
+    return VLLM_PROFILE_NAME if engine == "vllm" else PROFILE_NAME
 
 
 @pytest.fixture(scope="session")

@@ -158,6 +158,12 @@ CASES = [
     (["predict", "--conc", "1", "--nodes", "0", *FAST], "--nodes must be a whole number >= 1, got 0", None),
     (["predict", "--conc", "1", "--nodes", "2", "--network", "carrier-pigeon", *FAST], "unknown network 'carrier-pigeon'", None),
     (["predict", "--conc", "1", "--nodes", "2", "--box", "h200-1x", *FAST], "box h200-1x has no [network] section", None),
+    (["predict", "--conc", "1", "--profile", "rtx-pro-6000-sglang-healthy", "--box", "h100-sxm-8x", *FAST],
+     "profile rtx-pro-6000-sglang-healthy was measured on rtx-pro-6000-server-8x with sglang, not this run's "
+     "h100-sxm-8x with sglang (GPU NVIDIA RTX PRO 6000 Blackwell Server Edition vs NVIDIA H100 80GB HBM3; "
+     "box rtx-pro-6000-server-8x vs h100-sxm-8x)", None),
+    (["predict", "--conc", "1", "--profile", "rtx-pro-6000-sglang-healthy", "--engine", "vllm", *FAST],
+     "(engine sglang vs vllm); leave out --profile to use this box's own tables, or pass --allow-foreign-profile", None),
 ]
 
 
@@ -191,3 +197,18 @@ def test_every_case_is_documented():
     for _, message, _ in CASES:
         message = message.replace("{t}", "DIR")
         assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", doc), message
+
+
+def test_catalogue_without_the_extra_names_it(monkeypatch, capsys):
+    # a box costed from AIConfigurator's tables, with aiconfigurator-core not installed
+    from pipesim import catalogue
+
+    monkeypatch.setattr(catalogue, "data_root", lambda: None)
+    with pytest.raises(SystemExit) as exc:
+        main(["predict", "--conc", "1", "--box", "h100-sxm-8x", *FAST])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1
+    message = "box h100-sxm-8x is costed from AIConfigurator's measured h100_sxm tables, which are not installed: " \
+              "pip install 'pipesim[catalogue]'"
+    assert message in err
+    assert message in DOC.read_text()

@@ -16,18 +16,18 @@ def scenario(profile, pp, **kw):
 
 
 @pytest.mark.parametrize("pp", [1, 2, 4, 8])
-def test_batches_in_flight_is_pp(profile, pp):
-    assert scenario(profile, pp).settings.max_concurrent_batches == pp
+def test_batches_in_flight_is_pp(vllm_profile, pp):
+    assert scenario(vllm_profile, pp).settings.max_concurrent_batches == pp
 
 
 @pytest.mark.parametrize("pp", [2, 4, 8])
-def test_async_scheduling_adds_one(profile, pp):
-    assert scenario(profile, pp, async_scheduling=True).settings.max_concurrent_batches == pp + 1
+def test_async_scheduling_adds_one(vllm_profile, pp):
+    assert scenario(vllm_profile, pp, async_scheduling=True).settings.max_concurrent_batches == pp + 1
 
 
-def test_defaults_on_big_gpus(profile):
+def test_defaults_on_big_gpus(vllm_profile):
     # vllm serve defaults on GPUs with >= 70 GiB: max_num_seqs 1024, 8192 batched tokens, 0.9 memory
-    st = scenario(profile, 2).settings
+    st = scenario(vllm_profile, 2).settings
     assert (st.max_num_seqs, st.max_num_batched_tokens, st.gpu_memory_utilization) == (1024, 8192, 0.9)
 
 
@@ -68,11 +68,11 @@ def run_tracked(sc, warm, measure):
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_queue_invariants_under_pressure(profile, async_scheduling):
+def test_queue_invariants_under_pressure(vllm_profile, async_scheduling):
     # more clients than max_num_seqs; a small token budget spreads prompts over several
     # batches (chunks advance at schedule time), so several batches are in flight and
     # decode requests split into several implicit groups
-    sc = scenario(profile, 4, concurrency=24, max_num_seqs=12, max_num_batched_tokens=48,
+    sc = scenario(vllm_profile, 4, concurrency=24, max_num_seqs=12, max_num_batched_tokens=48,
                   input_len="64:256", output_len="3:40", async_scheduling=async_scheduling, seed=5)
     sim, ev = run_tracked(sc, 24, 60)
     st = sc.settings
@@ -85,9 +85,9 @@ def test_queue_invariants_under_pressure(profile, async_scheduling):
     assert ev["peak_running"] == st.max_num_seqs == 12
 
 
-def test_chunked_prefill_mixed_and_conserved(profile):
+def test_chunked_prefill_mixed_and_conserved(vllm_profile):
     # physics.md §6: chunked prefill is mixed with decode in one batch under a token budget
-    sc = scenario(profile, 2, concurrency=6, input_len="100:300", output_len="5:30", max_num_batched_tokens=64,
+    sc = scenario(vllm_profile, 2, concurrency=6, input_len="100:300", output_len="5:30", max_num_batched_tokens=64,
                   seed=2)
     chunks = defaultdict(list)
     budget_ok = []
@@ -118,11 +118,11 @@ def test_chunked_prefill_mixed_and_conserved(profile):
             assert pos == sim.requests[rid].input_len
 
 
-def test_one_group_when_all_start_together(profile):
+def test_one_group_when_all_start_together(vllm_profile):
     # implicit groups: C requests that arrive at once are all scheduled in the first
     # batch and stay together, so with PP4 only one batch of decodes is ever in flight
     # at a time (the 1/pp utilisation pathology, physics.md §6)
-    sc = scenario(profile, 4, concurrency=8, output_len="20")
+    sc = scenario(vllm_profile, 4, concurrency=8, output_len="20")
     sim, ev = run_tracked(sc, 0, 8)
     decode_batches = [b for b in sim.record().batches if b[3] == "decode"]
     assert decode_batches

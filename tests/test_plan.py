@@ -61,7 +61,7 @@ def test_scenario_uses_engine_rule(profile):
     # Llama-3.1-8B, 32 layers on PP3: SGLang gives the extra layers to the last stages,
     # vLLM to the first ones
     sg = pipesim.build_scenario(tp=1, pp=3, concurrency=1, model="llama-3.1-8b", profile=profile)
-    vl = pipesim.build_scenario(tp=1, pp=3, concurrency=1, model="llama-3.1-8b", profile=profile, engine="vllm")
+    vl = pipesim.build_scenario(tp=1, pp=3, concurrency=1, model="llama-3.1-8b", profile="rtx-pro-6000-vllm", engine="vllm")
     assert sg.plan.layers_per_stage == (10, 11, 11)
     assert vl.plan.layers_per_stage == (11, 11, 10)
     kimi = pipesim.build_scenario(tp=1, pp=8, concurrency=1, profile=profile)

@@ -15,7 +15,7 @@ import pytest
 import pipesim
 from pipesim.profile import load_profile
 
-from conftest import simulate
+from conftest import profile_for, simulate
 
 PROFILE = "rtx-pro-6000-sglang-healthy"
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
@@ -31,7 +31,7 @@ def scenarios(draw, kind="closed"):
     engine = draw(st.sampled_from(["sglang", "vllm"]))
     lens = dict(input_len=str(draw(st.integers(8, 96))), output_len=f"{draw(st.integers(2, 12))}:{draw(st.integers(12, 30))}")
     seed = draw(st.integers(0, 10_000))
-    base = dict(tp=tp, pp=pp, model="llama-3.1-8b", profile=PROFILE, engine=engine, seed=seed, **lens)
+    base = dict(tp=tp, pp=pp, model="llama-3.1-8b", profile=profile_for(engine), engine=engine, seed=seed, **lens)
     if kind == "closed":
         return dict(base, concurrency=draw(st.integers(1, 24)))
     return dict(base, rate_rps=draw(st.floats(0.5, 50)), num_requests=draw(st.integers(1, 30)))
@@ -94,7 +94,7 @@ def test_cheaper_allreduce_never_lowers_tp_throughput(kw, factor):
     conc = kw["concurrency"]
     kw = {k: v for k, v in kw.items() if k not in ("concurrency", "profile")}
     kw.update(pp=1, tp=max(2, kw["tp"]), input_len="32", output_len="16")
-    base = load_profile(PROFILE)
+    base = load_profile(profile_for(kw["engine"]))
     run = dict(conc=conc, ci_target=None, measure_requests=12, **kw)
     slow = pipesim.predict(profile=base, **run)
     fast = pipesim.predict(profile=base.with_params(allreduce_scale=factor), **run)

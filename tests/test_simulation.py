@@ -9,7 +9,7 @@ import pipesim
 from pipesim.costs import CostModel, Shape
 from pipesim.memory import stage_weight_bytes
 
-from conftest import fast_predict, fast_run, simulate
+from conftest import fast_predict, fast_run, profile_for, simulate
 
 # ---- token conservation ---------------------------------------------------------------
 
@@ -26,7 +26,7 @@ OPEN_LOOP = [
 def test_tokens_conserved_open_loop(profile, cfg):
     cfg = dict(cfg)
     sc = pipesim.build_scenario(model="llama-3.1-8b", rate_rps=300.0, num_requests=40, input_len="20:300",
-                                output_len="1:30", seed=11, profile=profile, **cfg)
+                                output_len="1:30", seed=11, profile=profile_for(cfg["engine"]), **cfg)
     sim = simulate(sc, 0, 40)
     reqs = sim.requests
     assert len(reqs) == 40
@@ -177,6 +177,7 @@ def test_pp8_stages_take_turns_at_c1(profile):
 def small_kv_scenario(profile, engine, tokens_wanted=1500):
     """Llama-3.1-8B on PP2 with the memory fraction set so the KV pool holds about
     `tokens_wanted` tokens (a few requests), so the KV cache decides admission."""
+    profile = profile_for(engine)
     base = pipesim.build_scenario(tp=1, pp=2, concurrency=1, model="llama-3.1-8b", engine=engine, profile=profile)
     worst = max(stage_weight_bytes(base.model, base.plan, s) for s in range(2))
     per_token = max(base.memory.kv_bytes_per_token)

@@ -31,10 +31,21 @@ Unit and layout conclusions, checked against the data:
   ``message_size`` elements. Note: on rtx_pro_6000_server the 4- and 8-GPU "custom"
   rows track NCCL closely, down to NCCL's step at 256 K -> 512 K elements on 8 GPUs:
   over PCIe the engine falls back to NCCL beyond 2 GPUs, so those rows are NCCL.
+
+Two layouts are read. The flat one (the raw tables kept beside the project): one
+system folder of ``<table>.csv.gz`` (SGLang kernels and NCCL) with a ``vllm-<version>/``
+subfolder. The nested one, as the ``aiconfigurator-core`` package ships it:
+``<system>/<op>/<engine>/<version>/<table>.parquet`` with a ``collection_meta.yaml``
+naming the framework and version. There each table is read at the newest version of
+the engine that measured it (or the one asked for), NCCL at its newest, and
+`Layout.versions` says which version every table came from. Kernel names changed
+between engine versions, so each derived dtype has a list of kernels in order of
+preference (the engine's default first) and the first one present is used.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -58,12 +69,64 @@ _GQA_COLS = (
 )
 
 
-def _read(folder: Path, stem: str) -> pd.DataFrame:
-    """Read one AIConfigurator table; missing files are a user error, not a crash."""
-    path = folder / f"{stem}.csv.gz"
-    if not path.is_file():
-        raise UserError(f"missing AIConfigurator table {path}")
-    return pd.read_csv(path)
+# Nested layout: the <op> folder of each table.
+OP_FOLDERS = {"gemm_perf": "gemm", "moe_perf": "moe", "generation_attention_perf": "attention",
+              "context_attention_perf": "attention", "generation_mla_perf": "mla", "context_mla_perf": "mla",
+              "custom_allreduce_perf": "comm", "nccl_perf": "comm"}
+
+
+def version_key(version: str) -> tuple:
+    """Order engine versions: 0.5.10 after 0.5.9, 1.3.0rc20 after 1.3.0rc3."""
+    return tuple(int(n) for n in re.findall(r"\d+", version))
+
+
+def is_nested(system_dir: Path) -> bool:
+    return any((Path(system_dir) / op).is_dir() for op in set(OP_FOLDERS.values()))
+
+
+class Layout:
+    """Where each table of one system is, for one engine; `read(stem)` records the
+    version it read in `versions` (stem -> "engine version")."""
+
+    def __init__(self, system_dir: Path, engine: str, version: str | None = None, flat_kernels: Path | None = None):
+        self.dir, self.engine, self.version = Path(system_dir), engine, version
+        self.flat_kernels = flat_kernels          # flat layout: the folder of the engine's kernel tables
+        self.nested = flat_kernels is None
+        self.versions: dict[str, str] = {}
+
+    def _nested_folder(self, stem: str) -> Path:
+        engine = "nccl" if stem == "nccl_perf" else self.engine
+        base = self.dir / OP_FOLDERS[stem] / engine
+        found = sorted((p.name for p in base.glob("*") if (p / f"{stem}.parquet").is_file()), key=version_key) \
+            if base.is_dir() else []
+        if not found:
+            raise UserError(f"{self.dir.name} has no {engine} measurement of {stem} (no {base}/<version>/{stem}.parquet)")
+        version = found[-1]
+        if engine != "nccl" and self.version is not None:
+            if self.version not in found:
+                raise UserError(f"{self.dir.name}: {stem} was measured with {engine} {', '.join(found)}, "
+                                f"not {self.version}; pick one of those with --engine-version")
+            version = self.version
+        folder = base / version
+        meta = folder / "collection_meta.yaml"
+        if meta.is_file():   # framework and version as collected (a two-line read: no YAML dependency)
+            text = meta.read_text()
+            got = re.search(r"^\s*version:\s*['\"]?([^'\"\s]+)", text, re.M)
+            if got and got.group(1) != version:
+                raise UserError(f"{meta}: says version {got.group(1)}, but its folder is {version}")
+        self.versions[stem] = f"{engine} {version}"
+        return folder
+
+    def read(self, stem: str) -> pd.DataFrame:
+        """Read one AIConfigurator table; missing files are a user error, not a crash."""
+        if self.nested:
+            path = self._nested_folder(stem) / f"{stem}.parquet"
+            return pd.read_parquet(path)
+        folder = self.dir if stem == "nccl_perf" else self.flat_kernels
+        path = folder / f"{stem}.csv.gz"
+        if not path.is_file():
+            raise UserError(f"missing AIConfigurator table {path}")
+        return pd.read_csv(path)
 
 
 def _finish(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -83,64 +146,76 @@ def _rename(df: pd.DataFrame, pairs: tuple[tuple[str, str], ...]) -> tuple[pd.Da
     return df.rename(columns=mapping), list(mapping.values())
 
 
-def _pick_kernels(raw: pd.DataFrame, kernels: dict[tuple[str, str], str],
+def _pick_kernels(raw: pd.DataFrame, kernels: dict[str, tuple[tuple[str, str], ...]],
                   dtype_col: str) -> pd.DataFrame:
-    """Keep the rows of the named (kernel_source, source dtype) pairs, adding `dtype`."""
-    pairs = raw["kernel_source"].str.cat(raw[dtype_col], sep="|")
-    wanted = {f"{k}|{d}": name for (k, d), name in kernels.items()}
+    """For each derived dtype, the rows of the first (kernel_source, source dtype) pair
+    in its preference list that the table has, with `dtype` added."""
+    pairs = raw["kernel_source"].astype(str).str.cat(raw[dtype_col].astype(str), sep="|")
+    present = set(pairs.unique())
+    wanted = {}
+    for name, prefs in kernels.items():
+        for k, d in prefs:
+            if f"{k}|{d}" in present:
+                wanted[f"{k}|{d}"] = name
+                break
     out = raw[pairs.isin(wanted)].copy()
     out["dtype"] = pairs[out.index].map(wanted)
     return out
 
 
-def _gemm(folder: Path, vllm: bool) -> pd.DataFrame:
+def _gemm(folder: Layout, vllm: bool) -> pd.DataFrame:
     """Dense GEMM latency in bf16 and in fp8 with plain (not block-wise) scales,
     the kernels behind the engines' bf16 and fp8 linear layers; block-scaled and
     fp4 GEMMs are left out (vLLM labels the plain one ``fp8`` as well)."""
-    kernels = ({("vllm_default", "bfloat16"): "bf16", ("vllm_default", "fp8"): "fp8"}
+    kernels = ({"bf16": (("vllm_default", "bfloat16"), ("torch.nn.functional.linear", "bfloat16")),
+                "fp8": (("vllm_default", "fp8"), ("CutlassFP8ScaledMMLinearKernel", "fp8"))}
                if vllm else
-               {("sglang_torch_linear", "bfloat16"): "bf16",
-                ("sglang_sgl_kernel_fp8_scaled_mm", "fp8"): "fp8"})
-    df, keys = _rename(_pick_kernels(_read(folder, "gemm_perf"), kernels, "gemm_dtype"),
+               {"bf16": (("sglang_torch_linear", "bfloat16"), ("sglang", "bfloat16")),
+                "fp8": (("sglang_sgl_kernel_fp8_scaled_mm", "fp8"), ("sglang", "fp8"))})
+    df, keys = _rename(_pick_kernels(folder.read("gemm_perf"), kernels, "gemm_dtype"),
                        _GEMM_COLS)
     return _finish(df, ["dtype"] + keys)
 
 
-def _moe(folder: Path, vllm: bool) -> pd.DataFrame:
+def _moe(folder: Layout, vllm: bool) -> pd.DataFrame:
     """Fused MoE layer latency without expert parallelism (moe_ep_size 1).
 
     fp8 means block-scaled fp8 on both engines, so the two kernel sets agree;
     vLLM's per-tensor ``fp8`` rows are left out."""
-    kernels = ({("vllm_marlin_int4_moe", "int4_wo"): "int4",
-                ("vllm_fused_moe", "fp8_block"): "fp8",
-                ("vllm_fused_moe", "bfloat16"): "bf16"}
+    kernels = ({"int4": (("vllm_marlin_int4_moe", "int4_wo"),
+                         ("vllm_compressedtensorswna16marlinmoe_marlin_marlinexperts", "int4_wo")),
+                "fp8": (("vllm_fused_moe", "fp8_block"), ("vllm_fp8moe_triton_tritonexperts", "fp8_block"),
+                        ("vllm_fp8moe_flashinfer_cutlass_flashinferexperts", "fp8_block"),
+                        ("vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmodular", "fp8_block")),
+                "bf16": (("vllm_fused_moe", "bfloat16"), ("vllm_unquantizedfusedmoe_triton_tritonexperts", "bfloat16"),
+                         ("vllm_unquantizedfusedmoe_flashinfer_cutlass_flashinferexperts", "bfloat16"))}
                if vllm else
-               {("sglang_marlin_moe", "int4_wo"): "int4",
-                ("sglang_fused_moe_triton", "fp8_block"): "fp8",
-                ("sglang_fused_moe_triton", "bfloat16"): "bf16"})
-    raw = _read(folder, "moe_perf")
+               {"int4": (("sglang_marlin_moe", "int4_wo"),),
+                "fp8": (("sglang_fused_moe_triton", "fp8_block"),),
+                "bf16": (("sglang_fused_moe_triton", "bfloat16"),)})
+    raw = folder.read("moe_perf")
     raw = raw[raw["moe_ep_size"] == 1]
     df, keys = _rename(_pick_kernels(raw, kernels, "moe_dtype"), _MOE_COLS)
     return _finish(df, ["dtype"] + keys)
 
 
-def _mla(folder: Path, stem: str, length_col: str, length_name: str) -> pd.DataFrame:
+def _mla(folder: Layout, stem: str, length_col: str, length_name: str) -> pd.DataFrame:
     """MLA attention kernel (SGLang only), bf16 kv cache; num_heads is per GPU."""
-    raw = _read(folder, stem)
+    raw = folder.read(stem)
     raw = raw[(raw["mla_dtype"] == "bfloat16") & (raw["kv_cache_dtype"] == "bfloat16")]
     df = raw.rename(columns={"num_heads": "heads_per_gpu", "batch_size": "batch",
                              length_col: length_name})
     return _finish(df, ["heads_per_gpu", "batch", length_name])
 
 
-def _gqa(folder: Path, stem: str, preference: tuple[str, ...],
+def _gqa(folder: Layout, stem: str, preference: tuple[str, ...],
          length_col: str, length_name: str) -> pd.DataFrame:
     """GQA attention, bf16 attention and kv cache, full attention, beam 1.
 
     Per head_dim, the first kernel in `preference` that measured that head_dim is
     kept (the engine's default backend where it applies, else its fallback), so
     each shape has one timing from one backend."""
-    raw = _read(folder, stem)
+    raw = folder.read(stem)
     keep = ((raw["attn_dtype"] == "bfloat16") & (raw["kv_cache_dtype"] == "bfloat16")
             & (raw["beam_width"] == 1))
     if "window_size" in raw:  # vLLM's tables lack the column: full attention only
@@ -156,13 +231,13 @@ def _gqa(folder: Path, stem: str, preference: tuple[str, ...],
     return _finish(df, keys)
 
 
-def _collectives(nccl_folder: Path, custom_folder: Path) -> pd.DataFrame:
+def _collectives(folder: Layout) -> pd.DataFrame:
     """NCCL (half) collectives plus the engine's CUDA-graph custom all-reduce.
 
     Both sources count message_size in 2-byte elements (see module docstring)."""
-    nccl = _read(nccl_folder, "nccl_perf")
+    nccl = folder.read("nccl_perf")
     nccl = nccl[nccl["nccl_dtype"] == "half"].assign(impl="nccl")
-    custom = _read(custom_folder, "custom_allreduce_perf")
+    custom = folder.read("custom_allreduce_perf")
     custom = custom[(custom["backend"].str.endswith("_graph"))
                     & (custom["allreduce_dtype"] == "bfloat16")].assign(impl="custom")
     df = pd.concat([nccl, custom], ignore_index=True)
@@ -171,18 +246,21 @@ def _collectives(nccl_folder: Path, custom_folder: Path) -> pd.DataFrame:
     return _finish(df, ["op", "impl", "gpus", "nbytes"])
 
 
-def build_tables(src_dir: Path, *, kernel_set: str = "sglang") -> dict[str, pd.DataFrame]:
-    """Read one AIConfigurator system folder and return pipesim's derived tables.
+def build_tables(src_dir: Path, *, kernel_set: str = "sglang", version: str | None = None,
+                 versions: dict | None = None) -> dict[str, pd.DataFrame]:
+    """Read one AIConfigurator system folder (flat or nested layout, see the module
+    docstring) and return pipesim's derived tables; `versions`, if given, is filled
+    with the engine version each table came from (table -> text).
 
     ``src_dir`` is a system folder such as ``.../aiconfigurator/rtx_pro_6000_server``.
-    With ``kernel_set="sglang"`` (SGLang 0.5.14 kernels) the result has gemm, moe,
-    mla_decode, mla_prefill, gqa_decode, gqa_prefill and collectives.
+    With ``kernel_set="sglang"`` the result has gemm, moe, mla_decode, mla_prefill,
+    gqa_decode, gqa_prefill and collectives (those the system measured, nested).
 
-    With ``kernel_set="vllm"`` the tables come from the ``vllm-*`` subfolder, except
-    NCCL, which is engine-independent and taken from ``src_dir``. mla_decode and
-    mla_prefill are left out: vLLM's ``mla_*_module_perf`` time the whole MLA
-    module of DeepSeek-V3 (the q/kv/o projection GEMMs included: 0.29 ms at 128
-    heads, batch 1, versus 0.017 ms for SGLang's attention kernel alone), a
+    With ``kernel_set="vllm"`` the flat layout's tables come from the ``vllm-*``
+    subfolder, except NCCL, which is engine-independent and taken from ``src_dir``.
+    mla_decode and mla_prefill are left out: vLLM's ``mla_*_module_perf`` time the
+    whole MLA module of DeepSeek-V3 (the q/kv/o projection GEMMs included: 0.29 ms at
+    128 heads, batch 1, versus 0.017 ms for SGLang's attention kernel alone), a
     different quantity that would double-count GEMMs; SGLang's MLA kernels are not
     substituted because that would mix engines silently.
     """
@@ -191,32 +269,59 @@ def build_tables(src_dir: Path, *, kernel_set: str = "sglang") -> dict[str, pd.D
         raise UserError(f"kernel_set {kernel_set!r} unknown; use one of {', '.join(KERNEL_SETS)}")
     if not src_dir.is_dir():
         raise UserError(f"AIConfigurator system folder {src_dir} not found")
+    nested = is_nested(src_dir)
+    if nested:
+        layout = Layout(src_dir, kernel_set, version)
+    elif kernel_set == "sglang":
+        layout = Layout(src_dir, "sglang", flat_kernels=src_dir)
+    else:
+        subdirs = sorted(p for p in src_dir.glob("vllm-*") if p.is_dir())
+        if len(subdirs) != 1:
+            raise UserError(f"{src_dir} needs exactly one vllm-* subfolder for kernel_set vllm, "
+                            f"found {len(subdirs)}")
+        layout = Layout(src_dir, "vllm", flat_kernels=subdirs[0])
     if kernel_set == "sglang":
         # H200 has no flashinfer attention rows; SGLang's Hopper default fa3 comes next.
-        gqa_pref = ("flashinfer", "fa3", "triton")
-        return {
-            "gemm": _gemm(src_dir, vllm=False),
-            "moe": _moe(src_dir, vllm=False),
-            "mla_decode": _mla(src_dir, "generation_mla_perf", "step", "context"),
-            "mla_prefill": _mla(src_dir, "context_mla_perf", "isl", "isl"),
-            "gqa_decode": _gqa(src_dir, "generation_attention_perf", gqa_pref, "step", "context"),
-            "gqa_prefill": _gqa(src_dir, "context_attention_perf", gqa_pref, "isl", "isl"),
-            "collectives": _collectives(src_dir, src_dir),
+        gqa_pref = ("flashinfer", "fa3", "triton", "flash_attention")
+        parts = {
+            "gemm": lambda: _gemm(layout, vllm=False),
+            "moe": lambda: _moe(layout, vllm=False),
+            "mla_decode": lambda: _mla(layout, "generation_mla_perf", "step", "context"),
+            "mla_prefill": lambda: _mla(layout, "context_mla_perf", "isl", "isl"),
+            "gqa_decode": lambda: _gqa(layout, "generation_attention_perf", gqa_pref, "step", "context"),
+            "gqa_prefill": lambda: _gqa(layout, "context_attention_perf", gqa_pref, "isl", "isl"),
+            "collectives": lambda: _collectives(layout),
         }
-    subdirs = sorted(p for p in src_dir.glob("vllm-*") if p.is_dir())
-    if len(subdirs) != 1:
-        raise UserError(f"{src_dir} needs exactly one vllm-* subfolder for kernel_set vllm, "
-                        f"found {len(subdirs)}")
-    vdir = subdirs[0]
-    # With a bf16 kv cache vLLM measured only flash_attn; flashinfer rows are fp8-kv only.
-    gqa_pref = ("vllm_flashinfer", "vllm_flash_attn")
-    return {
-        "gemm": _gemm(vdir, vllm=True),
-        "moe": _moe(vdir, vllm=True),
-        "gqa_decode": _gqa(vdir, "generation_attention_perf", gqa_pref, "step", "context"),
-        "gqa_prefill": _gqa(vdir, "context_attention_perf", gqa_pref, "isl", "isl"),
-        "collectives": _collectives(src_dir, vdir),
-    }
+    else:
+        # With a bf16 kv cache vLLM <= 0.19 measured only flash_attn (flashinfer rows are
+        # fp8-kv only); 0.24 names the FlashAttention generation (fa3 on Hopper, fa2 on
+        # Ada) and on Blackwell measured FlashInfer's TRT-LLM kernels.
+        gqa_pref = ("vllm_flashinfer", "vllm_flash_attn", "vllm_flash_attn_fa3", "vllm_flash_attn_fa2",
+                    "vllm_flashinfer_trtllmdecode", "vllm_flashinfer_trtllmprefill")
+        parts = {
+            "gemm": lambda: _gemm(layout, vllm=True),
+            "moe": lambda: _moe(layout, vllm=True),
+            "gqa_decode": lambda: _gqa(layout, "generation_attention_perf", gqa_pref, "step", "context"),
+            "gqa_prefill": lambda: _gqa(layout, "context_attention_perf", gqa_pref, "isl", "isl"),
+            "collectives": lambda: _collectives(layout),
+        }
+    tables = {}
+    for name, make in parts.items():
+        try:
+            df = make()
+        except UserError:
+            if not nested:      # the flat layout holds every table; the nested one what was measured
+                raise
+            continue
+        if len(df):
+            tables[name] = df
+    if versions is not None:
+        stems = {"gemm": ("gemm_perf",), "moe": ("moe_perf",), "mla_decode": ("generation_mla_perf",),
+                 "mla_prefill": ("context_mla_perf",), "gqa_decode": ("generation_attention_perf",),
+                 "gqa_prefill": ("context_attention_perf",), "collectives": ("nccl_perf", "custom_allreduce_perf")}
+        for name in tables:
+            versions[name] = " + ".join(f"{layout.versions[st]} {st}" for st in stems[name] if st in layout.versions)
+    return tables
 
 
 def kernel_floor_us(tables: dict[str, pd.DataFrame]) -> float:
@@ -226,7 +331,7 @@ def kernel_floor_us(tables: dict[str, pd.DataFrame]) -> float:
 
 
 def import_profile(system_dir: str | Path, out: str | Path, *, kernel_set: str, box: str,
-                   name: str | None = None) -> dict[str, pd.DataFrame]:
+                   name: str | None = None, version: str | None = None) -> dict[str, pd.DataFrame]:
     """Write a profile at `out` from one AIConfigurator system folder, measured on `box`;
     returns its tables."""
     from ...errors import require
@@ -235,10 +340,14 @@ def import_profile(system_dir: str | Path, out: str | Path, *, kernel_set: str, 
 
     require(Path(system_dir).is_dir(), f"{system_dir} is not a folder of AIConfigurator tables")
     load_box(box)
-    tables = build_tables(Path(system_dir), kernel_set=kernel_set)
+    versions: dict = {}
+    tables = build_tables(Path(system_dir), kernel_set=kernel_set, version=version, versions=versions)
     note = f"AIConfigurator tables from {Path(system_dir).name} ({kernel_set} kernels), pipesim calibrate import"
-    meta = {"name": name or Path(out).name, "box": box, "engine": kernel_set, "engine_version": "",
-            "built_by": "pipesim calibrate import aiconfigurator", "sources": {t: note for t in tables},
+    engine_versions = sorted({v.split()[1] for t, v in versions.items() if v.startswith(kernel_set + " ")}, key=version_key)
+    meta = {"name": name or Path(out).name, "box": box, "engine": kernel_set,
+            "engine_version": engine_versions[-1] if engine_versions else "",
+            "built_by": "pipesim calibrate import aiconfigurator",
+            "sources": {t: f"{note}: {versions[t]}" if versions.get(t) else note for t in tables},
             "params": {"kernel_floor_us": kernel_floor_us(tables)}}
     write_profile(out, meta, tables)
     return tables
