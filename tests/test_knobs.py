@@ -37,7 +37,8 @@ def test_both_given_are_the_users():
 
 
 def test_other_engine_takes_no_deployment_flag():
-    sc = pipesim.build_scenario(tp=2, pp=4, concurrency=8, engine="vllm", profile=DEPLOYMENT)
+    # an SGLang deployment's flags are not vLLM's (the profile is refused unless borrowed)
+    sc = pipesim.build_scenario(tp=2, pp=4, concurrency=8, engine="vllm", profile=DEPLOYMENT, allow_foreign_profile=True)
     assert set(sc.knob_sources.values()) == {"engine default"}
 
 
