@@ -255,24 +255,34 @@ def import_bench(file, profile_dir, out, fmt, tp, pp, conc, name, model):
 @click.option("--params", "names", required=True, help="comma-separated parameters to fit, e.g. cpu_iteration_ms,allreduce_offset_us")
 @click.option("--out", default=None, help="write the fitted profile here instead of in place")
 @click.option("--no-loo", is_flag=True, help="skip the leave-one-out errors (faster)")
-def calibrate_fit(profile_dir, names, out, no_loo):
+@click.option("--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]")
+def calibrate_fit(profile_dir, names, out, no_loo, progress):
     """Fit free parameters to the profile's measured points by least squares."""
-    from .calibrate.fit import fit_profile
+    from .calibrate.fit import fit_profile, solves
+    from .profile import load_profile
+    from .progress import bar
 
-    result = fit_profile(profile_dir, [n.strip() for n in names.split(",") if n.strip()], out, loo=not no_loo)
+    n = solves(load_profile(profile_dir).measured, not no_loo)
+    with bar(n, "fit (solves: the fit, then one per point left out)", progress, unit="solve") as b:
+        result = fit_profile(profile_dir, [n.strip() for n in names.split(",") if n.strip()], out, loo=not no_loo,
+                             on_solve=b.update)
     click.echo(result.report())
 
 
 @cli.command()
 @click.option("--profile", default=None, help="profile name or directory [default: the reference deployment]")
 @click.option("--max-error", type=float, default=10.0, show_default=True, help="largest allowed error per point, %")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="print one JSON object (profile, MAPE, the limit, every point: measured, predicted, error %)")
 @click.option("--corpus", "corpus_dir", is_flag=False, flag_value="", default=None, metavar="[DIR]",
               help="check against the public validation corpus (the shipped one, or DIR) instead of a profile")
-def validate(profile, max_error, as_json, corpus_dir):
+@click.option("--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]")
+def validate(profile, max_error, as_json, corpus_dir, progress):
     """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error.
     With --corpus: every corpus run pipesim can express, its error, ranking agreement and interval coverage."""
     from .calibrate.validate import check
+    from .profile import load_profile
+    from .progress import bar
     from .scenario import DEFAULT_PROFILE
 
     if corpus_dir is not None:
@@ -283,7 +293,9 @@ def validate(profile, max_error, as_json, corpus_dir):
         click.echo(crosscheck.to_json(chk) if as_json else crosscheck.text(chk))
         return
 
-    result = check(profile or DEFAULT_PROFILE, max_error)
+    prof = load_profile(profile or DEFAULT_PROFILE)
+    with bar(len(prof.measured), "validate", progress, unit="point") as b:
+        result = check(prof, max_error, on_point=b.update)
     click.echo(result.to_json() if as_json else result.text())
     if not result.passed:
         sys.exit(1)
@@ -291,12 +303,19 @@ def validate(profile, max_error, as_json, corpus_dir):
 
 @cli.command()
 @click.option("--profile", default=None, help="profile name or directory [default: the reference deployment]")
-def diagnose(profile):
+@click.option("--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]")
+def diagnose(profile, progress):
     """Where the box loses time: each measured point against the box's own tables."""
     from .calibrate.diagnose import diagnose as run_diagnosis
+    from .calibrate.diagnose import steps
+    from .profile import load_profile
+    from .progress import bar
     from .scenario import DEFAULT_PROFILE
 
-    click.echo(run_diagnosis(profile or DEFAULT_PROFILE).text())
+    prof = load_profile(profile or DEFAULT_PROFILE)
+    with bar(steps(prof), "diagnose (points, then hypothesis fits)", progress, unit="step") as b:
+        diagnosis = run_diagnosis(prof, on_point=b.update)
+    click.echo(diagnosis.text())
 
 
 @cli.group()

@@ -106,9 +106,19 @@ def _solve_alone(base: Profile, p: Point, h: str):
     return brentq(f, start, hi, xtol=max(1e-3 * abs(hi - start), 1e-9), rtol=1e-3, maxiter=40)
 
 
-def diagnose(profile: str | Path | Profile) -> Diagnosis:
+def _hypotheses(profile: Profile) -> list[str]:
+    return sorted({h for p in profile.measured for h in _relevant(p)})
+
+
+def steps(profile: Profile) -> int:
+    """Units of work `diagnose` reports to `on_point`: each point, then each hypothesis fit."""
+    return len(profile.measured) + len(_hypotheses(profile))
+
+
+def diagnose(profile: str | Path | Profile, on_point=None) -> Diagnosis:
     """Each measured point of a profile (a name, a directory or a loaded one) against
-    its tables alone, the gap charged to each hypothesis, and each fitted to all points."""
+    its tables alone, the gap charged to each hypothesis, and each fitted to all points.
+    `on_point()` after each point and each hypothesis fit (progress: `steps`)."""
     if not isinstance(profile, Profile):
         profile = load_profile(profile)
     base = profile.with_params(**NEUTRAL)
@@ -125,11 +135,14 @@ def diagnose(profile: str | Path | Profile) -> Diagnosis:
             ar_us = cm.collective("all_reduce", plan.stage_gpus(0), batch * model.hidden * ACT_BYTES)[0] * 1e6
             n_ar = 2 * model.num_layers + 1
         diags.append(PointDiagnosis(p, tables_only, needed, ar_us, n_ar))
-    hyps = sorted({h for p in profile.measured for h in _relevant(p)})
+        if on_point:
+            on_point()
     consistency = {}
-    for h in hyps:
+    for h in _hypotheses(profile):
         r = fit(base, [h], loo=False)
         consistency[h] = (r.params[h], r.mape)
+        if on_point:
+            on_point()
     return Diagnosis(profile.name, tuple(diags), consistency)
 
 

@@ -10,6 +10,8 @@ whether a profile predicts or merely memorises.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,8 +117,16 @@ def _solve(obj: _Objective, start) -> np.ndarray:
     return sol.x
 
 
-def fit(profile: Profile, names: list[str], points: list[Point] | None = None, loo: bool = True) -> FitResult:
-    """Fit `names` (see FITTABLE) to the profile's measured points (or `points`)."""
+def solves(points, loo: bool) -> int:
+    """Least-squares solves a fit runs: the fit, and one per point left out."""
+    return 1 + (len(points) if loo and len(points) > 1 else 0)
+
+
+def fit(profile: Profile, names: list[str], points: list[Point] | None = None, loo: bool = True,
+        on_solve: Callable[[], object] | None = None) -> FitResult:
+    """Fit `names` (see FITTABLE) to the profile's measured points (or `points`).
+    `on_solve` is called after each least-squares solve: 1 for the fit, then one per
+    point left out (`solves(points, loo)` in all), for a progress bar."""
     points = list(points if points is not None else profile.measured)
     require(points, f"profile {profile.name} has no measured points to fit (import some: pipesim calibrate import bench)")
     unknown = [n for n in names if n not in FITTABLE]
@@ -125,6 +135,8 @@ def fit(profile: Profile, names: list[str], points: list[Point] | None = None, l
     obj = _Objective(profile, names, points)
     start = np.array([getattr(profile.params, n) for n in names]) / obj.units
     x = _solve(obj, start)
+    if on_solve:
+        on_solve()
     predicted = obj.predictions(x)
     errors = [p.error(v) for p, v in zip(points, predicted)]
     loo_errors: list = [None] * len(points)
@@ -134,20 +146,22 @@ def fit(profile: Profile, names: list[str], points: list[Point] | None = None, l
             sub = _Objective(profile, names, rest)
             xi = _solve(sub, x)
             obj.evaluations += sub.evaluations
+            if on_solve:
+                on_solve()
             loo_errors[i] = points[i].error(predict_point(obj.profile_at(xi), points[i]))
     values = {n: float(v) for n, v in zip(names, x * obj.units)}
     return FitResult(values, tuple(points), tuple(predicted), tuple(errors), tuple(loo_errors), obj.evaluations)
 
 
 def fit_profile(profile_dir: str | Path, names: list[str], out: str | Path | None = None,
-                loo: bool = True) -> FitResult:
+                loo: bool = True, on_solve: Callable[[], object] | None = None) -> FitResult:
     """Fit `names` to a profile's measured points and write the profile again (in
     place unless `out`) with the fitted values, their sources, a summary and
     fit_report.md."""
     from ..profile import load_profile, rewrite_profile
 
     prof = load_profile(profile_dir)
-    result = fit(prof, names, loo=loo)
+    result = fit(prof, names, loo=loo, on_solve=on_solve)
     params = {**prof.meta.get("params", {}), **result.params}
     sources = {**prof.meta.get("param_sources", {}),
                **{k: "fitted to measured.csv by pipesim calibrate fit; see fit_report.md" for k in result.params}}

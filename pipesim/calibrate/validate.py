@@ -14,9 +14,9 @@ from ..profile import Profile
 from .fit import predict_point
 
 
-def validate(profile: Profile) -> pd.DataFrame:
+def validate(profile: Profile, on_point=None) -> pd.DataFrame:
     """One row per measured point: measured (value or band), predicted, error in %
-    (0 inside a band, else against the nearer edge)."""
+    (0 inside a band, else against the nearer edge). `on_point()` after each (progress)."""
     require(profile.measured, f"profile {profile.name} has no measured points "
             "(add some: pipesim calibrate import bench ...)")
     rows = []
@@ -24,6 +24,8 @@ def validate(profile: Profile) -> pd.DataFrame:
         pred = predict_point(profile, p)
         rows.append({"point": p.label(), "metric": p.metric, "measured_lo": p.lo, "measured_hi": p.hi,
                      "predicted": pred, "error_pct": p.error(pred) * 100, "source": p.source})
+        if on_point:
+            on_point()
     return pd.DataFrame(rows)
 
 
@@ -68,9 +70,9 @@ class Validation:
                            "max_error_pct": self.max_error_pct, "points": self.points.to_dict("records")}, indent=2)
 
 
-def check(profile: str | Path | Profile, max_error_pct: float) -> Validation:
+def check(profile: str | Path | Profile, max_error_pct: float, on_point=None) -> Validation:
     """Validate a profile (a name, a directory or a loaded one) against its measured points."""
     from ..profile import load_profile
 
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    return Validation(prof, validate(prof), max_error_pct)
+    return Validation(prof, validate(prof, on_point), max_error_pct)

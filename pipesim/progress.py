@@ -1,0 +1,16 @@
+"""Progress bars with an ETA for the commands that take more than a few seconds.
+
+`progress=None` shows the bar only on a terminal (stderr), `True` always, `False`
+never; the command line's `--progress/--no-progress` passes it through. Work reports
+each finished unit through a plain callable, so the computing code stays free of
+tqdm and of any state outside the call.
+"""
+
+from __future__ import annotations
+
+
+def bar(total: int | None, desc: str, progress: bool | None = None, unit: str = "run"):
+    """A tqdm bar over `total` units (its rate gives the ETA), to stderr."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=None if progress is None else not progress, leave=False)
