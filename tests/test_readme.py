@@ -30,6 +30,7 @@ DRY = {
     "pipesim calibrate import aiconfigurator path/to/system_dir": "needs AIConfigurator's raw tables "
                                                                   "(tests/test_calibration.py imports them when present)",
     "pipesim calibrate fit": "a fit runs for minutes (tests/test_calibration.py fits small)",
+    "pipesim validate --corpus": "simulates every corpus run, minutes (tests/test_crosscheck.py checks it small)",
     "pipesim diagnose": "fits every hypothesis to every point, tens of seconds (tests/test_calibration.py)",
     "pipesim calibrate live": "needs NVIDIA GPUs and torch (tests/test_live_*.py)",
     "pipesim predict --profile my-h200": "needs the profile `calibrate live` writes",
