@@ -17,7 +17,8 @@ def scenario(profile, pp, **kw):
 
 @pytest.mark.parametrize("pp", [1, 2, 4, 8])
 def test_batches_in_flight_is_pp(vllm_profile, pp):
-    assert scenario(vllm_profile, pp).settings.max_concurrent_batches == pp
+    # without async scheduling (vllm/config/vllm.py max_concurrent_batches)
+    assert scenario(vllm_profile, pp, async_scheduling=False).settings.max_concurrent_batches == pp
 
 
 @pytest.mark.parametrize("pp", [2, 4, 8])
@@ -42,10 +43,16 @@ def run_tracked(sc, warm, measure):
         orig_launch, orig_complete = sim.launch, sim._complete
 
         def launch(slot, decode, prefill):
-            busy = set().union(*inflight.values()) if inflight else set()
+            # without async scheduling a decode request is in one batch in flight; with it
+            # (AsyncScheduler, placeholders) in at most two
+            copies = defaultdict(int)
+            for ids in inflight.values():
+                for rid in ids:
+                    copies[rid] += 1
+            limit = 2 if sc.settings.async_scheduling else 1
             for r in decode:
-                if r.rid in busy:
-                    events["violations"].append(("decode twice in flight", r.rid, sim.env.now))
+                if copies[r.rid] >= limit:
+                    events["violations"].append(("decode in too many batches in flight", r.rid, sim.env.now))
             if len(decode) != len({r.rid for r in decode}):
                 events["violations"].append(("duplicate in batch", sim.env.now))
             if decode and prefill:
@@ -77,7 +84,7 @@ def test_queue_invariants_under_pressure(vllm_profile, async_scheduling):
     sim, ev = run_tracked(sc, 24, 60)
     st = sc.settings
     assert sim.completed >= 84
-    # a decode request is never in two in-flight batches at once
+    # a decode request is in no more in-flight batches than the engine allows
     assert not ev["violations"]
     # no more batches in flight than the engine allows; several were
     assert 2 <= ev["peak_batches"] <= st.max_concurrent_batches

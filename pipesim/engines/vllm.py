@@ -50,7 +50,7 @@ def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, 
 class VLLMConfig:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    async_scheduling: bool = False
+    async_scheduling: bool | None = None     # None: vLLM's default (see `resolve`)
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
 
@@ -71,9 +71,14 @@ class VLLMConfig:
         big = gpu_memory_bytes >= 70 * GiB
         seqs = self.max_num_seqs or (1024 if big else 256)
         tokens = self.max_num_batched_tokens or (8192 if big else 2048)
-        inflight = plan.pp + 1 if (self.async_scheduling and plan.pp > 1) else (2 if self.async_scheduling else plan.pp)
+        # async scheduling: None means on unless incompatible since vllm PR #27614 (2025-12,
+        # VllmConfig "Enable async scheduling unless there is an incompatible option");
+        # with PP the V1 model runner does not overlap (max_concurrent_batches = pp), so
+        # pipesim's default there is off (docs/engines.md §6)
+        async_on = (plan.pp == 1) if self.async_scheduling is None else self.async_scheduling
+        inflight = plan.pp + 1 if (async_on and plan.pp > 1) else (2 if async_on else plan.pp)
         sizes = () if self.enforce_eager else capture_sizes(seqs, tokens)
-        return VLLMSettings(seqs, tokens, self.async_scheduling, inflight, kv_tokens, self.gpu_memory_utilization,
+        return VLLMSettings(seqs, tokens, async_on, inflight, kv_tokens, self.gpu_memory_utilization,
                             max(sizes, default=0), sizes)
 
 
@@ -127,6 +132,14 @@ class VLLMScheduler:
         self.active: list = []          # admitted requests, in admission order
         self.queue: deque = deque()     # in-flight batches, oldest first
         self.cpu_s = sim.cpu_iteration_s
+        # async scheduling (AsyncScheduler): a request in flight is scheduled again with a
+        # placeholder token, in at most two batches; with PP a decode is eligible again
+        # pp steps later (next_decode_eligible_step), or once its outputs are back;
+        # docs/engines.md §6
+        self.repeat = 2 if settings.async_scheduling else 1
+        self.pp = sim.pp
+        self.step = 0
+        self.eligible: dict[int, int] = {}
 
     def run(self) -> Generator[simpy.Event, object, None]:
         """Launch while the queue has room and a batch can be formed, else block on
@@ -152,17 +165,20 @@ class VLLMScheduler:
         for r in self.active:                       # running first (vLLM V1 order)
             if budget <= 0:
                 break
-            if r.prefilled < r.input_len:
+            if r.scheduled < r.input_len:
                 # prompt chunks advance at schedule time, so a prompt can be in several batches
-                left = r.input_len - r.scheduled
-                if left > 0:
-                    chunk = min(left, budget)
-                    prefill.append((r, chunk, r.scheduled))
-                    r.scheduled += chunk
-                    budget -= chunk
-            elif not r.inflight:
+                chunk = min(r.input_len - r.scheduled, budget)
+                prefill.append((r, chunk, r.scheduled))
+                r.scheduled += chunk
+                budget -= chunk
+            elif r.prefilled < r.input_len and self.repeat == 1:
+                continue                            # the prompt's last chunk is in flight
+            elif (r.inflight < self.repeat and r.generated + r.inflight < r.output_len
+                  and (not r.inflight or self.eligible.get(r.rid, 0) <= self.step)):
                 decode.append(r)
                 budget -= 1
+                if self.pp > 1 and self.repeat > 1:
+                    self.eligible[r.rid] = self.step + self.pp
         while sim.waiting and budget > 0 and len(self.active) < s.max_num_seqs:
             r = sim.waiting[0]
             if sim.kv_free < r.input_len + r.output_len:
@@ -176,6 +192,7 @@ class VLLMScheduler:
             budget -= chunk
         if not decode and not prefill:
             return None
+        self.step += 1
         return decode, prefill
 
     def on_return(self, mb: MicroBatch, finished: list[Request]) -> None:
@@ -183,3 +200,5 @@ class VLLMScheduler:
         if finished:
             done = {id(r) for r in finished}
             self.active = [r for r in self.active if id(r) not in done]
+            for r in finished:
+                self.eligible.pop(r.rid, None)
