@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import time
 
+from .checks import MAX_SIM_S
 from .costs import CostModel
+from .errors import UserError
 from .metrics import Result, collect
 from .record import Record
 from .scenario import Scenario, build_scenario
 from .simulation import Simulation
 
-# A run stops at the request target; this bound on simulated time only guards
-# against a scenario that cannot make progress.
-MAX_SIM_S = 1e6
-
-
+# A run stops at the request target; MAX_SIM_S, a bound on simulated time, only
+# guards against a scenario that cannot make progress.
 CI_TARGET = 0.02   # stop when the throughput's 95% CI half-width is within 2% of it
 
 
@@ -65,7 +64,20 @@ def simulate(scenario: Scenario, *, warmup_requests: int | None = None, measure_
     rec = sim.record()
     result = collect(rec, sim.finished, scenario.describe(), time.perf_counter() - t)
     result.provenance_shares = costs.provenance_shares()
+    _check_completed(result, len(sim.finished), rec.end_s, scenario)
     return rec, result
+
+
+def _check_completed(result: Result, finished: int, end_s: float, scenario: Scenario) -> None:
+    """A run that completed no request (in its measured window) has no answer: say why
+    instead of reporting 0 tok/s."""
+    if result.completed_requests > 0:
+        return
+    why = (f"the run reached the simulated horizon of {MAX_SIM_S:g} s" if end_s >= MAX_SIM_S
+           else f"the run ended at {end_s:.3g} s simulated")
+    raise UserError(f"the run completed no request ({finished} finished in all; {why}): a latency or parameter of "
+                    f"profile {scenario.profile.name} may be infinite or huge, or the arrivals lie past the horizon; "
+                    "check the profile's tables and parameters and the workload")
 
 
 def predict(tp: int = 1, pp: int = 1, conc: int | None = None, *, warmup_requests: int | None = None,

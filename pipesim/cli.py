@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import click
 
+from .checks import MAX_CONCURRENCY, MAX_GPUS, MAX_WORKERS, number, whole
 from .errors import UserError, require
 from .scenario import DEFAULT_MODEL, DEFAULT_PROFILE
 from .sweep import DEFAULT_CONC
@@ -24,8 +26,8 @@ def _layers(value: str | None):
         raise UserError(f"--layers '{value}' must be comma-separated whole numbers, e.g. 7,7,7,8,8,8,8,8") from None
 
 
-def parse_ints(text: str, what: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4]; each >= 1, at least one (the sweep checks them again)."""
+def parse_ints(text: str, what: str, limit: int = MAX_GPUS) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; each from 1 to `limit`, at least one (the sweep checks them again)."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
     try:
         values = [int(p) for p in parts]
@@ -34,6 +36,7 @@ def parse_ints(text: str, what: str) -> list[int]:
     require(len(values) > 0, f"{what} is empty; give at least one whole number >= 1, e.g. 1,8,32")
     for v in values:
         require(v >= 1, f"{what}: {v!r} is not a whole number >= 1")
+        require(v <= limit, f"{what}: {v} is above the limit of {limit}")
     return sorted(set(values))
 
 
@@ -75,8 +78,13 @@ def parse_number(text: str | None, what: str) -> float | None:
         v = float(text)
     except ValueError:
         raise UserError(f"{what} '{text}' is not a number") from None
-    require(v == v and v >= 0, f"{what} must be a number >= 0, got {text}")
+    require(math.isfinite(v) and v >= 0, f"{what} must be a finite number >= 0, got {text}")
     return v
+
+
+def parse_workers(workers: int | None) -> int | None:
+    """--workers: unset (every core) or a whole number from 1 to MAX_WORKERS."""
+    return None if workers is None else whole(workers, "--workers", 1, MAX_WORKERS)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -295,7 +303,7 @@ def validate(profile, max_error, as_json, corpus_dir, progress):
 
     prof = load_profile(profile or DEFAULT_PROFILE)
     with bar(len(prof.measured), "validate", progress, unit="point") as b:
-        result = check(prof, max_error, on_point=b.update)
+        result = check(prof, number(max_error, "--max-error", 0.0, above=True), on_point=b.update)
     click.echo(result.to_json() if as_json else result.text())
     if not result.passed:
         sys.exit(1)
@@ -384,7 +392,7 @@ def sweep(gpus, splits, conc, rate, num_requests, out, workers, scheduler, progr
     if rate is not None:
         load.update(rate=parse_floats(rate, "--rate"), **({"num_requests": num_requests} if num_requests else {}))
     t = time.perf_counter()
-    df = run_sweep(parse_ints(gpus, "--gpus"), splits=parse_splits(splits), scheduler=scheduler, workers=workers,
+    df = run_sweep(parse_ints(gpus, "--gpus"), splits=parse_splits(splits), scheduler=scheduler, workers=parse_workers(workers),
                    progress=progress, **load, **scenario_kwargs(opts))
     wall_s = time.perf_counter() - t
     click.echo(summary(df))
@@ -438,8 +446,8 @@ def search(gpus, splits, conc, rate, num_requests, objective, min_per_request_to
             run["rate"] = parse_floats(rate, "--rate")
             if num_requests is not None:
                 run["num_requests"] = num_requests
-        run["conc"] = parse_ints(DEFAULT_CONC_TEXT if conc is None else conc, "--conc")
-        run.update(scheduler=scheduler, workers=workers, progress=progress, **scenario_kwargs(opts))
+        run["conc"] = parse_ints(DEFAULT_CONC_TEXT if conc is None else conc, "--conc", MAX_CONCURRENCY)
+        run.update(scheduler=scheduler, workers=parse_workers(workers), progress=progress, **scenario_kwargs(opts))
         gpus = parse_ints(gpus, "--gpus")
     result = run_search(gpus, objective, splits=parse_splits(splits), table=table, **limits, **run)
     click.echo(result.text())

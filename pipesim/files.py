@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 TABLE_SUFFIXES = (".csv", ".parquet")
 # a sweep table read back needs its key (sweep.KEY_COLUMNS) and what search and plot rank by
 TABLE_COLUMNS = ("gpus", "tp", "pp", "conc", "output_throughput_tok_s", "per_request_tok_s")
+# other number columns of a sweep table (sweep.run_point) that search and plot read; NaN is
+# allowed there (a TPOT of one-token requests), text is not
+NUMBER_TABLE_COLUMNS = ("seed", "output_throughput_ci_tok_s", "output_tok_s_per_gpu", "request_throughput_req_s",
+                        "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "e2e_ms_mean", "compute_share",
+                        "allreduce_share", "bubble_fraction", "idle_p2p_share", "idle_cpu_share", "idle_bubble_share",
+                        "p2p_share", "cpu_share", "mean_requests_per_microbatch", "mean_decode_batch")
 
 
 def check_out_path(path: str | Path, suffixes: tuple[str, ...], what: str) -> Path:
@@ -52,6 +58,23 @@ def ensure_dir(path: str | Path, what: str) -> Path:
     return folder
 
 
+def check_profile_out(path: str | Path) -> Path:
+    """Where a profile folder may be written: not a shipped profile's bare name (it would
+    land in the current folder, unused), not an existing file, not a folder of other
+    things (its files would be replaced). An empty folder or a profile folder is fine."""
+    from .profile import profile_names
+
+    text = str(path)
+    require(text not in profile_names() or Path(text).joinpath("profile.toml").is_file(),
+            f"'{text}' is a shipped profile; write the new profile to a folder path instead, e.g. --out ./{text}-mine")
+    out = Path(path)
+    require(not out.is_file() and not out.is_symlink() or out.is_dir(),
+            f"--out '{out}' is a file, not a profile folder; give a new folder or an existing profile")
+    require(not out.is_dir() or (out / "profile.toml").is_file() or not any(out.iterdir()),
+            f"--out '{out}' is a folder without profile.toml; pipesim replaces only a profile folder (or an empty one)")
+    return out
+
+
 def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
     """Call write(temporary path) in the same directory, then rename it over `path`."""
     path = Path(path)
@@ -79,17 +102,40 @@ def read_table(path: str | Path) -> pd.DataFrame:
     """A sweep table written by `write_table` (or `pipesim sweep --out`)."""
     import pandas as pd
 
+    import numpy as np
+
     p = Path(path)
     require(p.is_file(), f"sweep file '{p}' does not exist")
     if p.suffix.lower() == ".parquet":
         check_out_path(p, (".parquet",), "sweep")
-        df = pd.read_parquet(p)
+        try:
+            df = pd.read_parquet(p)
+        except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+            raise UserError(f"sweep file '{p}': cannot read as Parquet ({type(exc).__name__})") from None
     else:
         require(p.suffix.lower() == ".csv", f"sweep file '{p}' must end in .csv or .parquet")
-        # lengths are specs ("300" or "100:500"), as the sweep wrote them
-        df = pd.read_csv(p, dtype={"input_len": str, "output_len": str})
+        try:
+            # lengths are specs ("300" or "100:500"), as the sweep wrote them
+            df = pd.read_csv(p, dtype={"input_len": str, "output_len": str})
+        except Exception as exc:  # pandas raises many types for a malformed file
+            raise UserError(f"sweep file '{p}': cannot read as CSV ({type(exc).__name__})") from None
     missing = [c for c in TABLE_COLUMNS if c not in df.columns]
     require(not missing, f"'{p}' is not a pipesim sweep table: no column(s) {', '.join(missing)}")
     if "rate_rps" not in df.columns:   # written before open-loop sweeps: every row a closed loop
         df["rate_rps"] = 0.0
+    require(len(df) > 0, f"sweep file '{p}' has no rows")
+    for col in [c for c in df.columns if c in TABLE_COLUMNS or c in NUMBER_TABLE_COLUMNS]:
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = values.isna() & df[col].notna()
+        if col in TABLE_COLUMNS and not bad.any():
+            bad = ~np.isfinite(values)
+            what = "is not a finite number"
+        else:
+            what = "is not a number"
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            cell = df[col].iloc[row]
+            shown = repr(cell) if isinstance(cell, str) else str(cell)
+            raise UserError(f"sweep file '{p}': line {row + 2}, column {col}: {shown} {what}")
+        df[col] = values
     return df

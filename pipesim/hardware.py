@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from ._toml import toml_reader
+from .checks import MAX_GPUS, parse_toml, read_text
 from .errors import UserError, require
 
 NETWORK_NODE = "network"   # the fabric every NIC links to in a cluster
@@ -159,6 +160,7 @@ def cluster(box: Box, nodes: int, network: Network | None = None) -> Box:
     require(net is not None, f"box {box.name} has no [network] section; give one with --network "
                              f"({', '.join(network_names())}) to join {nodes} nodes")
     g = box.gpu_count
+    require(g * nodes <= MAX_GPUS, f"--nodes {nodes} makes {g * nodes} GPUs, above the limit of {MAX_GPUS}")
 
     def rename(node: str, k: int) -> str:
         if node.startswith("gpu") and node[3:].isdigit():
@@ -216,11 +218,8 @@ def load_box(name_or_path: str | Path, nodes: int = 1, network: str | None = Non
         path = Path(text)
         require(path.suffix == ".toml" and path.is_file(),
                 f"unknown box '{text}'; known presets: {', '.join(box_names())}, or the path of a box .toml file")
-        raw, origin = path.read_text(), str(path)
-    try:
-        data = toml_reader.loads(raw)
-    except toml_reader.TOMLDecodeError as exc:
-        raise UserError(f"box {origin}: not valid TOML: {exc}") from None
+        raw, origin = read_text(path, "box"), str(path)
+    data = parse_toml(raw, f"box {origin}")
     box = box_from_dict(data, origin)
     if nodes != 1 or network is not None:
         box = cluster(box, nodes, load_network(network) if network is not None else None)
@@ -252,6 +251,7 @@ def box_from_dict(data: dict, origin: str = "box") -> Box:
     count = g["count"]
     require(isinstance(count, int) and not isinstance(count, bool) and count >= 1,
             f"{where}: gpu.count = {count!r} must be a whole number >= 1")
+    require(count <= MAX_GPUS, f"{where}: gpu.count = {count} is above the limit of {MAX_GPUS}")
     num = {k: _number(g[k], f"{where}: gpu.{k}") for k in ("memory_bytes", "mem_bw_bytes_s", "flops_bf16")}
     fp8 = _number(g.get("flops_fp8", num["flops_bf16"]), f"{where}: gpu.flops_fp8")
     fp4 = _number(g.get("flops_fp4", fp8), f"{where}: gpu.flops_fp4")

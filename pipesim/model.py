@@ -11,10 +11,13 @@ Sizes are counted from the config (parameters x bytes per parameter), never look
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from .checks import MAX_CONFIG_SIZE, MAX_JSON_DEPTH, MAX_LAYERS, is_int, is_number, read_text, too_deep
 from .errors import UserError, require
 from .quantization import BF16, BYTES_PER_PARAM, KV_BYTES_PER_ELEMENT, WeightFormat, as_format, weight_formats
 
@@ -183,64 +186,113 @@ def read_hf_config(name_or_path: str | Path) -> tuple[dict, str]:
         require(path.is_file(), f"model config not found: {path} (give a preset name: "
                 f"{', '.join(preset_names())}, or the path of a Hugging Face config.json)")
         try:
-            cfg = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            text = read_text(path, "model config")
+        except OSError as exc:
             raise UserError(f"cannot read model config {path}: {exc}") from None
+        require(not too_deep(text), f"model config {path} is nested too deeply (more than {MAX_JSON_DEPTH} levels)")
+        try:
+            cfg = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"cannot read model config {path}: {exc}") from None
+        except RecursionError:
+            raise UserError(f"model config {path} is nested too deeply") from None
         return cfg, path.parent.name or path.stem
     raise UserError(f"unknown model '{text}'; known presets: {', '.join(preset_names())}, "
                     "or the path of a Hugging Face config.json")
 
 
+def _text(cfg: dict, name: str) -> dict:
+    """The language model's part of a config: `text_config` in multimodal ones."""
+    inner = cfg.get("text_config", cfg)
+    require(isinstance(inner, dict), f"model config {name}: 'text_config' must be a JSON object, got {type(inner).__name__}")
+    return inner
+
+
 def _get(cfg: dict, key: str, name: str, default=None):
-    cfg = cfg.get("text_config", cfg)
+    cfg = _text(cfg, name)
     if key in cfg and cfg[key] is not None:
         value = cfg[key]
     elif default is not None:
         value = default
     else:
         raise UserError(f"model config {name} lacks '{key}', which pipesim needs")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if is_number(value):
+        require(math.isfinite(value), f"model config {name}: '{key}' = {value} must be a finite whole number")
         require(value >= 0, f"model config {name}: '{key}' = {value} must not be negative")
     return value
 
 
-def _int(cfg: dict, key: str, name: str, default=None) -> int:
-    """A whole-number field of the config, or a UserError naming it."""
+def _int(cfg: dict, key: str, name: str, default=None, lo: int = 0) -> int:
+    """A whole-number field of the config in [lo, its limit], or a UserError naming it."""
     value = _get(cfg, key, name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise UserError(f"model config {name}: '{key}' = {value!r} must be a whole number")
+    if not is_number(value) or value != int(value) or value < lo:
+        raise UserError(f"model config {name}: '{key}' = {value!r} must be a whole number >= {lo}")
+    limit = MAX_LAYERS if key == "num_hidden_layers" else MAX_CONFIG_SIZE
+    require(value <= limit, f"model config {name}: '{key}' = {value!r} is above the limit of {limit}")
     return int(value)
+
+
+# Architectures of the two families this module models (HF `architectures`, `model_type`);
+# any other is refused rather than modelled as one of them.
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2")
+# torch_dtype of unquantized weights: all served in 16 bits (see `_weight_dtypes`)
+TORCH_DTYPES = ("bfloat16", "float16", "float32", "auto")
+
+
+def _check_kind(cfg: dict, name: str) -> None:
+    """Refuse an architecture or weight dtype that is not modelled (a config without the
+    keys, e.g. a hand-written one, is taken as the dense family)."""
+    archs = cfg.get("architectures")
+    if archs is not None:
+        require(isinstance(archs, list) and all(isinstance(a, str) for a in archs),
+                f"model config {name}: 'architectures' must be a list of names, got {archs!r}")
+        for a in archs:
+            require(a in ARCHITECTURES, f"model config {name}: architecture {a} is not modelled; "
+                    f"modelled: {', '.join(ARCHITECTURES)}")
+    elif cfg.get("model_type") is not None:
+        mt = cfg["model_type"]
+        require(mt in MODEL_TYPES, f"model config {name}: model_type {mt!r} is not modelled; modelled: {', '.join(MODEL_TYPES)}")
+    for key in ("torch_dtype", "dtype"):
+        dt = cfg.get(key)
+        require(dt is None or dt in TORCH_DTYPES, f"model config {name}: {key} {dt!r} is not modelled; "
+                f"allowed: {', '.join(TORCH_DTYPES)} (unquantized weights are served in 16 bits)")
 
 
 def from_hf_config(cfg: dict, name: str = "model") -> Model:
     """Build a `Model` from a Hugging Face-style config dict."""
     require(isinstance(cfg, dict), f"model config {name} is not a JSON object")
-    g = lambda k, d=None: _int(cfg, k, name, d)  # noqa: E731
+    _check_kind(_text(cfg, name), name)
+    g = lambda k, d=None, lo=1: _int(cfg, k, name, d, lo)  # noqa: E731
     hidden, heads = g("hidden_size"), g("num_attention_heads")
-    require(hidden > 0 and heads > 0, f"model config {name}: hidden_size and num_attention_heads must be positive")
     mla = None
     if _get(cfg, "kv_lora_rank", name, 0):
-        mla = MLA(g("q_lora_rank", 0), g("kv_lora_rank"), g("qk_nope_head_dim"),
+        mla = MLA(g("q_lora_rank", 0, 0), g("kv_lora_rank"), g("qk_nope_head_dim"),
                   g("qk_rope_head_dim"), g("v_head_dim"))
     moe = None
     n_experts = _int(cfg, "n_routed_experts", name, 0) or _int(cfg, "num_experts", name, 0)
     if n_experts:
         moe = MoE(n_experts, g("num_experts_per_tok"), g("moe_intermediate_size"),
-                  g("n_shared_experts", 0), g("first_k_dense_replace", 0), g("moe_layer_freq", 1) or 1)
-    quant = cfg.get("quantization_config") or cfg.get("text_config", {}).get("quantization_config") or {}
-    require(isinstance(quant, dict), f"model config {name}: quantization_config must be a JSON object")
+                  g("n_shared_experts", 0, 0), g("first_k_dense_replace", 0, 0), g("moe_layer_freq", 1, 0) or 1)
+        require(moe.topk <= n_experts, f"model config {name}: num_experts_per_tok = {moe.topk} is more than the "
+                f"{n_experts} experts; allowed: 1 to {n_experts}")
+    quant = cfg.get("quantization_config") or _text(cfg, name).get("quantization_config") or {}
+    require(isinstance(quant, dict), f"model config {name}: 'quantization_config' must be a JSON object, got {type(quant).__name__}")
     attn_dtype, expert_dtype = weight_formats(quant, name)
+    kv_heads = g("num_key_value_heads", heads)
+    require(kv_heads <= heads and heads % kv_heads == 0,
+            f"model config {name}: num_key_value_heads = {kv_heads} must divide num_attention_heads = {heads}")
     model = Model(
         name=name,
         num_layers=g("num_hidden_layers"),
         hidden=hidden,
         heads=heads,
-        kv_heads=int(g("num_key_value_heads", heads)),
-        head_dim=int(g("head_dim", hidden // heads)),
+        kv_heads=kv_heads,
+        head_dim=g("head_dim", max(hidden // heads, 1)),
         intermediate=g("intermediate_size"),
         vocab=g("vocab_size"),
         max_context=g("max_position_embeddings", 131072),
         mla=mla, moe=moe, attn_dtype=attn_dtype, expert_dtype=expert_dtype,
     )
-    require(model.num_layers >= 1, f"model config {name}: num_hidden_layers must be at least 1")
     return model

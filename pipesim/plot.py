@@ -9,6 +9,8 @@ with the inline backend shows the returned figures as they are.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -363,4 +365,20 @@ def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", pref
               "bubble_cause": bubble_cause}
     # a table written before the slot column: no bubble-cause figure rather than none at all
     names = [n for n in FIGURES if n != "bubble_cause" or "decode_batch_per_slot" in df.columns]
-    return [save(makers[name](df), folder / f"{prefix}{name}.{fmt}") for name in names]
+    # all figures or none: each is drawn to a temporary file first, then all are renamed into place
+    paths = [check_out_path(folder / f"{prefix}{name}.{fmt}", (".png", ".svg"), "figure") for name in names]
+    temps: list[Path] = []
+    try:
+        for name, path in zip(names, paths):
+            fig = makers[name](df)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=folder)
+            os.close(fd)
+            temps.append(Path(tmp))
+            fig.savefig(tmp, format=fmt)
+            os.chmod(tmp, 0o644)
+        for tmp, path in zip(temps, paths):
+            os.replace(tmp, path)
+    finally:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+    return paths

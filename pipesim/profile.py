@@ -14,6 +14,8 @@ calibration/profiles); any other directory can be given by path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+import math
+import os
 from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._toml import toml_reader
+from .checks import is_number, parse_toml, read_text
 from .errors import UserError, require
 from .interp import Surface, group_curves
 from .calibrate.measured import read_points
@@ -49,6 +51,9 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
 TEXT_COLUMNS = {"dtype", "distribution", "op", "impl"}
 CACHE_VERSION = 1   # of the parsed-table cache's layout (`_cached_columns`)
 CACHE_MIN_BYTES = 64 * 1024   # smaller table files parse in milliseconds: not worth a cached copy
+# profile.toml: keys that must be tables, and keys that must be strings
+META_TABLES = ("params", "deployment", "sources", "param_sources")
+META_STRINGS = ("name", "box", "engine", "engine_version", "description", "model")
 
 
 def sig6(x: float) -> float:
@@ -88,8 +93,8 @@ class Params:
             if f.name == "moe_distribution":
                 values[f.name] = str(v)
                 continue
-            require(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and v == v,
-                    f"{origin}: parameter {f.name} = {v!r} must be a number >= 0")
+            require(is_number(v) and math.isfinite(v) and v >= 0,
+                    f"{origin}: parameter {f.name} = {v!r} must be a finite number >= 0")
             values[f.name] = int(v) if f.name == "custom_allreduce_max_gpus" else float(v)
         return cls(**values)
 
@@ -287,6 +292,7 @@ def _profile_dir(name_or_path: str | Path):
     if text in profile_names():
         return _shipped().joinpath(text)
     path = Path(text)
+    recover_profile(path)
     require(path.is_dir() and (path / "profile.toml").is_file(),
             f"unknown profile '{text}'; known: {', '.join(profile_names()) or 'none'}, "
             "or a directory holding profile.toml")
@@ -349,12 +355,17 @@ def _cached_columns(f, table: str) -> dict[str, np.ndarray]:
 def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
     folder = Path(folder_text)
     meta_file = folder.joinpath("profile.toml")
-    try:
-        meta = toml_reader.loads(meta_file.read_text())
-    except toml_reader.TOMLDecodeError as exc:
-        raise UserError(f"{meta_file}: not valid TOML: {exc}") from None
+    meta = parse_toml(read_text(meta_file, "profile file"), str(meta_file))
     for key in ("name", "box", "engine"):
         require(key in meta, f"{meta_file}: missing '{key}'")
+    for key, v in meta.items():
+        if key in META_TABLES:
+            require(isinstance(v, dict), f"{meta_file}: '{key}' must be a table, got {type(v).__name__}")
+        elif key in META_STRINGS:
+            require(isinstance(v, str), f"{meta_file}: '{key}' must be a string, got {v!r}")
+    for key in ("sources", "param_sources"):
+        bad = [k for k, v in meta.get(key, {}).items() if not isinstance(v, str)]
+        require(not bad, f"{meta_file}: {key}.{bad[0] if bad else ''} must be a string")
     params = Params.from_dict(meta.get("params", {}), str(meta_file))
     box = str(meta["box"])
     if box.endswith(".toml") and folder.joinpath(box).is_file():
@@ -411,6 +422,7 @@ def read_columns(source, table: str, origin: str) -> dict[str, np.ndarray]:
     needed = TABLE_COLUMNS[table] + ("latency_ms",)
     missing = [c for c in needed if c not in header]
     require(not missing, f"{origin}: missing column(s) {', '.join(missing)}; needed: {', '.join(needed)}")
+    require(len(body) > 0, f"{origin} has no rows; a table needs at least one measured size")
     width = len(header)
     for i, r in enumerate(body):
         if len(r) > width:
@@ -429,13 +441,14 @@ def read_columns(source, table: str, origin: str) -> dict[str, np.ndarray]:
         cols[name] = nums.astype(np.int64) if integral else nums
         if name not in needed:
             continue
-        bad = np.isnan(nums)
+        bad = ~np.isfinite(nums)
         if not bad.any():
-            bad = nums <= 0 if name == "latency_ms" else nums < 1
+            # sizes are whole numbers (a count of GPUs, bytes, tokens, heads)
+            bad = nums <= 0 if name == "latency_ms" else (nums < 1) | (nums != np.floor(nums))
         if bad.any():
             row = int(bad.nonzero()[0][0])
             raise UserError(f"{origin}: line {row + 2}, column {name}: value {texts[row]!r} is not allowed "
-                            f"({'a latency > 0 in ms' if name == 'latency_ms' else 'a size >= 1'})")
+                            f"({'a finite latency > 0 in ms' if name == 'latency_ms' else 'a whole size >= 1'})")
     for name in needed:
         if name in TEXT_COLUMNS:
             empty = [i for i, t in enumerate(cells[header.index(name)]) if not t]
@@ -447,18 +460,26 @@ def read_columns(source, table: str, origin: str) -> dict[str, np.ndarray]:
 
 def write_profile(out_dir: str | Path, meta: dict, tables: dict[str, pd.DataFrame],
                   measured: pd.DataFrame | None = None, extra: dict[str, str] | None = None) -> Path:
-    """Write a profile directory atomically: everything goes to a sibling temporary
-    directory that replaces `out_dir` only once complete. `measured` becomes
-    measured.csv; `extra` maps file names (a fit report, a log) to their text."""
+    """Write a profile directory so that a reader sees the old one or the whole new one.
+
+    Everything goes to a sibling `.NAME.new-*` directory; once complete, the old
+    profile is renamed to `.NAME.old` and the new one into place, then the old one is
+    removed. A kill between the two renames leaves `.NAME.old` and no NAME:
+    `recover_profile` (run by every load and write) renames it back. `measured`
+    becomes measured.csv; `extra` maps file names (a fit report, a log) to their text.
+    One writer at a time."""
     import shutil
     import tempfile
 
     from ._toml import dumps
+    from .files import check_profile_out
 
-    out = Path(out_dir)
+    out = check_profile_out(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    recover_profile(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
     tmp.chmod(0o755)
+    old = out.with_name(f".{out.name}.old")
     try:
         for name, df in tables.items():
             require(name in TABLE_COLUMNS, f"unknown table {name}")
@@ -469,18 +490,32 @@ def write_profile(out_dir: str | Path, meta: dict, tables: dict[str, pd.DataFram
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text)
         (tmp / "profile.toml").write_text(dumps(meta))
-        old = out.with_name(f".{out.name}.old")
-        if old.exists():
-            shutil.rmtree(old)
         if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-        if old.exists():
-            shutil.rmtree(old)
+            os.rename(out, old)
+        os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        recover_profile(out)
         raise
+    shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def recover_profile(out: str | Path) -> None:
+    """Finish or undo a profile write that was killed: put `.NAME.old` back when NAME is
+    missing, and remove what a write leaves beside NAME (`.NAME.old`, `.NAME.new-*`)."""
+    import shutil
+
+    out = Path(out)
+    if not out.parent.is_dir():
+        return
+    old = out.with_name(f".{out.name}.old")
+    if old.is_dir() and not out.exists():
+        os.rename(old, out)
+    for leftover in out.parent.glob(f".{out.name}.new-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
 
 
 KEPT_AS_IS = ("profile.toml", "measured.csv")   # rewritten from their parsed form

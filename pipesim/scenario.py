@@ -20,6 +20,11 @@ import sys
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
+import math
+from os import PathLike
+
+from .checks import (MAX_CONCURRENCY, MAX_GPUS, MAX_REQUESTS, MAX_SEED, MAX_SIM_S, batch_steps, check_knobs, check_work,
+                     is_int, is_number, whole)
 from .engines import ENGINES
 from .errors import UserError, require
 from .hardware import Box, cluster, load_box, load_network
@@ -103,6 +108,11 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
     from .profile import Profile, load_profile
     from .whatif import apply_box, apply_profile, check
 
+    tp, pp = whole(tp, "tp", 1, MAX_GPUS), whole(pp, "pp", 1, MAX_GPUS)
+    if layers is not None:
+        require(isinstance(layers, (tuple, list)) and all(is_int(n) for n in layers),
+                f"--layers {layers!r} must be comma-separated whole numbers, e.g. 7,7,7,8,8,8,8,8")
+        layers = tuple(int(n) for n in layers)
     changes = check(dict(kernel_scale=kernel_scale, allreduce_scale=allreduce_scale,
                          pcie_bandwidth_scale=pcie_bandwidth_scale, cpu_iteration_ms=cpu_iteration_ms))
     require(engine is None or engine in ENGINES, f"unknown engine '{engine}'; known: {', '.join(ENGINES)}")
@@ -139,7 +149,7 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
     derived = {k for g in given for k in getattr(config_cls, "derived_from", {}).get(g, ())}
     deployed = ({k: v for k, v in prof.deployment.items() if k in allowed and k not in given and k not in derived}
                 if engine_name == prof.engine else {})
-    config = config_cls(**{**deployed, **given})
+    config = config_cls(**check_knobs({**deployed, **given}))
     config.validate()
     sources = {k: "user" if k in given else "profile deployment" if k in deployed else "engine default"
                for k in sorted(allowed)}
@@ -160,16 +170,54 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
     require(memory.kv_tokens >= need,
             f"the KV cache holds {memory.kv_tokens} tokens at tp={tp} pp={pp}, but one request needs {need} "
             f"(input + output); shorten the request or use more GPUs")
+    require(need <= mdl.max_context,
+            f"one request needs {need} tokens (input + output), above the model's context of {mdl.max_context} "
+            f"(max_position_embeddings of {mdl.name}); shorten the request")
     settings = config.resolve(bx.gpu.memory_bytes, plan, mdl, memory.kv_tokens)
-    return Scenario(bx, mdl, plan, config, settings, memory, workload, prof, sources, whatif=changes)
+    # a batch holds at most running_cap requests, and only as many as the KV cache fits
+    check_work(*workload_steps(workload, min(settings.running_cap, max(1, memory.kv_tokens // need))))
+        return Scenario(bx, mdl, plan, config, settings, memory, workload, prof, sources, whatif=changes)
+
+
+def workload_steps(w: Workload, running_cap: int) -> tuple[float, str]:
+    """The decode batch steps a run of `w` takes at most `running_cap` requests a batch
+    (checks.batch_steps), and how they were counted: a lower bound, as batches run
+    below the cap while they fill and drain."""
+    if w.kind == "closed":
+        n = w.concurrency + max(2 * w.concurrency, 16)      # warm-up + the least measured (api.simulate)
+        return batch_steps(n, w.output_len.hi, min(w.concurrency, running_cap)), \
+            f"{n} requests x {w.output_len.hi} output tokens / batch {min(w.concurrency, running_cap)}"
+    n = w.num_requests if w.kind == "poisson" else len(w.trace)
+    out = n * w.output_len.hi if w.kind == "poisson" else sum(o for _, _, o in w.trace)
+    batch = min(n, running_cap)
+    return batch_steps(1, out, batch), f"{n} requests, {out} output tokens / batch {batch}"
 
 
 def _workload(concurrency, rate_rps, num_requests, trace, input_len, output_len, seed) -> Workload:
-    require(isinstance(seed, int) and seed >= 0, f"seed must be a whole number >= 0, got {seed}")
+    require(is_int(seed) and 0 <= seed < MAX_SEED, f"seed must be a whole number >= 0 and < 2**63, got {seed!r}")
+    seed = int(seed)
     given = [n for n, v in (("concurrency", concurrency), ("rate", rate_rps), ("trace", trace)) if v is not None]
     require(len(given) <= 1, f"give one of concurrency, rate or trace, not {' and '.join(given)}")
+    for what, v in (("input length", input_len), ("output length", output_len)):
+        require(isinstance(v, str) or is_int(v),
+                f"{what} {v!r} is not a token count; allowed: N (fixed) or LO:HI (uniform), whole numbers >= 1")
+    require(num_requests is None or (is_int(num_requests) and 1 <= num_requests <= MAX_REQUESTS),
+            f"number of requests must be >= 1 and at most {MAX_REQUESTS} (the limit), got {num_requests!r}")
+    require(num_requests is None or concurrency is None,
+            "--num-requests counts requests of --rate or --trace; a closed loop (--conc) runs until its "
+            "throughput is measured (api.simulate's measure_requests sets how many)")
+    if concurrency is not None:
+        concurrency = whole(concurrency, "concurrency", 1, MAX_CONCURRENCY)
+    if rate_rps is not None:
+        require(is_number(rate_rps) and math.isfinite(rate_rps) and rate_rps > 0,
+                f"arrival rate must be > 0 requests/s and finite, got {rate_rps!r}")
+        n = 200 if num_requests is None else int(num_requests)
+        require(n / rate_rps <= MAX_SIM_S,
+                f"at {rate_rps:g} requests/s, {n} requests arrive over about {n / rate_rps:.3g} s, past the simulated "
+                f"horizon of {MAX_SIM_S:g} s; raise the rate or send fewer requests")
+        rate_rps = float(rate_rps)
     if trace is not None:
-        require(num_requests is None or num_requests >= 1, f"number of requests must be >= 1, got {num_requests}")
+        require(isinstance(trace, (str, PathLike)), f"trace must be the path of a CSV file, got {trace!r}")
         return from_trace(trace, num_requests or 0, seed)
     if rate_rps is not None:
         return poisson(rate_rps, 200 if num_requests is None else num_requests, input_len, output_len, seed)

@@ -12,6 +12,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Sequence
 
+from .checks import MAX_CONCURRENCY, MAX_GPUS, MAX_WORKERS, is_int, whole
 from .errors import UserError, require
 from .scenario import build_scenario
 
@@ -25,19 +26,19 @@ KEY_COLUMNS = ["gpus", "tp", "pp", "conc", "rate_rps"]
 
 
 
-def whole_numbers(values: int | Sequence[int], what: str) -> list[int]:
-    """An int or a sequence of ints -> sorted and distinct; each >= 1, at least one.
-    (The command line turns '1,8,32' into a list first: `cli.parse_ints`.)"""
-    if isinstance(values, int) and not isinstance(values, bool):
+def whole_numbers(values: int | Sequence[int], what: str, limit: int = MAX_GPUS) -> list[int]:
+    """An int or a sequence of ints -> sorted and distinct; each from 1 to `limit`, at
+    least one. (The command line turns '1,8,32' into a list first: `cli.parse_ints`.)"""
+    if is_int(values):
         values = [values]
     require(not isinstance(values, (str, bytes)),
             f"{what} {values!r} must be a whole number or a sequence of them, e.g. [1, 8, 32]")
     values = list(values)
     require(len(values) > 0, f"{what} is empty; give at least one whole number >= 1, e.g. 1,8,32")
     for v in values:
-        require(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                f"{what}: {v!r} is not a whole number >= 1")
-    return sorted(set(values))
+        require(is_int(v) and v >= 1, f"{what}: {v!r} is not a whole number >= 1")
+        require(v <= limit, f"{what}: {v} is above the limit of {limit}")
+    return sorted({int(v) for v in values})
 
 
 def positive_numbers(values: float | Sequence[float], what: str) -> list[float]:
@@ -199,11 +200,13 @@ def sweep(gpus: int | Sequence[int] = 8, conc: int | Sequence[int] | None = DEFA
         gpus = sorted({tp * pp for tp, pp in only})
     gpu_counts = whole_numbers(gpus, "gpus")
     open_loop = rate is not None
-    loads = positive_numbers(rate, "rate") if open_loop else whole_numbers(conc, "conc")
+    loads = positive_numbers(rate, "rate") if open_loop else whole_numbers(conc, "conc", MAX_CONCURRENCY)
     for k in ("tp", "pp", "concurrency", "rate_rps", "trace") + (() if open_loop else ("num_requests",)):
         require(kwargs.pop(k, None) is None, f"a sweep sets tp, pp and the load itself; it takes no {k}")
     if open_loop:
         kwargs["num_requests"] = kwargs.get("num_requests") or 200
+    if workers is not None:
+        workers = whole(workers, "workers", 1, MAX_WORKERS)
     run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
     first = dict(rate_rps=loads[0]) if open_loop else dict(concurrency=loads[0])
     valid, skipped = _valid_splits(gpu_counts, first, kwargs, only)
@@ -234,12 +237,37 @@ def _run_local(points, kwargs, run_kwargs, workers, progress, open_loop=False) -
                 rows.append(run_point(tp, pp, c, kwargs, run_kwargs, open_loop))
                 bar.update()
             return rows
-        with ProcessPoolExecutor(max_workers=n) as pool:
+        with ProcessPoolExecutor(max_workers=n, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
             futures = [pool.submit(run_point, tp, pp, c, kwargs, run_kwargs, open_loop) for tp, pp, c in points]
             for fut in as_completed(futures):
                 rows.append(fut.result())
                 bar.update()
     return rows
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """In a worker process: exit when the sweep's process dies (a killed parent would
+    otherwise leave its workers running). Linux: the kernel sends SIGKILL
+    (prctl PR_SET_PDEATHSIG); elsewhere a thread watches the parent's pid."""
+    import signal
+    import threading
+    import time
+
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:      # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _run_dask(address: str, points, kwargs, run_kwargs, progress, open_loop=False) -> list[dict]:

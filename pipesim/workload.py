@@ -97,27 +97,45 @@ def poisson(rate_rps: float, num_requests: int, input_len="256", output_len="300
 
 
 def from_trace(path: str | Path, num_requests: int = 0, seed: int = 0) -> Workload:
+    """A trace CSV (arrival_s,input_tokens,output_tokens). Every cell is checked: arrivals
+    finite seconds >= 0 within the simulated horizon, token counts whole numbers >= 1.
+    Rows need not be sorted: they are replayed in arrival order (a stable sort, so equal
+    arrivals keep the file's order)."""
     import pandas as pd
+
+    from .checks import MAX_CONFIG_SIZE, MAX_SIM_S, MAX_TRACE_ROWS
 
     p = Path(path)
     require(p.is_file(), f"trace file not found: {p}")
     try:
-        df = pd.read_csv(p)
+        raw = pd.read_csv(p, dtype=str, keep_default_na=False)
     except Exception as exc:
         raise UserError(f"trace {p}: cannot read as CSV ({type(exc).__name__})") from None
     cols = ["arrival_s", "input_tokens", "output_tokens"]
-    missing = [c for c in cols if c not in df.columns]
+    missing = [c for c in cols if c not in raw.columns]
     require(not missing, f"trace {p}: missing column(s) {', '.join(missing)}; needed: {', '.join(cols)}")
+    require(len(raw) <= MAX_TRACE_ROWS,
+            f"trace {p} has {len(raw)} rows, above the limit of {MAX_TRACE_ROWS}; split it or replay a part of it")
+    df = pd.DataFrame({c: pd.to_numeric(raw[c].str.strip(), errors="coerce") for c in cols})
     for c in cols:
-        df[c] = pd.to_numeric(df[c], errors="coerce")
-        bad = df[c].isna() | (df[c] < (0 if c == "arrival_s" else 1))
+        v = df[c]
+        if c == "arrival_s":
+            bad, allowed = ~np.isfinite(v) | (v < 0), "finite seconds >= 0"
+        else:
+            bad = ~np.isfinite(v) | (v < 1) | (v > MAX_CONFIG_SIZE) | (v != v.round())
+            allowed = f"whole tokens from 1 to {MAX_CONFIG_SIZE}"
         if bad.any():
             row = int(bad.to_numpy().nonzero()[0][0])
-            raise UserError(f"trace {p}: line {row + 2}, column {c}: {df[c].iloc[row]!r} is not allowed "
-                            f"({'seconds >= 0' if c == 'arrival_s' else 'tokens >= 1'})")
+            raise UserError(f"trace {p}: line {row + 2}, column {c}: {raw[c].iloc[row]!r} is not allowed ({allowed})")
     require(len(df) >= 1, f"trace {p} has no requests")
+    late = df.arrival_s > MAX_SIM_S
+    if late.any():
+        row = int(late.to_numpy().nonzero()[0][0])
+        raise UserError(f"trace {p}: line {row + 2}: arrival_s {raw.arrival_s.iloc[row]} is past the simulated horizon of "
+                        f"{MAX_SIM_S:g} s; shift the arrivals to start near 0")
     df = df.sort_values("arrival_s", kind="stable")
     if num_requests:
+        require(num_requests <= len(df), f"--num-requests {num_requests} asks for more than the trace's {len(df)} rows")
         df = df.head(num_requests)
     rows = tuple((float(a), int(i), int(o)) for a, i, o in df[cols].itertuples(index=False))
     lens_in = Lengths(int(df.input_tokens.min()), int(df.input_tokens.max()))

@@ -158,8 +158,10 @@ def fit_profile(profile_dir: str | Path, names: list[str], out: str | Path | Non
     """Fit `names` to a profile's measured points and write the profile again (in
     place unless `out`) with the fitted values, their sources, a summary and
     fit_report.md."""
+    from ..files import check_profile_out
     from ..profile import load_profile, rewrite_profile
 
+    check_profile_out(out or profile_dir)
     prof = load_profile(profile_dir)
     result = fit(prof, names, loo=loo, on_solve=on_solve)
     params = {**prof.meta.get("params", {}), **result.params}

@@ -336,8 +336,10 @@ def import_profile(system_dir: str | Path, out: str | Path, *, kernel_set: str, 
     returns its tables."""
     from ...errors import require
     from ...hardware import load_box
+    from ...files import check_profile_out
     from ...profile import write_profile
 
+    check_profile_out(out)
     require(Path(system_dir).is_dir(), f"{system_dir} is not a folder of AIConfigurator tables")
     load_box(box)
     versions: dict = {}

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
 
+from ...checks import MAX_CONCURRENCY, is_int, is_number, parse_json, read_text, too_deep
 from ...errors import UserError, require
 from ..measured import COLUMNS
 
@@ -26,11 +28,18 @@ def _rows_from_json(objs: list[dict], origin: str, tp: int, pp: int, extra: dict
     for i, o in enumerate(objs, start=1):
         require(isinstance(o, dict), f"{origin}: record {i} is not a JSON object")
         out = o.get("output_throughput")
-        require(isinstance(out, (int, float)) and out > 0,
-                f"{origin}: record {i} has no positive output_throughput (tok/s)")
+        require(is_number(out) and math.isfinite(out) and out > 0,
+                f"{origin}: record {i} has no positive output_throughput (tok/s): output_throughput = {out!r}")
         conc = o.get("max_concurrency") or o.get("concurrency") or extra.get("conc")
-        require(isinstance(conc, (int, float)) and conc >= 1,
-                f"{origin}: record {i} has no max_concurrency; pass --conc")
+        require(conc is not None, f"{origin}: record {i} has no max_concurrency; pass --conc")
+        require(is_int(conc) or (is_number(conc) and math.isfinite(conc) and conc == int(conc)),
+                f"{origin}: record {i}: max_concurrency = {conc!r} must be a whole number from 1 to {MAX_CONCURRENCY}")
+        require(1 <= conc <= MAX_CONCURRENCY,
+                f"{origin}: record {i}: max_concurrency = {conc!r} must be a whole number from 1 to {MAX_CONCURRENCY}")
+        for key in ("completed", "total_input_tokens", "total_output_tokens", "median_ttft_ms", "median_tpot_ms"):
+            v = o.get(key)
+            require(v is None or (is_number(v) and math.isfinite(v) and v >= 0),
+                    f"{origin}: record {i}: {key} = {v!r} must be a finite number >= 0")
         done = o.get("completed") or 0
         in_len = round(o["total_input_tokens"] / done) if done and o.get("total_input_tokens") else ""
         out_len = round(o["total_output_tokens"] / done) if done and o.get("total_output_tokens") else ""
@@ -51,6 +60,7 @@ def parse_sglang(text: str, origin: str, tp: int, pp: int, **extra) -> pd.DataFr
     for n, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
+                require(not too_deep(line), f"{origin}: line {n} is nested too deeply")
                 objs.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise UserError(f"{origin}: line {n} is not JSON ({exc.msg})") from None
@@ -59,10 +69,7 @@ def parse_sglang(text: str, origin: str, tp: int, pp: int, **extra) -> pd.DataFr
 
 
 def parse_vllm(text: str, origin: str, tp: int, pp: int, **extra) -> pd.DataFrame:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{origin}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    obj = parse_json(text, origin)
     objs = obj if isinstance(obj, list) else [obj]
     return _rows_from_json(objs, origin, tp, pp, {**extra, "engine": extra.get("engine") or "vllm"})
 
@@ -73,9 +80,11 @@ def import_file(file: str | Path, profile_dir: str | Path, out: str | Path | Non
     """Add a benchmark's runs to a profile's measured points (in place unless `out`),
     each checked as a hand-written measured.csv row would be. Returns (points added,
     points in all)."""
+    from ...files import check_profile_out
     from ...profile import load_profile, rewrite_profile
     from ..measured import points_frame, read_points
 
+    check_profile_out(out or profile_dir)
     path = Path(file)
     require(path.is_file(), f"benchmark output not found: {file}")
     prof = load_profile(profile_dir)
@@ -85,7 +94,7 @@ def import_file(file: str | Path, profile_dir: str | Path, out: str | Path | Non
     else:
         require(tp is not None and pp is not None, f"--tp and --pp are needed: {fmt} benchmark output does not record the split")
         parse = parse_sglang if fmt == "sglang" else parse_vllm
-        rows = parse(path.read_text(), str(file), tp, pp, conc=conc, name=name, model=model)
+        rows = parse(read_text(path, "benchmark output"), str(file), tp, pp, conc=conc, name=name, model=model)
         # read back through the checker: same validation as a hand-written CSV
         new = points_frame(read_points(io.StringIO(rows.to_csv(index=False)), str(file), default_model, prof.engine))
     old = points_frame(list(prof.measured)) if prof.measured else None

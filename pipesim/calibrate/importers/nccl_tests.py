@@ -86,8 +86,13 @@ def import_file(file: str | Path, profile_dir: str | Path, out: str | Path | Non
                 op: str | None = None, gpus: int | None = None) -> pd.DataFrame:
     """Add one nccl-tests run to a profile's collectives table (in place unless `out`);
     returns the rows read."""
+    from ...checks import MAX_GPUS, whole
+    from ...files import check_profile_out
     from ...profile import load_profile, rewrite_profile
 
+    check_profile_out(out or profile_dir)
+    if gpus is not None:
+        gpus = whole(gpus, "--gpus", 1, MAX_GPUS)
     require(Path(file).is_file(), f"nccl-tests output not found: {file}")
     rows = parse(Path(file).read_text(errors="replace"), str(file), op, gpus)
     prof = load_profile(profile_dir)
