@@ -59,7 +59,8 @@ def number(value, what: str, lo: float = 0.0, *, above: bool = False) -> float:
 
 def flag(value, what: str) -> bool | None:
     """An on/off value: True, False or None (unset); never the string 'false'."""
-    require(value is None or isinstance(value, bool) or type(value).__name__ == "bool_",
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    require(value is None or isinstance(value, bool) or numpy_bool,
             f"{what} must be True or False, got {value!r}")
     return None if value is None else bool(value)
 

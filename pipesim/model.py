@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .checks import MAX_CONFIG_SIZE, MAX_JSON_DEPTH, MAX_LAYERS, is_int, is_number, read_text, too_deep
+from .checks import MAX_CONFIG_SIZE, MAX_JSON_DEPTH, MAX_LAYERS, is_number, read_text, too_deep
 from .errors import UserError, require
 from .quantization import BF16, BYTES_PER_PARAM, KV_BYTES_PER_ELEMENT, WeightFormat, as_format, weight_formats
 

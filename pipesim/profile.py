@@ -24,7 +24,6 @@ import csv
 import gzip
 import hashlib
 import io
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -437,7 +436,7 @@ def read_columns(source, table: str, origin: str) -> dict[str, np.ndarray]:
         if name not in needed and np.isnan(nums).any():
             cols[name] = np.array(texts, dtype=str)      # a column pipesim does not read
             continue
-        integral = name != "latency_ms" and len(nums) and not np.isnan(nums).any() and np.all(nums == np.floor(nums))
+        integral = name != "latency_ms" and len(nums) and np.isfinite(nums).all() and np.all(nums == np.floor(nums))
         cols[name] = nums.astype(np.int64) if integral else nums
         if name not in needed:
             continue

@@ -36,6 +36,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .checks import is_int
 from .errors import UserError, require
 
 
@@ -156,6 +157,8 @@ def _fp8(block, scale_bits: int, compute: str = "fp8", label: str = "tensor") ->
 
 def _apply_ignore(attn: WeightFormat, experts: WeightFormat, ignore) -> tuple[WeightFormat, WeightFormat]:
     """16-bit for the module classes the config's unquantized list names."""
+    require(ignore is None or isinstance(ignore, (list, tuple)),
+            f"model config: quantization_config's list of unquantized modules must be a list, got {ignore!r}")
     text = " ".join(str(x) for x in (ignore or []))
     return (BF16 if _ATTENTION.search(text) else attn), (BF16 if _EXPERTS.search(text) else experts)
 
@@ -178,7 +181,12 @@ def _compressed_tensors(quant: dict, name: str) -> tuple[WeightFormat, WeightFor
 
 
 def _ct_group(group: dict, name: str) -> WeightFormat:
+    require(isinstance(group, dict) and isinstance(group.get("weights") or {}, dict),
+            f"model config {name}: quantization_config.config_groups entries must be JSON objects")
     w = group.get("weights") or {}
+    for part in (w, group.get("input_activations") or {}):
+        nb = part.get("num_bits", 16) if isinstance(part, dict) else None
+        require(is_int(nb), f"model config {name}: quantization_config num_bits = {nb!r} must be a whole number")
     bits, kind = int(w.get("num_bits", 16)), str(w.get("type", "int")).lower()
     strategy = str(w.get("strategy", "group" if w.get("group_size") else "channel")).lower()
     acts = group.get("input_activations") or None

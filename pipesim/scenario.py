@@ -109,6 +109,7 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
     from .whatif import apply_box, apply_profile, check
 
     tp, pp = whole(tp, "tp", 1, MAX_GPUS), whole(pp, "pp", 1, MAX_GPUS)
+    nodes = whole(nodes, "--nodes", 1, MAX_GPUS)
     if layers is not None:
         require(isinstance(layers, (tuple, list)) and all(is_int(n) for n in layers),
                 f"--layers {layers!r} must be comma-separated whole numbers, e.g. 7,7,7,8,8,8,8,8")
@@ -176,7 +177,7 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
     settings = config.resolve(bx.gpu.memory_bytes, plan, mdl, memory.kv_tokens)
     # a batch holds at most running_cap requests, and only as many as the KV cache fits
     check_work(*workload_steps(workload, min(settings.running_cap, max(1, memory.kv_tokens // need))))
-        return Scenario(bx, mdl, plan, config, settings, memory, workload, prof, sources, whatif=changes)
+    return Scenario(bx, mdl, plan, config, settings, memory, workload, prof, sources, whatif=changes)
 
 
 def workload_steps(w: Workload, running_cap: int) -> tuple[float, str]:
