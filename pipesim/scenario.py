@@ -109,7 +109,7 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
     from .whatif import apply_box, apply_profile, check
 
     tp, pp = whole(tp, "tp", 1, MAX_GPUS), whole(pp, "pp", 1, MAX_GPUS)
-    nodes = whole(nodes, "--nodes", 1, MAX_GPUS)
+    nodes = whole(nodes, "--nodes", 1)   # its limit is on the GPUs it makes (hardware.cluster)
     if layers is not None:
         require(isinstance(layers, (tuple, list)) and all(is_int(n) for n in layers),
                 f"--layers {layers!r} must be comma-separated whole numbers, e.g. 7,7,7,8,8,8,8,8")
