@@ -87,16 +87,20 @@ def too_deep(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
+def _too_deep(what: str) -> UserError:
+    return UserError(f"{what}: nested too deeply (more than {MAX_JSON_DEPTH} levels of [ or {{)")
+
+
 def parse_json(text: str, what: str):
     """JSON text -> object; malformed, too deeply nested or non-finite-looking input is one line."""
     if too_deep(text):
-        raise UserError(f"{what}: nested too deeply (more than {MAX_JSON_DEPTH} levels of [ or {{)")
+        raise _too_deep(what)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{what}: not JSON ({exc.msg} at line {exc.lineno})") from None
     except RecursionError:
-        raise UserError(f"{what}: nested too deeply (more than {MAX_JSON_DEPTH} levels of [ or {{)") from None
+        raise _too_deep(what) from None
 
 
 def parse_toml(text: str, what: str) -> dict:
@@ -104,13 +108,13 @@ def parse_toml(text: str, what: str) -> dict:
     from ._toml import toml_reader
 
     if too_deep(text):
-        raise UserError(f"{what}: nested too deeply (more than {MAX_JSON_DEPTH} levels of [ or {{)")
+        raise _too_deep(what)
     try:
         return toml_reader.loads(text)
     except toml_reader.TOMLDecodeError as exc:
         raise UserError(f"{what}: not valid TOML: {exc}") from None
     except RecursionError:
-        raise UserError(f"{what}: nested too deeply") from None
+        raise _too_deep(what) from None
 
 
 def batch_steps(requests: int, output_tokens: int, batch: int) -> float:
