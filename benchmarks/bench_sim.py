@@ -53,23 +53,35 @@ def one(args: tuple) -> dict:
     tp, pp, conc, out_len, *model = args
     t = time.perf_counter()
     r = pipesim.predict(tp, pp, conc, output_len=str(out_len), model=model[0] if model else "kimi-k2.6")
-    return {"tp": tp, "pp": pp, "conc": conc, "output_len": out_len, "events": r.sim_events,
-            "sim_wall_s": r.sim_wall_s, "call_wall_s": time.perf_counter() - t,
-            "tok_s": r.output_throughput_tok_s}
+    return {
+        "tp": tp,
+        "pp": pp,
+        "conc": conc,
+        "output_len": out_len,
+        "events": r.sim_events,
+        "sim_wall_s": r.sim_wall_s,
+        "call_wall_s": time.perf_counter() - t,
+        "tok_s": r.output_throughput_tok_s,
+    }
 
 
 def in_child(tp: int, pp: int, conc: int, out_len: int = 300) -> dict:
     """Run one scenario in a fresh interpreter and read its peak resident memory."""
-    code = ("import json,resource,sys; sys.path[:0]=[%r]; from bench_sim import one; "
-            "d=one((%d,%d,%d,%d)); d['peak_rss_mb']=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024; "
-            "print(json.dumps(d))") % (sys.path[0], tp, pp, conc, out_len)
+    code = (
+        f"import json,resource,sys; sys.path[:0]=[{sys.path[0]!r}]; from bench_sim import one; "
+        f"d=one(({tp},{pp},{conc},{out_len})); "
+        "d['peak_rss_mb']=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024; "
+        "print(json.dumps(d))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def baseline_rss_mb() -> float:
     code = "import resource, pipesim; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)"
-    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    return float(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    )
 
 
 def grid(workers: int) -> tuple[float, list]:
@@ -105,8 +117,10 @@ def main() -> None:
         bare = bare_simpy(d["events"])
         ev_s = d["events"] / d["sim_wall_s"]
         rows.append({**d, "events_per_s": ev_s, "bare_events_per_s": bare, "ratio": ev_s / bare})
-        print(f"   TP{tp} x PP{pp} C={c}: {d['events']:>8,} events in {d['sim_wall_s']:.3f} s = "
-              f"{ev_s:,.0f} ev/s; bare SimPy {bare:,.0f} ev/s; ratio {ev_s / bare:.2f}")
+        print(
+            f"   TP{tp} x PP{pp} C={c}: {d['events']:>8,} events in {d['sim_wall_s']:.3f} s = "
+            f"{ev_s:,.0f} ev/s; bare SimPy {bare:,.0f} ev/s; ratio {ev_s / bare:.2f}"
+        )
     report["events"] = rows
 
     print("2. wall time and peak memory per scenario (fresh process each)")
@@ -118,8 +132,10 @@ def main() -> None:
         for c in concs:
             d = in_child(tp, pp, c)
             rows.append(d)
-            print(f"   TP{tp} x PP{pp} C={c:<4}: sim {d['sim_wall_s']:.3f} s, {d['events']:>8,} events, "
-                  f"peak {d['peak_rss_mb']:.0f} MB, {d['tok_s']:,.0f} tok/s")
+            print(
+                f"   TP{tp} x PP{pp} C={c:<4}: sim {d['sim_wall_s']:.3f} s, {d['events']:>8,} events, "
+                f"peak {d['peak_rss_mb']:.0f} MB, {d['tok_s']:,.0f} tok/s"
+            )
     report["scenarios"] = rows
     report["baseline_rss_mb"] = base
 

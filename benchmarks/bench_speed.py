@@ -45,11 +45,13 @@ def predict_vs_bare(reps: int) -> dict:
     for _ in range(reps):
         bare.append(wall(["-c", "import numpy, simpy"]))
         pred.append(wall(PREDICT))
-    code = ("import sys, json; from pipesim.cli import main\n"
-            "sys.argv = ['pipesim', 'predict', '--tp', '2', '--pp', '4', '--conc', '64', '--json']\n"
-            "try:\n    main()\nexcept SystemExit:\n    pass\n"
-            "print(json.dumps({'pandas': 'pandas' in sys.modules, 'pyarrow': 'pyarrow' in sys.modules,"
-            " 'matplotlib': 'matplotlib' in sys.modules, 'scipy': 'scipy' in sys.modules, 'dask': 'dask' in sys.modules}))")
+    code = (
+        "import sys, json; from pipesim.cli import main\n"
+        "sys.argv = ['pipesim', 'predict', '--tp', '2', '--pp', '4', '--conc', '64', '--json']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(json.dumps({'pandas': 'pandas' in sys.modules, 'pyarrow': 'pyarrow' in sys.modules,"
+        " 'matplotlib': 'matplotlib' in sys.modules, 'scipy': 'scipy' in sys.modules, 'dask': 'dask' in sys.modules}))"
+    )
     loaded = child(code)
     b, p = statistics.median(bare), statistics.median(pred)
     return {"bare_s": b, "predict_s": p, "ratio": p / b, "loaded": loaded}
@@ -63,7 +65,7 @@ def sim_wall(tp: int, pp: int, conc: int) -> tuple[float, float, int]:
 
 
 def horizon(reps: int) -> dict:
-    sim_wall(2, 4, 64)   # profile loaded and indexed once
+    sim_wall(2, 4, 64)  # profile loaded and indexed once
     lo, hi, tok = [], [], {}
     for _ in range(reps):
         w, t, _ = sim_wall(2, 4, 64)
@@ -77,9 +79,11 @@ def horizon(reps: int) -> dict:
 
 
 def rss(n: int) -> float:
-    code = ("import json, resource, pipesim\n"
-            f"r = pipesim.predict(8, 1, rate_rps=50, num_requests={n}, output_len='50', input_len='200')\n"
-            "print(json.dumps({'mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))")
+    code = (
+        "import json, resource, pipesim\n"
+        f"r = pipesim.predict(8, 1, rate_rps=50, num_requests={n}, output_len='50', input_len='200')\n"
+        "print(json.dumps({'mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))"
+    )
     return child(code)["mb"]
 
 
@@ -123,9 +127,11 @@ def events(reps: int) -> dict:
         rows.append((r.sim_events / visits, ev_s / bare, dt))
     plain = [bare_loop(200_000, False) for _ in range(reps)]
     counting = [bare_loop(200_000, True) for _ in range(reps)]
-    return {"events_per_stage_visit": statistics.median(x[0] for x in rows),
-            "events_per_s_vs_bare": statistics.median(x[1] for x in rows),
-            "counting_env_vs_plain": statistics.median(counting) / statistics.median(plain)}
+    return {
+        "events_per_stage_visit": statistics.median(x[0] for x in rows),
+        "events_per_s_vs_bare": statistics.median(x[1] for x in rows),
+        "counting_env_vs_plain": statistics.median(counting) / statistics.median(plain),
+    }
 
 
 def sweep_1000(reps: int) -> dict:
@@ -144,8 +150,13 @@ def main() -> None:
     args = ap.parse_args()
     report = {}
     for name in args.only.split(","):
-        report[name] = {"predict": predict_vs_bare, "horizon": horizon, "memory": memory, "events": events,
-                        "sweep": sweep_1000}[name](args.reps)
+        report[name] = {
+            "predict": predict_vs_bare,
+            "horizon": horizon,
+            "memory": memory,
+            "events": events,
+            "sweep": sweep_1000,
+        }[name](args.reps)
         print(name, json.dumps(report[name]), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -31,8 +31,10 @@ from pipesim.profile import Params, Profile, Tables, write_profile
 HERE = Path(__file__).resolve().parent
 SYSTEM = "rtx_pro_6000_server"
 BOX = "rtx-pro-6000-server-8x"
-SOURCE = ("AIConfigurator silicon database (github.com/ai-dynamo/aiconfigurator, Apache-2.0, commit "
-          "095f58a51c4c), system rtx_pro_6000_server, {kernels} kernels; derived by pipesim.importers.aiconfigurator")
+SOURCE = (
+    "AIConfigurator silicon database (github.com/ai-dynamo/aiconfigurator, Apache-2.0, commit "
+    "095f58a51c4c), system rtx_pro_6000_server, {kernels} kernels; derived by pipesim.importers.aiconfigurator"
+)
 # Two explanations of the deployment's slow TP8 runs, each with the scheduler CPU:
 HYPOTHESES = {
     "no CUDA graphs: the CPU launch-bound": ["cpu_iteration_ms", "eager_launch_us_per_layer"],
@@ -43,11 +45,19 @@ NEUTRAL_AR = {"allreduce_scale": 1.0, "allreduce_offset_us": 0.0}
 
 def base_meta(name: str, description: str, engine: str, version: str, kernels: str, tables: dict) -> dict:
     return {
-        "name": name, "description": description, "box": BOX, "engine": engine, "engine_version": version,
-        "model": "kimi-k2.6", "built_by": "python calibration/build_profiles.py",
+        "name": name,
+        "description": description,
+        "box": BOX,
+        "engine": engine,
+        "engine_version": version,
+        "model": "kimi-k2.6",
+        "built_by": "python calibration/build_profiles.py",
         "sources": {t: SOURCE.format(kernels=kernels) for t in tables},
-        "params": {"kernel_floor_us": kernel_floor_us(tables), "moe_distribution": "power_law_1.01",
-                   "custom_allreduce_max_gpus": 2},
+        "params": {
+            "kernel_floor_us": kernel_floor_us(tables),
+            "moe_distribution": "power_law_1.01",
+            "custom_allreduce_max_gpus": 2,
+        },
         "param_sources": {
             "kernel_floor_us": "minimum of the gemm table (computed by build_profiles.py)",
             "moe_distribution": "real routing is skewed (physics.md §2): the power-law 1.01 rows of the MoE table",
@@ -58,27 +68,46 @@ def base_meta(name: str, description: str, engine: str, version: str, kernels: s
 
 def fit_deployment(tables: Tables, meta: dict, points: list) -> tuple[dict, str, dict]:
     """Fit each hypothesis; keep the one with the lowest error. Returns (params, report, fit summary)."""
-    base = Profile(meta["name"], BOX, "sglang", "0.5.14", Params.from_dict(meta["params"], "build"), meta, tables)
+    base = Profile(
+        meta["name"], BOX, "sglang", "0.5.14", Params.from_dict(meta["params"], "build"), meta, tables
+    )
     results = {h: fit(base, names, points) for h, names in HYPOTHESES.items()}
     best = min(results, key=lambda h: (results[h].mape, results[h].loo_mape))
-    report = ["# Fit of rtx-pro-6000-sglang-deployment", "",
-              "Measured points: calibration/reference_points.csv (physics.md §1).", ""]
+    report = [
+        "# Fit of rtx-pro-6000-sglang-deployment",
+        "",
+        "Measured points: calibration/reference_points.csv (physics.md §1).",
+        "",
+    ]
     for h, r in results.items():
         report += [f"## Hypothesis: {h}{'  (kept)' if h == best else ''}", "", r.report(), ""]
-    report += ["With three points and two free parameters the leave-one-out errors are large: the TP8 C=1 "
-               "point alone pins the launch (or all-reduce) cost. Measure more points before trusting "
-               "predictions far from them.", ""]
+    report += [
+        "With three points and two free parameters the leave-one-out errors are large: the TP8 C=1 "
+        "point alone pins the launch (or all-reduce) cost. Measure more points before trusting "
+        "predictions far from them.",
+        "",
+    ]
     r = results[best]
-    summary = {"hypothesis": best, "params": ", ".join(f"{k}={v:.4g}" for k, v in r.params.items()),
-               "mape_pct": round(r.mape, 2), "loo_mape_pct": round(r.loo_mape, 2),
-               "points": "measured.csv", "report": "fit_report.md", "loo_error_pct": r.loo_error_pct()}
+    summary = {
+        "hypothesis": best,
+        "params": ", ".join(f"{k}={v:.4g}" for k, v in r.params.items()),
+        "mape_pct": round(r.mape, 2),
+        "loo_mape_pct": round(r.loo_mape, 2),
+        "points": "measured.csv",
+        "report": "fit_report.md",
+        "loo_error_pct": r.loo_error_pct(),
+    }
     return r.params, "\n".join(report), summary
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    ap.add_argument("--source", type=Path, default=HERE.parent.parent / "shared" / "reference-data" / "aiconfigurator",
-                    help="folder of the AIConfigurator system tables")
+    ap.add_argument(
+        "--source",
+        type=Path,
+        default=HERE.parent.parent / "shared" / "reference-data" / "aiconfigurator",
+        help="folder of the AIConfigurator system tables",
+    )
     ap.add_argument("--out", type=Path, default=HERE / "profiles")
     args = ap.parse_args()
 
@@ -87,44 +116,75 @@ def main() -> None:
     points = read_points(HERE / "reference_points.csv", "calibration/reference_points.csv")
 
     # the deployment as measured
-    meta = base_meta("rtx-pro-6000-sglang-deployment",
-                     "The reference deployment: Kimi K2.6 on 8 x RTX PRO 6000 Blackwell Server (PCIe) with SGLang "
-                     "0.5.14 kernels, free parameters fitted to its measured points (physics.md §1).",
-                     "sglang", "0.5.14", "SGLang 0.5.14", tables)
+    meta = base_meta(
+        "rtx-pro-6000-sglang-deployment",
+        "The reference deployment: Kimi K2.6 on 8 x RTX PRO 6000 Blackwell Server (PCIe) with SGLang "
+        "0.5.14 kernels, free parameters fitted to its measured points (physics.md §1).",
+        "sglang",
+        "0.5.14",
+        "SGLang 0.5.14",
+        tables,
+    )
     params, report, summary = fit_deployment(tables, meta, points)
     meta["params"].update({**NEUTRAL_AR, **params})
-    meta["param_sources"].update({k: f"fitted to measured.csv ({summary['hypothesis']}); see fit_report.md"
-                                  for k in params})
-    meta["deployment"] = {"max_running_requests": 64, "pp_max_micro_batch_size": 64, "pp_async_batch_depth": 0}
-    meta["deployment_notes"] = {"pp_async_batch_depth": "not recorded by the deployment; 0 (SGLang's default) assumed",
-                                "cuda_graphs": "on (after the CUDA 13 upgrade); the TP8 points ran without them"}
+    meta["param_sources"].update(
+        {k: f"fitted to measured.csv ({summary['hypothesis']}); see fit_report.md" for k in params}
+    )
+    meta["deployment"] = {
+        "max_running_requests": 64,
+        "pp_max_micro_batch_size": 64,
+        "pp_async_batch_depth": 0,
+    }
+    meta["deployment_notes"] = {
+        "pp_async_batch_depth": "not recorded by the deployment; 0 (SGLang's default) assumed",
+        "cuda_graphs": "on (after the CUDA 13 upgrade); the TP8 points ran without them",
+    }
     meta["fit"] = summary
     write_profile(args.out / meta["name"], meta, tables, points_df, {"fit_report.md": report})
     print(f"wrote {meta['name']}: {summary}")
 
     # the same box, healthy NCCL path, SGLang defaults
-    healthy = base_meta("rtx-pro-6000-sglang-healthy",
-                        "8 x RTX PRO 6000 Blackwell Server (PCIe) with SGLang 0.5.14 kernels and the box's measured "
-                        "NCCL path as is; CPU costs from the deployment's fit; SGLang's default flags.",
-                        "sglang", "0.5.14", "SGLang 0.5.14", tables)
-    cpu = {k: v for k, v in params.items() if k in ("cpu_iteration_ms", "eager_launch_us_per_layer", "cpu_hop_ms")}
+    healthy = base_meta(
+        "rtx-pro-6000-sglang-healthy",
+        "8 x RTX PRO 6000 Blackwell Server (PCIe) with SGLang 0.5.14 kernels and the box's measured "
+        "NCCL path as is; CPU costs from the deployment's fit; SGLang's default flags.",
+        "sglang",
+        "0.5.14",
+        "SGLang 0.5.14",
+        tables,
+    )
+    cpu = {
+        k: v
+        for k, v in params.items()
+        if k in ("cpu_iteration_ms", "eager_launch_us_per_layer", "cpu_hop_ms")
+    }
     healthy["params"].update({**NEUTRAL_AR, **cpu})
-    healthy["param_sources"].update({k: "fitted to the deployment's points (see rtx-pro-6000-sglang-deployment)"
-                                     for k in cpu})
+    healthy["param_sources"].update(
+        {k: "fitted to the deployment's points (see rtx-pro-6000-sglang-deployment)" for k in cpu}
+    )
     healthy["param_sources"].update({k: "neutral: the measured NCCL table as is" for k in NEUTRAL_AR})
     write_profile(args.out / healthy["name"], healthy, tables)
     print(f"wrote {healthy['name']}")
 
     # vLLM 0.19 kernels on the same box
     vtables = build_tables(args.source / SYSTEM, kernel_set="vllm")
-    vllm = base_meta("rtx-pro-6000-vllm",
-                     "8 x RTX PRO 6000 Blackwell Server (PCIe) with vLLM 0.19.0 kernels (GEMM, MoE, GQA attention, "
-                     "custom all-reduce) and the box's NCCL table. vLLM's MLA tables time whole modules and are not "
-                     "used: MLA attention is a roofline estimate here. CPU costs not measured for vLLM (0).",
-                     "vllm", "0.19.0", "vLLM 0.19.0", vtables)
+    vllm = base_meta(
+        "rtx-pro-6000-vllm",
+        "8 x RTX PRO 6000 Blackwell Server (PCIe) with vLLM 0.19.0 kernels (GEMM, MoE, GQA attention, "
+        "custom all-reduce) and the box's NCCL table. vLLM's MLA tables time whole modules and are not "
+        "used: MLA attention is a roofline estimate here. CPU costs not measured for vLLM (0).",
+        "vllm",
+        "0.19.0",
+        "vLLM 0.19.0",
+        vtables,
+    )
     vllm["params"].update({"cpu_iteration_ms": 0.0, "eager_launch_us_per_layer": 0.0, **NEUTRAL_AR})
-    vllm["param_sources"].update({"cpu_iteration_ms": "not measured for vLLM (neutral 0)",
-                                  "eager_launch_us_per_layer": "not measured for vLLM (neutral 0)"})
+    vllm["param_sources"].update(
+        {
+            "cpu_iteration_ms": "not measured for vLLM (neutral 0)",
+            "eager_launch_us_per_layer": "not measured for vLLM (neutral 0)",
+        }
+    )
     write_profile(args.out / vllm["name"], vllm, vtables)
     print(f"wrote {vllm['name']}: " + ", ".join(f"{k} {len(v)} rows" for k, v in vtables.items()))
 

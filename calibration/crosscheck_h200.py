@@ -32,7 +32,13 @@ from pipesim.calibrate.importers.aiconfigurator import build_tables
 from pipesim.interp import bracket
 from pipesim.profile import TABLE_COLUMNS, load_profile
 
-DEFAULT_AIC = Path(__file__).resolve().parent.parent.parent / "shared" / "reference-data" / "aiconfigurator" / "h200_sxm"
+DEFAULT_AIC = (
+    Path(__file__).resolve().parent.parent.parent
+    / "shared"
+    / "reference-data"
+    / "aiconfigurator"
+    / "h200_sxm"
+)
 OP_TABLES = ("gemm", "gqa_decode", "gqa_prefill", "mla_decode", "mla_prefill", "moe")
 
 
@@ -81,8 +87,9 @@ def reference_profile(aic_dir: Path):
     """AIConfigurator's H200 tables (SGLang kernels) as a pipesim Profile, for its lookups."""
     tables = build_tables(aic_dir, kernel_set="sglang")
     tables_cls = getattr(profile_mod, "Tables", dict)
-    return profile_mod.Profile("aiconfigurator-h200", "h200-1x", "sglang", "0.5.14", profile_mod.Params(), {},
-                               tables_cls(tables))
+    return profile_mod.Profile(
+        "aiconfigurator-h200", "h200-1x", "sglang", "0.5.14", profile_mod.Params(), {}, tables_cls(tables)
+    )
 
 
 def compare(measured, reference) -> pd.DataFrame:
@@ -102,11 +109,22 @@ def compare(measured, reference) -> pd.DataFrame:
                 hit = _gemm_at(reference.gemm[key["dtype"]], key["m"], key["n"], key["k"])
                 shape = f"m={key['m']} n={key['n']} k={key['k']}"
             elif table == "moe":
-                curve = reference.moe.get((key["dtype"], key["hidden"], key["inter"], key["topk"], key["experts"],
-                                           key["moe_tp"], key["distribution"]))
+                curve = reference.moe.get(
+                    (
+                        key["dtype"],
+                        key["hidden"],
+                        key["inter"],
+                        key["topk"],
+                        key["experts"],
+                        key["moe_tp"],
+                        key["distribution"],
+                    )
+                )
                 hit = None if curve is None else _curve_at(curve, key["tokens"])
-                shape = (f"h={key['hidden']} i={key['inter']} top{key['topk']}/{key['experts']} tp{key['moe_tp']} "
-                         f"{key['distribution']} tokens={key['tokens']}")
+                shape = (
+                    f"h={key['hidden']} i={key['inter']} top{key['topk']}/{key['experts']} tp{key['moe_tp']} "
+                    f"{key['distribution']} tokens={key['tokens']}"
+                )
             else:
                 lookup = getattr(reference, table)
                 inner = "context" if table.endswith("decode") else "isl"
@@ -117,9 +135,16 @@ def compare(measured, reference) -> pd.DataFrame:
             if hit is None:
                 continue
             ref_ms, exact = hit
-            rows.append({"op": table, "shape": shape, "measured_ms": ms, "aic_ms": ref_ms,
-                         "ratio": ms / ref_ms if ref_ms > 0 else math.nan,
-                         "match": "exact" if exact else "interp"})
+            rows.append(
+                {
+                    "op": table,
+                    "shape": shape,
+                    "measured_ms": ms,
+                    "aic_ms": ref_ms,
+                    "ratio": ms / ref_ms if ref_ms > 0 else math.nan,
+                    "match": "exact" if exact else "interp",
+                }
+            )
     return pd.DataFrame(rows, columns=["op", "shape", "measured_ms", "aic_ms", "ratio", "match"])
 
 
@@ -129,9 +154,17 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
         r = [x for x in part["ratio"] if x > 0 and math.isfinite(x)]
         if not r:
             continue
-        out.append({"op": op, "shapes": len(r), "exact": int((part["match"] == "exact").sum()),
-                    "median_ratio": statistics.median(r), "geomean_ratio": math.exp(statistics.mean(map(math.log, r))),
-                    "min_ratio": min(r), "max_ratio": max(r)})
+        out.append(
+            {
+                "op": op,
+                "shapes": len(r),
+                "exact": int((part["match"] == "exact").sum()),
+                "median_ratio": statistics.median(r),
+                "geomean_ratio": math.exp(statistics.mean(map(math.log, r))),
+                "min_ratio": min(r),
+                "max_ratio": max(r),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -151,8 +184,10 @@ def main(argv=None) -> int:
     if not args.summary_only:
         print(rows.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         print()
-    print(f"measured {measured.meta.get('gpu', {}).get('name', '?')} ({args.profile}) / AIConfigurator h200_sxm "
-          "(SGLang 0.5.14 kernels); ratio > 1: the live measurement is slower")
+    print(
+        f"measured {measured.meta.get('gpu', {}).get('name', '?')} ({args.profile}) / AIConfigurator h200_sxm "
+        "(SGLang 0.5.14 kernels); ratio > 1: the live measurement is slower"
+    )
     print(summary(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if args.csv:
         rows.to_csv(args.csv, index=False)

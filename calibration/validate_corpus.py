@@ -40,12 +40,16 @@ def render(chk: X.Check) -> str:
         "",
         "## The corpus as the check sees it",
         "",
-        (f"{c['rows']} rows, {c['runs']} runs, {c['sources']} sources; rows with PP > 1: {c['rows_pp_gt_1']} "
-        f"({c['runs_pp_gt_1']} runs); sources with several splits under one condition: "
-        f"{c['sources_with_several_splits']}."),
+        (
+            f"{c['rows']} rows, {c['runs']} runs, {c['sources']} sources; rows with PP > 1: {c['rows_pp_gt_1']} "
+            f"({c['runs_pp_gt_1']} runs); sources with several splits under one condition: "
+            f"{c['sources_with_several_splits']}."
+        ),
         "",
-        (f"Reproduced: {rows.run_id.nunique()} runs ({len(rows)} measured numbers); skipped: {len(chk.skipped)} runs "
-        f"({int(chk.skipped.rows.sum())} rows)."),
+        (
+            f"Reproduced: {rows.run_id.nunique()} runs ({len(rows)} measured numbers); skipped: {len(chk.skipped)} runs "
+            f"({int(chk.skipped.rows.sum())} rows)."
+        ),
         "",
         "## Headline",
         "",
@@ -53,39 +57,76 @@ def render(chk: X.Check) -> str:
         f"- coverage: {rows.inside.mean():.0%} of measured values inside pipesim's likely (80%) band",
     ]
     if len(rk):
-        lines.append(f"- ranking of splits: {len(rk)} conditions, {int(rk.pairs.sum())} pairs, pairwise agreement "
-                     f"{(rk.agreement * rk.pairs).sum() / rk.pairs.sum():.0%}")
+        lines.append(
+            f"- ranking of splits: {len(rk)} conditions, {int(rk.pairs.sum())} pairs, pairwise agreement "
+            f"{(rk.agreement * rk.pairs).sum() / rk.pairs.sum():.0%}"
+        )
     else:
-        lines.append("- ranking of splits: not measurable yet: no condition with several splits could be "
-                     "reproduced (their models, DP/EP flags or boxes are outside what the check expresses; see "
-                     "the skipped runs)")
+        lines.append(
+            "- ranking of splits: not measurable yet: no condition with several splits could be "
+            "reproduced (their models, DP/EP flags or boxes are outside what the check expresses; see "
+            "the skipped runs)"
+        )
     profiles = ", ".join(sorted(set(rows.profile)))
-    lines += ["", (f"Profiles used: {profiles}. A `roofline-<engine>` profile is the engine's scheduling with no "
-              "measured tables and neutral parameters (no shipped profile was measured on these GPUs for these "
-              "models): every operation is priced by max(bytes / bandwidth, FLOPs / rate). Its band uses the "
-              "stated 25% calibration default, which this check shows to be far too narrow for a roofline-only "
-              "prediction; the default is not changed to fit it.")]
-    lines += ["", "## Per source", "", "| source | numbers | runs | mean abs error | median | in band |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        (
+            f"Profiles used: {profiles}. A `roofline-<engine>` profile is the engine's scheduling with no "
+            "measured tables and neutral parameters (no shipped profile was measured on these GPUs for these "
+            "models): every operation is priced by max(bytes / bandwidth, FLOPs / rate). Its band uses the "
+            "stated 25% calibration default, which this check shows to be far too narrow for a roofline-only "
+            "prediction; the default is not changed to fit it."
+        ),
+    ]
+    lines += [
+        "",
+        "## Per source",
+        "",
+        "| source | numbers | runs | mean abs error | median | in band |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in X.per_source(rows).itertuples():
-        lines.append(f"| {r.source_id} | {r.numbers} | {r.runs} | {r.mape_pct:.1f}% | {r.median_ape_pct:.1f}% | "
-                     f"{r.coverage:.0%} |")
-    lines += ["", "## Per metric", "", "| metric | numbers | mean abs error | median | in band | mean signed error |",
-              "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r.source_id} | {r.numbers} | {r.runs} | {r.mape_pct:.1f}% | {r.median_ape_pct:.1f}% | "
+            f"{r.coverage:.0%} |"
+        )
+    lines += [
+        "",
+        "## Per metric",
+        "",
+        "| metric | numbers | mean abs error | median | in band | mean signed error |",
+        "|---|---|---|---|---|---|",
+    ]
     for metric, g in rows.groupby("metric"):
-        lines.append(f"| {metric} | {len(g)} | {g.error_pct.abs().mean():.1f}% | {g.error_pct.abs().median():.1f}% | "
-                     f"{g.inside.mean():.0%} | {g.error_pct.mean():+.1f}% |")
+        lines.append(
+            f"| {metric} | {len(g)} | {g.error_pct.abs().mean():.1f}% | {g.error_pct.abs().median():.1f}% | "
+            f"{g.inside.mean():.0%} | {g.error_pct.mean():+.1f}% |"
+        )
     if len(rk):
-        lines += ["", "## Ranking of splits", "", "| source | metric | condition | splits | pairs | agreement | Kendall tau |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Ranking of splits",
+            "",
+            "| source | metric | condition | splits | pairs | agreement | Kendall tau |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in rk.itertuples():
-            lines.append(f"| {r.source_id} | {r.metric} | {r.condition} | {r.splits} | {r.pairs} | "
-                         f"{r.agreement:.0%} | {_f(r.kendall_tau, '{:+.2f}')} |")
-    lines += ["", "## Every compared number", "",
-              "| row | metric | split | box / profile | measured | predicted | error | likely band | inside |",
-              "|---|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {r.source_id} | {r.metric} | {r.condition} | {r.splits} | {r.pairs} | "
+                f"{r.agreement:.0%} | {_f(r.kendall_tau, '{:+.2f}')} |"
+            )
+    lines += [
+        "",
+        "## Every compared number",
+        "",
+        "| row | metric | split | box / profile | measured | predicted | error | likely band | inside |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows.itertuples():
-        lines.append(f"| {r.row_id} | {r.metric} | TP{r.tp}xPP{r.pp} | {r.box} / {r.profile} | {_f(r.measured)} | "
-                     f"{_f(r.predicted)} | {r.error_pct:+.1f}% | {_f(r.lo)}-{_f(r.hi)} | {'yes' if r.inside else 'no'} |")
+        lines.append(
+            f"| {r.row_id} | {r.metric} | TP{r.tp}xPP{r.pp} | {r.box} / {r.profile} | {_f(r.measured)} | "
+            f"{_f(r.predicted)} | {r.error_pct:+.1f}% | {_f(r.lo)}-{_f(r.hi)} | {'yes' if r.inside else 'no'} |"
+        )
     lines += ["", "## Skipped runs, by reason", "", "| reason | runs | rows |", "|---|---|---|"]
     for reason, g in chk.skipped.groupby("reason"):
         lines.append(f"| {reason} | {len(g)} | {int(g.rows.sum())} |")

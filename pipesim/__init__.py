@@ -13,8 +13,14 @@ import types
 
 # public name -> the module that owns it
 _EXPORTS = {
-    "predict": "api", "run": "api", "sweep": "sweep", "search": "search",
-    "build_scenario": "scenario", "Scenario": "scenario", "Result": "metrics", "UserError": "errors",
+    "predict": "api",
+    "run": "api",
+    "sweep": "sweep",
+    "search": "search",
+    "build_scenario": "scenario",
+    "Scenario": "scenario",
+    "Result": "metrics",
+    "UserError": "errors",
     "whatif": "whatif",
 }
 __all__ = list(_EXPORTS)

@@ -26,14 +26,20 @@ def _is_table_array(v) -> bool:
 
 
 def _header(path: tuple) -> str:
-    return ".".join(k if k.replace("_", "").replace("-", "").isalnum() else json.dumps(k) for k in map(str, path))
+    return ".".join(
+        k if k.replace("_", "").replace("-", "").isalnum() else json.dumps(k) for k in map(str, path)
+    )
 
 
 def _body(data: dict, path: tuple) -> list[str]:
     """Key-value lines of one table (keys bare at the top level, quoted inside tables),
     then its sub-tables and arrays of tables."""
     key = (lambda k: k) if not path else (lambda k: json.dumps(str(k)))
-    lines = [f"{key(k)} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict) and not _is_table_array(v)]
+    lines = [
+        f"{key(k)} = {_value(v)}"
+        for k, v in data.items()
+        if not isinstance(v, dict) and not _is_table_array(v)
+    ]
     for k, v in data.items():
         if isinstance(v, dict):
             lines += ["", f"[{_header(path + (k,))}]"] + _body(v, path + (k,))

@@ -14,7 +14,7 @@ from .simulation import Simulation
 
 # A run stops at the request target; MAX_SIM_S, a bound on simulated time, only
 # guards against a scenario that cannot make progress.
-CI_TARGET = 0.02   # stop when the throughput's 95% CI half-width is within 2% of it
+CI_TARGET = 0.02  # stop when the throughput's 95% CI half-width is within 2% of it
 
 
 def run(scenario: Scenario, **kwargs: object) -> Result:
@@ -31,8 +31,14 @@ def admitted_concurrency(scenario: Scenario) -> int:
     return max(1, min(w.concurrency, s.running_cap, int(s.kv_tokens // per_request)))
 
 
-def simulate(scenario: Scenario, *, warmup_requests: int | None = None, measure_requests: int | None = None,
-             max_measure_requests: int | None = None, ci_target: float | None = CI_TARGET) -> tuple[Record, Result]:
+def simulate(
+    scenario: Scenario,
+    *,
+    warmup_requests: int | None = None,
+    measure_requests: int | None = None,
+    max_measure_requests: int | None = None,
+    ci_target: float | None = CI_TARGET,
+) -> tuple[Record, Result]:
     """Simulate a built scenario; returns what the run recorded (it feeds traces and
     the idle breakdown) and the metrics.
 
@@ -58,8 +64,17 @@ def simulate(scenario: Scenario, *, warmup_requests: int | None = None, measure_
         warm, measure, cap, ci_target = 0, w.num_requests, w.num_requests, None
     t = time.perf_counter()
     costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
-    sim = Simulation(costs, w, scenario.settings.scheduler, scenario.settings, warm, measure,
-                     max_measure_requests=cap, ci_target=ci_target, queued=queued)
+    sim = Simulation(
+        costs,
+        w,
+        scenario.settings.scheduler,
+        scenario.settings,
+        warm,
+        measure,
+        max_measure_requests=cap,
+        ci_target=ci_target,
+        queued=queued,
+    )
     sim.run(MAX_SIM_S)
     rec = sim.record()
     result = collect(rec, sim.finished, scenario.describe(), time.perf_counter() - t)
@@ -73,23 +88,42 @@ def _check_completed(result: Result, finished: int, end_s: float, scenario: Scen
     instead of reporting 0 tok/s."""
     if result.completed_requests > 0:
         return
-    why = (f"the run reached the simulated horizon of {MAX_SIM_S:g} s" if end_s >= MAX_SIM_S
-           else f"the run ended at {end_s:.3g} s simulated")
-    raise UserError(f"the run completed no request ({finished} finished in all; {why}): a latency or parameter of "
-                    f"profile {scenario.profile.name} may be infinite or huge, or the arrivals lie past the horizon; "
-                    "check the profile's tables and parameters and the workload")
+    why = (
+        f"the run reached the simulated horizon of {MAX_SIM_S:g} s"
+        if end_s >= MAX_SIM_S
+        else f"the run ended at {end_s:.3g} s simulated"
+    )
+    raise UserError(
+        f"the run completed no request ({finished} finished in all; {why}): a latency or parameter of "
+        f"profile {scenario.profile.name} may be infinite or huge, or the arrivals lie past the horizon; "
+        "check the profile's tables and parameters and the workload"
+    )
 
 
-def predict(tp: int = 1, pp: int = 1, conc: int | None = None, *, warmup_requests: int | None = None,
-            measure_requests: int | None = None, max_measure_requests: int | None = None,
-            ci_target: float | None = CI_TARGET, intervals: bool = False, **kwargs: object) -> Result:
+def predict(
+    tp: int = 1,
+    pp: int = 1,
+    conc: int | None = None,
+    *,
+    warmup_requests: int | None = None,
+    measure_requests: int | None = None,
+    max_measure_requests: int | None = None,
+    ci_target: float | None = CI_TARGET,
+    intervals: bool = False,
+    **kwargs: object,
+) -> Result:
     """Predict one scenario. Keyword arguments are those of `build_scenario`
     (model, profile, engine, box, layers, rate_rps, num_requests, trace, input_len,
     output_len, seed) and the engine's knobs (e.g. max_running_requests).
     `intervals=True` adds prediction intervals (pipesim.uncertainty: a few short runs more)."""
     scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
-    result = run(scenario, warmup_requests=warmup_requests, measure_requests=measure_requests,
-                 max_measure_requests=max_measure_requests, ci_target=ci_target)
+    result = run(
+        scenario,
+        warmup_requests=warmup_requests,
+        measure_requests=measure_requests,
+        max_measure_requests=max_measure_requests,
+        ci_target=ci_target,
+    )
     if intervals:
         from .uncertainty import attach
 

@@ -65,13 +65,21 @@ def profile_for_box(box: Box, engine: str, model: str, version: str | None = Non
     system = box.aiconfigurator_system
     if system:
         root = data_root()
-        require(root is not None, f"box {box.name} is costed from AIConfigurator's measured {system} tables, "
-                                  f"which are not installed: {CATALOGUE_EXTRA} (or name a profile with --profile)")
+        require(
+            root is not None,
+            f"box {box.name} is costed from AIConfigurator's measured {system} tables, "
+            f"which are not installed: {CATALOGUE_EXTRA} (or name a profile with --profile)",
+        )
         folder = root / system
-        require(folder.is_dir() and any(folder.iterdir()),
-                f"box {box.name}: AIConfigurator {root.parent.parent.name} has no measurements of system {system}")
+        require(
+            folder.is_dir() and any(folder.iterdir()),
+            f"box {box.name}: AIConfigurator {root.parent.parent.name} has no measurements of system {system}",
+        )
         return replace(_catalogue_profile(str(folder), engine, version), box=box.name, box_spec=box)
-    require(version is None, f"--engine-version {version}: box {box.name} has no measured tables to pick a version of")
+    require(
+        version is None,
+        f"--engine-version {version}: box {box.name} has no measured tables to pick a version of",
+    )
     return first_principles_profile(box, engine)
 
 
@@ -83,22 +91,31 @@ def _catalogue_profile(folder: str, engine: str, version: str | None):
     versions: dict = {}
     tables = build_tables(Path(folder), kernel_set=engine, version=version, versions=versions)
     if not any(t in tables for t in ("gemm", "gqa_decode", "mla_decode")):
-        raise UserError(f"AIConfigurator system {Path(folder).name} has no {engine} kernel tables; "
-                        f"try --engine {'sglang' if engine == 'vllm' else 'vllm'}")
-    engine_versions = sorted({v.split()[1] for v in " + ".join(versions.values()).split(" + ")
-                              if v.startswith(engine + " ")}, key=version_key)
+        raise UserError(
+            f"AIConfigurator system {Path(folder).name} has no {engine} kernel tables; "
+            f"try --engine {'sglang' if engine == 'vllm' else 'vllm'}"
+        )
+    engine_versions = sorted(
+        {v.split()[1] for v in " + ".join(versions.values()).split(" + ") if v.startswith(engine + " ")},
+        key=version_key,
+    )
     custom = tables.get("collectives")
     custom_gpus = custom[custom["impl"] == "custom"]["gpus"] if custom is not None else []
-    params = Params(kernel_floor_us=kernel_floor_us(tables),
-                    # the custom rows beyond 2 PCIe GPUs are the engine's NCCL fallback, measured
-                    # (importers/aiconfigurator.py), so reading them up to the largest group is right
-                    custom_allreduce_max_gpus=int(max(custom_gpus)) if len(custom_gpus) else 2)
+    params = Params(
+        kernel_floor_us=kernel_floor_us(tables),
+        # the custom rows beyond 2 PCIe GPUs are the engine's NCCL fallback, measured
+        # (importers/aiconfigurator.py), so reading them up to the largest group is right
+        custom_allreduce_max_gpus=int(max(custom_gpus)) if len(custom_gpus) else 2,
+    )
     system = Path(folder).name
-    meta = {"name": f"aiconfigurator-{system}-{engine}", "engine": engine,
-            "engine_version": engine_versions[-1] if engine_versions else "",
-            "built_by": "pipesim catalogue (AIConfigurator measured tables)",
-            "table_sources": {t: f"AIConfigurator {system} {v}" for t, v in versions.items()},
-            "sources": {t: f"AIConfigurator {system} {v}" for t, v in versions.items()}}
+    meta = {
+        "name": f"aiconfigurator-{system}-{engine}",
+        "engine": engine,
+        "engine_version": engine_versions[-1] if engine_versions else "",
+        "built_by": "pipesim catalogue (AIConfigurator measured tables)",
+        "table_sources": {t: f"AIConfigurator {system} {v}" for t, v in versions.items()},
+        "sources": {t: f"AIConfigurator {system} {v}" for t, v in versions.items()},
+    }
     return Profile(meta["name"], "", engine, meta["engine_version"], params, meta, Tables(tables))
 
 
@@ -107,7 +124,10 @@ def first_principles_profile(box: Box, engine: str):
     datasheet rates."""
     from .profile import Params, Profile, Tables
 
-    meta = {"name": f"first-principles-{box.name}", "engine": engine,
-            "built_by": "pipesim catalogue (no measured tables: roofline)",
-            "table_sources": {"all": "roofline on the box's datasheet rates (no measured table for this GPU)"}}
+    meta = {
+        "name": f"first-principles-{box.name}",
+        "engine": engine,
+        "built_by": "pipesim catalogue (no measured tables: roofline)",
+        "table_sources": {"all": "roofline on the box's datasheet rates (no measured table for this GPU)"},
+    }
     return Profile(meta["name"], box.name, engine, "", Params(), meta, Tables(), box_spec=box)

@@ -14,27 +14,31 @@ from pathlib import Path
 
 from .errors import UserError, require
 
-MAX_GPUS = 65_536             # tp, pp, a sweep's GPU count, a box's or cluster's GPUs
-MAX_CONCURRENCY = 65_536      # closed-loop clients
-MAX_RUNNING = 65_536          # max-running-requests, max-num-seqs, micro-batch and CUDA-graph caps
-MAX_BATCH_TOKENS = 2**24      # chunked-prefill-size, max-prefill-tokens, max-num-batched-tokens
-MAX_ASYNC_DEPTH = 64          # pp-async-batch-depth: extra micro-batch slots
-MAX_REQUESTS = 1_000_000      # --num-requests of an open loop
-MAX_TRACE_ROWS = 1_000_000    # rows of a replayed trace
-MAX_LAYERS = 4096             # a model's decoder layers
-MAX_CONFIG_SIZE = 2**31       # any other size in a model config (hidden, heads, vocab, context, ...)
-MAX_WORKERS = 1024            # sweep worker processes
-MAX_SEED = 2**63              # numpy seeds are 64-bit
+MAX_GPUS = 65_536  # tp, pp, a sweep's GPU count, a box's or cluster's GPUs
+MAX_CONCURRENCY = 65_536  # closed-loop clients
+MAX_RUNNING = 65_536  # max-running-requests, max-num-seqs, micro-batch and CUDA-graph caps
+MAX_BATCH_TOKENS = 2**24  # chunked-prefill-size, max-prefill-tokens, max-num-batched-tokens
+MAX_ASYNC_DEPTH = 64  # pp-async-batch-depth: extra micro-batch slots
+MAX_REQUESTS = 1_000_000  # --num-requests of an open loop
+MAX_TRACE_ROWS = 1_000_000  # rows of a replayed trace
+MAX_LAYERS = 4096  # a model's decoder layers
+MAX_CONFIG_SIZE = 2**31  # any other size in a model config (hidden, heads, vocab, context, ...)
+MAX_WORKERS = 1024  # sweep worker processes
+MAX_SEED = 2**63  # numpy seeds are 64-bit
 # decode batch steps of one run (requests x output tokens / batch): a simulation runs
 # about 4 events a step at 10-50 thousand events a second, so this is a minute or two
 MAX_BATCH_STEPS = 500_000
-MAX_SIM_S = 1e6               # simulated-time horizon: a run stops here whatever its state
-MAX_JSON_DEPTH = 200          # nesting of a JSON or TOML file
+MAX_SIM_S = 1e6  # simulated-time horizon: a run stops here whatever its state
+MAX_JSON_DEPTH = 200  # nesting of a JSON or TOML file
 
 
 def is_int(value) -> bool:
     """A whole number given as one: Python or numpy integers, never a bool or a float."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+    return (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool)
+        and type(value).__name__ != "bool_"
+    )
 
 
 def is_number(value) -> bool:
@@ -52,7 +56,11 @@ def whole(value, what: str, lo: int = 1, hi: int | None = None) -> int:
 
 def number(value, what: str, lo: float = 0.0, *, above: bool = False) -> float:
     """`value` as a finite float >= lo (> lo when `above`)."""
-    ok = is_number(value) and math.isfinite(float(value)) and (float(value) > lo if above else float(value) >= lo)
+    ok = (
+        is_number(value)
+        and math.isfinite(float(value))
+        and (float(value) > lo if above else float(value) >= lo)
+    )
     require(ok, f"{what} must be a finite number {'>' if above else '>='} {lo:g}, got {value!r}")
     return float(value)
 
@@ -60,8 +68,9 @@ def number(value, what: str, lo: float = 0.0, *, above: bool = False) -> float:
 def flag(value, what: str) -> bool | None:
     """An on/off value: True, False or None (unset); never the string 'false'."""
     numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
-    require(value is None or isinstance(value, bool) or numpy_bool,
-            f"{what} must be True or False, got {value!r}")
+    require(
+        value is None or isinstance(value, bool) or numpy_bool, f"{what} must be True or False, got {value!r}"
+    )
     return None if value is None else bool(value)
 
 
@@ -125,18 +134,24 @@ def batch_steps(requests: int, output_tokens: int, batch: int) -> float:
 
 def check_work(steps: float, how: str) -> None:
     """Refuse a run whose estimated work is above MAX_BATCH_STEPS, saying how to go round it."""
-    require(steps <= MAX_BATCH_STEPS,
-            f"this run needs about {steps:,.0f} decode batch steps ({how}), above the limit of "
-            f"{MAX_BATCH_STEPS:,} (a minute or two of simulation); use fewer requests, shorter outputs or a "
-            "larger concurrency")
+    require(
+        steps <= MAX_BATCH_STEPS,
+        f"this run needs about {steps:,.0f} decode batch steps ({how}), above the limit of "
+        f"{MAX_BATCH_STEPS:,} (a minute or two of simulation); use fewer requests, shorter outputs or a "
+        "larger concurrency",
+    )
 
 
 # engine knobs: name -> (smallest, limit); whole numbers
 KNOB_BOUNDS = {
-    "max_running_requests": (1, MAX_RUNNING), "pp_max_micro_batch_size": (1, MAX_RUNNING),
-    "cuda_graph_max_bs": (1, MAX_RUNNING), "max_num_seqs": (1, MAX_RUNNING),
-    "chunked_prefill_size": (1, MAX_BATCH_TOKENS), "max_prefill_tokens": (1, MAX_BATCH_TOKENS),
-    "max_num_batched_tokens": (1, MAX_BATCH_TOKENS), "pp_async_batch_depth": (0, MAX_ASYNC_DEPTH),
+    "max_running_requests": (1, MAX_RUNNING),
+    "pp_max_micro_batch_size": (1, MAX_RUNNING),
+    "cuda_graph_max_bs": (1, MAX_RUNNING),
+    "max_num_seqs": (1, MAX_RUNNING),
+    "chunked_prefill_size": (1, MAX_BATCH_TOKENS),
+    "max_prefill_tokens": (1, MAX_BATCH_TOKENS),
+    "max_num_batched_tokens": (1, MAX_BATCH_TOKENS),
+    "pp_async_batch_depth": (0, MAX_ASYNC_DEPTH),
 }
 FLAG_KNOBS = ("disable_cuda_graph", "async_scheduling", "enforce_eager")
 FRACTION_KNOBS = ("mem_fraction_static", "gpu_memory_utilization")

@@ -23,7 +23,9 @@ def _layers(value: str | None):
     try:
         return tuple(int(x) for x in value.split(","))
     except ValueError:
-        raise UserError(f"--layers '{value}' must be comma-separated whole numbers, e.g. 7,7,7,8,8,8,8,8") from None
+        raise UserError(
+            f"--layers '{value}' must be comma-separated whole numbers, e.g. 7,7,7,8,8,8,8,8"
+        ) from None
 
 
 def parse_ints(text: str, what: str, limit: int = MAX_GPUS) -> list[int]:
@@ -62,8 +64,10 @@ def parse_splits(text: str | None) -> list[tuple[int, int]] | None:
         try:
             tp, pp = (int(x) for x in part.lower().split("x"))
         except ValueError:
-            raise UserError(f"--splits '{text}': '{part}' is not TPxPP; allowed: comma-separated TPxPP with whole "
-                            "numbers >= 1, e.g. 2x4,8x1") from None
+            raise UserError(
+                f"--splits '{text}': '{part}' is not TPxPP; allowed: comma-separated TPxPP with whole "
+                "numbers >= 1, e.g. 2x4,8x1"
+            ) from None
         require(tp >= 1 and pp >= 1, f"--splits '{text}': '{part}' needs TP >= 1 and PP >= 1")
         out.append((tp, pp))
     require(len(out) > 0, "--splits is empty; give TPxPP pairs, e.g. 2x4,8x1")
@@ -97,55 +101,152 @@ def cli():
 def scenario_options(f):
     """The scenario and engine flags every simulating command shares."""
     options = [
-        click.option("--model", default=None,
-                     help=f"preset name or path of a Hugging Face config.json (the profile's if it names one) [default: {DEFAULT_MODEL}]"),
-        click.option("--profile", default=None,
-                     help=f"calibration profile name or directory (with --box: the box's own, see docs/boxes.md) [default: {DEFAULT_PROFILE}]"),
-        click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, help="engine [default: the profile's]"),
-        click.option("--engine-version", default=None,
-                     help="with --box and no --profile: the engine version of the measured tables [default: the newest]"),
-        click.option("--allow-foreign-profile", is_flag=True, default=False,
-                     help="run a profile measured on another box, GPU or engine (its costs reported as borrowed)"),
+        click.option(
+            "--model",
+            default=None,
+            help=f"preset name or path of a Hugging Face config.json (the profile's if it names one) [default: {DEFAULT_MODEL}]",
+        ),
+        click.option(
+            "--profile",
+            default=None,
+            help=f"calibration profile name or directory (with --box: the box's own, see docs/boxes.md) [default: {DEFAULT_PROFILE}]",
+        ),
+        click.option(
+            "--engine",
+            type=click.Choice(["sglang", "vllm"]),
+            default=None,
+            help="engine [default: the profile's]",
+        ),
+        click.option(
+            "--engine-version",
+            default=None,
+            help="with --box and no --profile: the engine version of the measured tables [default: the newest]",
+        ),
+        click.option(
+            "--allow-foreign-profile",
+            is_flag=True,
+            default=False,
+            help="run a profile measured on another box, GPU or engine (its costs reported as borrowed)",
+        ),
         click.option("--box", default=None, help="box preset or .toml [default: the profile's]"),
-        click.option("--nodes", type=int, default=1, show_default=True,
-                     help="a cluster of this many identical boxes (GPUs numbered node-major)"),
-        click.option("--network", default=None,
-                     help="what joins the nodes: ib-ndr-400, roce-200, eth-100, ... [default: the box's [network]]"),
-        click.option("--kv-cache-dtype", default=None,
-                     help="KV-cache dtype, as the engines name it: auto (the model's 16-bit dtype), bf16, fp16, "
-                          "fp8, fp8_e4m3, fp8_e5m2 [default: auto]"),
-        click.option("--input-len", default=DEFAULT_INPUT_LEN, show_default=True, help="prompt tokens: N or LO:HI (uniform)"),
-        click.option("--output-len", default=DEFAULT_OUTPUT_LEN, show_default=True, help="output tokens: N or LO:HI (uniform)"),
-        click.option("--seed", type=int, default=0, show_default=True, help="random seed, a whole number >= 0"),
+        click.option(
+            "--nodes",
+            type=int,
+            default=1,
+            show_default=True,
+            help="a cluster of this many identical boxes (GPUs numbered node-major)",
+        ),
+        click.option(
+            "--network",
+            default=None,
+            help="what joins the nodes: ib-ndr-400, roce-200, eth-100, ... [default: the box's [network]]",
+        ),
+        click.option(
+            "--kv-cache-dtype",
+            default=None,
+            help="KV-cache dtype, as the engines name it: auto (the model's 16-bit dtype), bf16, fp16, "
+            "fp8, fp8_e4m3, fp8_e5m2 [default: auto]",
+        ),
+        click.option(
+            "--input-len",
+            default=DEFAULT_INPUT_LEN,
+            show_default=True,
+            help="prompt tokens: N or LO:HI (uniform)",
+        ),
+        click.option(
+            "--output-len",
+            default=DEFAULT_OUTPUT_LEN,
+            show_default=True,
+            help="output tokens: N or LO:HI (uniform)",
+        ),
+        click.option(
+            "--seed", type=int, default=0, show_default=True, help="random seed, a whole number >= 0"
+        ),
         click.option("--max-running-requests", type=int, default=None, help="SGLang: total running requests"),
-        click.option("--pp-max-micro-batch-size", type=int, default=None,
-                     help="SGLang: per-slot cap [default: max-running-requests // pp]"),
-        click.option("--pp-async-batch-depth", type=int, default=None, help="SGLang: extra micro-batch slots [default 0]"),
-        click.option("--chunked-prefill-size", type=int, default=None, help="SGLang: prefill chunk tokens [default by GPU memory]"),
-        click.option("--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly"),
+        click.option(
+            "--pp-max-micro-batch-size",
+            type=int,
+            default=None,
+            help="SGLang: per-slot cap [default: max-running-requests // pp]",
+        ),
+        click.option(
+            "--pp-async-batch-depth",
+            type=int,
+            default=None,
+            help="SGLang: extra micro-batch slots [default 0]",
+        ),
+        click.option(
+            "--chunked-prefill-size",
+            type=int,
+            default=None,
+            help="SGLang: prefill chunk tokens [default by GPU memory]",
+        ),
+        click.option(
+            "--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly"
+        ),
         click.option("--max-num-seqs", type=int, default=None, help="vLLM: total running requests"),
         click.option("--max-num-batched-tokens", type=int, default=None, help="vLLM: token budget per batch"),
-        click.option("--async-scheduling/--no-async-scheduling", default=None,
-                     help="vLLM: async scheduling (one more batch in flight)"),
-        click.option("--kernel-scale", type=float, default=None,
-                     help="what-if: every kernel takes this many times its calibrated time (0.5: a GPU twice as fast)"),
-        click.option("--allreduce-scale", type=float, default=None,
-                     help="what-if: every TP collective takes this many times its calibrated time"),
-        click.option("--pcie-bandwidth-scale", type=float, default=None,
-                     help="what-if: every link of the box carries this many times its bandwidth"),
-        click.option("--cpu-iteration-ms", type=float, default=None,
-                     help="what-if: the scheduler's CPU time per iteration [default: the profile's]"),
+        click.option(
+            "--async-scheduling/--no-async-scheduling",
+            default=None,
+            help="vLLM: async scheduling (one more batch in flight)",
+        ),
+        click.option(
+            "--kernel-scale",
+            type=float,
+            default=None,
+            help="what-if: every kernel takes this many times its calibrated time (0.5: a GPU twice as fast)",
+        ),
+        click.option(
+            "--allreduce-scale",
+            type=float,
+            default=None,
+            help="what-if: every TP collective takes this many times its calibrated time",
+        ),
+        click.option(
+            "--pcie-bandwidth-scale",
+            type=float,
+            default=None,
+            help="what-if: every link of the box carries this many times its bandwidth",
+        ),
+        click.option(
+            "--cpu-iteration-ms",
+            type=float,
+            default=None,
+            help="what-if: the scheduler's CPU time per iteration [default: the profile's]",
+        ),
     ]
     for option in reversed(options):
         f = option(f)
     return f
 
 
-SCENARIO_FLAGS = ("model", "profile", "engine", "engine_version", "allow_foreign_profile", "box", "nodes", "network",
-                  "kv_cache_dtype", "input_len", "output_len", "seed", "max_running_requests",
-                  "pp_max_micro_batch_size", "pp_async_batch_depth", "chunked_prefill_size", "disable_cuda_graph",
-                  "max_num_seqs", "max_num_batched_tokens", "async_scheduling",
-                  "kernel_scale", "allreduce_scale", "pcie_bandwidth_scale", "cpu_iteration_ms")
+SCENARIO_FLAGS = (
+    "model",
+    "profile",
+    "engine",
+    "engine_version",
+    "allow_foreign_profile",
+    "box",
+    "nodes",
+    "network",
+    "kv_cache_dtype",
+    "input_len",
+    "output_len",
+    "seed",
+    "max_running_requests",
+    "pp_max_micro_batch_size",
+    "pp_async_batch_depth",
+    "chunked_prefill_size",
+    "disable_cuda_graph",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "async_scheduling",
+    "kernel_scale",
+    "allreduce_scale",
+    "pcie_bandwidth_scale",
+    "cpu_iteration_ms",
+)
 
 
 def scenario_kwargs(opts: dict) -> dict:
@@ -156,37 +257,96 @@ def scenario_kwargs(opts: dict) -> dict:
 
 
 @cli.command()
-@click.option("--tp", "--tensor-parallel-size", "--tp-size", "tp", type=int, default=1, show_default=True,
-              help="tensor-parallel size (GPUs per stage)")
-@click.option("--pp", "--pipeline-parallel-size", "--pp-size", "pp", type=int, default=1, show_default=True,
-              help="pipeline-parallel size (stages)")
-@click.option("--conc", "--max-concurrency", "conc", type=int, default=None,
-              help="closed-loop concurrency C (clients); one of --conc, --rate, --trace is needed")
-@click.option("--rate", "--request-rate", "rate", type=float, default=None,
-              help="open-loop Poisson arrival rate, requests/s (instead of --conc)")
+@click.option(
+    "--tp",
+    "--tensor-parallel-size",
+    "--tp-size",
+    "tp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="tensor-parallel size (GPUs per stage)",
+)
+@click.option(
+    "--pp",
+    "--pipeline-parallel-size",
+    "--pp-size",
+    "pp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="pipeline-parallel size (stages)",
+)
+@click.option(
+    "--conc",
+    "--max-concurrency",
+    "conc",
+    type=int,
+    default=None,
+    help="closed-loop concurrency C (clients); one of --conc, --rate, --trace is needed",
+)
+@click.option(
+    "--rate",
+    "--request-rate",
+    "rate",
+    type=float,
+    default=None,
+    help="open-loop Poisson arrival rate, requests/s (instead of --conc)",
+)
 @click.option("--num-requests", type=int, default=None, help="requests to send with --rate or from --trace")
-@click.option("--trace", type=click.Path(dir_okay=False), default=None, help="replay a CSV: arrival_s,input_tokens,output_tokens")
+@click.option(
+    "--trace",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="replay a CSV: arrival_s,input_tokens,output_tokens",
+)
 @click.option("--layers", default=None, help="explicit layers per stage, e.g. 7,7,7,8,8,8,8,8")
 @scenario_options
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of the table")
-@click.option("--intervals/--no-intervals", default=True, show_default=True,
-              help="prediction intervals (docs/uncertainty.md): 4 short runs more")
-@click.option("--sensitivity", is_flag=True, help="a tornado: which parameters and workload assumptions move the answer")
-@click.option("--step", type=float, default=0.2, show_default=True, help="--sensitivity: relative step of each item")
-@click.option("--plot", "plot_file", default=None, type=click.Path(dir_okay=False),
-              help="--sensitivity: write the tornado figure here (.png, .pdf, .svg)")
-def predict(tp, pp, conc, rate, num_requests, trace, layers, as_json, intervals, sensitivity, step, plot_file, **opts):
+@click.option(
+    "--intervals/--no-intervals",
+    default=True,
+    show_default=True,
+    help="prediction intervals (docs/uncertainty.md): 4 short runs more",
+)
+@click.option(
+    "--sensitivity", is_flag=True, help="a tornado: which parameters and workload assumptions move the answer"
+)
+@click.option(
+    "--step", type=float, default=0.2, show_default=True, help="--sensitivity: relative step of each item"
+)
+@click.option(
+    "--plot",
+    "plot_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="--sensitivity: write the tornado figure here (.png, .pdf, .svg)",
+)
+def predict(
+    tp, pp, conc, rate, num_requests, trace, layers, as_json, intervals, sensitivity, step, plot_file, **opts
+):
     """Predict one scenario (default: Kimi K2.6 with SGLang on 8 x RTX PRO 6000)."""
     from . import api, report
     from .scenario import build_scenario
 
-    require(plot_file is None or sensitivity, "--plot draws the sensitivity tornado: give --sensitivity with it")
-    scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, rate_rps=rate, num_requests=num_requests, trace=trace,
-                              layers=_layers(layers), **scenario_kwargs(opts))
+    require(
+        plot_file is None or sensitivity, "--plot draws the sensitivity tornado: give --sensitivity with it"
+    )
+    scenario = build_scenario(
+        tp=tp,
+        pp=pp,
+        concurrency=conc,
+        rate_rps=rate,
+        num_requests=num_requests,
+        trace=trace,
+        layers=_layers(layers),
+        **scenario_kwargs(opts),
+    )
     if sensitivity:
         import json
 
-        from .sensitivity import plot, sensitivity as tornado
+        from .sensitivity import plot
+        from .sensitivity import sensitivity as tornado
 
         sens = tornado(scenario, step)
         if plot_file:
@@ -236,15 +396,22 @@ def import_nccl_tests(file, profile_dir, out, op, gpus):
     from .calibrate.importers.nccl_tests import import_file
 
     rows = import_file(file, profile_dir, out, op=op, gpus=gpus)
-    click.echo(f"added {len(rows)} {rows.op.iloc[0]} rows on {rows.gpus.iloc[0]} GPUs to {out or profile_dir}")
+    click.echo(
+        f"added {len(rows)} {rows.op.iloc[0]} rows on {rows.gpus.iloc[0]} GPUs to {out or profile_dir}"
+    )
 
 
 @calibrate_import.command("bench")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--profile", "profile_dir", required=True, help="profile directory to add the points to")
 @click.option("--out", default=None, help="write the result here instead of in place")
-@click.option("--format", "fmt", type=click.Choice(["sglang", "vllm", "csv"]), required=True,
-              help="sglang: bench_serving JSON lines; vllm: vllm bench serve JSON; csv: pipesim's measured layout")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["sglang", "vllm", "csv"]),
+    required=True,
+    help="sglang: bench_serving JSON lines; vllm: vllm bench serve JSON; csv: pipesim's measured layout",
+)
 @click.option("--tp", type=int, default=None, help="the run's tp (not in the benchmark output)")
 @click.option("--pp", type=int, default=None, help="the run's pp")
 @click.option("--conc", type=int, default=None, help="concurrency, where the output lacks max_concurrency")
@@ -254,16 +421,25 @@ def import_bench(file, profile_dir, out, fmt, tp, pp, conc, name, model):
     """End-to-end points (becomes the profile's measured set)."""
     from .calibrate.importers.bench import import_file
 
-    added, total = import_file(file, profile_dir, out, fmt=fmt, tp=tp, pp=pp, conc=conc, name=name, model=model)
+    added, total = import_file(
+        file, profile_dir, out, fmt=fmt, tp=tp, pp=pp, conc=conc, name=name, model=model
+    )
     click.echo(f"added {added} measured point(s) to {out or profile_dir} ({total} in all)")
 
 
 @calibrate.command("fit")
 @click.option("--profile", "profile_dir", required=True, help="profile directory (with measured points)")
-@click.option("--params", "names", required=True, help="comma-separated parameters to fit, e.g. cpu_iteration_ms,allreduce_offset_us")
+@click.option(
+    "--params",
+    "names",
+    required=True,
+    help="comma-separated parameters to fit, e.g. cpu_iteration_ms,allreduce_offset_us",
+)
 @click.option("--out", default=None, help="write the fitted profile here instead of in place")
 @click.option("--no-loo", is_flag=True, help="skip the leave-one-out errors (faster)")
-@click.option("--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]")
+@click.option(
+    "--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]"
+)
 def calibrate_fit(profile_dir, names, out, no_loo, progress):
     """Fit free parameters to the profile's measured points by least squares."""
     from .calibrate.fit import fit_profile, solves
@@ -272,19 +448,39 @@ def calibrate_fit(profile_dir, names, out, no_loo, progress):
 
     n = solves(load_profile(profile_dir).measured, not no_loo)
     with bar(n, "fit (solves: the fit, then one per point left out)", progress, unit="solve") as b:
-        result = fit_profile(profile_dir, [n.strip() for n in names.split(",") if n.strip()], out, loo=not no_loo,
-                             on_solve=b.update)
+        result = fit_profile(
+            profile_dir,
+            [n.strip() for n in names.split(",") if n.strip()],
+            out,
+            loo=not no_loo,
+            on_solve=b.update,
+        )
     click.echo(result.report())
 
 
 @cli.command()
 @click.option("--profile", default=None, help="profile name or directory [default: the reference deployment]")
-@click.option("--max-error", type=float, default=10.0, show_default=True, help="largest allowed error per point, %")
-@click.option("--json", "as_json", is_flag=True,
-              help="print one JSON object (profile, MAPE, the limit, every point: measured, predicted, error %)")
-@click.option("--corpus", "corpus_dir", is_flag=False, flag_value="", default=None, metavar="[DIR]",
-              help="check against the public validation corpus (the shipped one, or DIR) instead of a profile")
-@click.option("--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]")
+@click.option(
+    "--max-error", type=float, default=10.0, show_default=True, help="largest allowed error per point, %"
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="print one JSON object (profile, MAPE, the limit, every point: measured, predicted, error %)",
+)
+@click.option(
+    "--corpus",
+    "corpus_dir",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[DIR]",
+    help="check against the public validation corpus (the shipped one, or DIR) instead of a profile",
+)
+@click.option(
+    "--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]"
+)
 def validate(profile, max_error, as_json, corpus_dir, progress):
     """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error.
     With --corpus: every corpus run pipesim can express, its error, ranking agreement and interval coverage."""
@@ -311,7 +507,9 @@ def validate(profile, max_error, as_json, corpus_dir, progress):
 
 @cli.command()
 @click.option("--profile", default=None, help="profile name or directory [default: the reference deployment]")
-@click.option("--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]")
+@click.option(
+    "--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]"
+)
 def diagnose(profile, progress):
     """Where the box loses time: each measured point against the box's own tables."""
     from .calibrate.diagnose import diagnose as run_diagnosis
@@ -345,9 +543,7 @@ def profiles_list():
 @click.argument("name")
 def profiles_show(name):
     """One profile: its box, engine, parameters and the source of every table."""
-    from .profile import load_profile
-
-    from .profile import profile_folder
+    from .profile import load_profile, profile_folder
 
     p = load_profile(name)
     click.echo(f"{p.name}: {p.meta.get('description', '')}")
@@ -365,17 +561,47 @@ def profiles_show(name):
 
 
 @cli.command()
-@click.option("--gpus", default="8", show_default=True, metavar="N[,N..]", help="GPU count, or several: 2,4,8 (every tp x pp = count)")
-@click.option("--splits", default=None, metavar="TPxPP[,..]", help="only these splits, e.g. 2x4,8x1 (sets the GPU counts)")
-@click.option("--conc", "--max-concurrency", "conc", default=None, metavar="C[,C..]",
-              help=f"concurrencies, comma-separated [default: {DEFAULT_CONC_TEXT}]")
-@click.option("--rate", "--request-rate", "rate", default=None, metavar="R[,R..]",
-              help="open-loop Poisson arrival rates (req/s) instead of concurrencies")
+@click.option(
+    "--gpus",
+    default="8",
+    show_default=True,
+    metavar="N[,N..]",
+    help="GPU count, or several: 2,4,8 (every tp x pp = count)",
+)
+@click.option(
+    "--splits",
+    default=None,
+    metavar="TPxPP[,..]",
+    help="only these splits, e.g. 2x4,8x1 (sets the GPU counts)",
+)
+@click.option(
+    "--conc",
+    "--max-concurrency",
+    "conc",
+    default=None,
+    metavar="C[,C..]",
+    help=f"concurrencies, comma-separated [default: {DEFAULT_CONC_TEXT}]",
+)
+@click.option(
+    "--rate",
+    "--request-rate",
+    "rate",
+    default=None,
+    metavar="R[,R..]",
+    help="open-loop Poisson arrival rates (req/s) instead of concurrencies",
+)
 @click.option("--num-requests", type=int, default=None, help="requests per point with --rate [default: 200]")
 @scenario_options
 @click.option("--out", default=None, help="write the table to this .csv or .parquet file")
-@click.option("--workers", type=int, default=None, help="local worker processes [default: every core; 1: in this process]")
-@click.option("--scheduler", default=None, help="run on a Dask cluster: its scheduler address, tcp://HOST:PORT")
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="local worker processes [default: every core; 1: in this process]",
+)
+@click.option(
+    "--scheduler", default=None, help="run on a Dask cluster: its scheduler address, tcp://HOST:PORT"
+)
 @click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
 def sweep(gpus, splits, conc, rate, num_requests, out, workers, scheduler, progress, **opts):
     """Every valid TP x PP split for the GPU count(s) x every load: a table."""
@@ -390,10 +616,19 @@ def sweep(gpus, splits, conc, rate, num_requests, out, workers, scheduler, progr
         check_out_path(out, TABLE_SUFFIXES, "output")
     load = dict(conc=parse_ints(DEFAULT_CONC_TEXT if conc is None else conc, "--conc"))
     if rate is not None:
-        load.update(rate=parse_floats(rate, "--rate"), **({"num_requests": num_requests} if num_requests else {}))
+        load.update(
+            rate=parse_floats(rate, "--rate"), **({"num_requests": num_requests} if num_requests else {})
+        )
     t = time.perf_counter()
-    df = run_sweep(parse_ints(gpus, "--gpus"), splits=parse_splits(splits), scheduler=scheduler, workers=parse_workers(workers),
-                   progress=progress, **load, **scenario_kwargs(opts))
+    df = run_sweep(
+        parse_ints(gpus, "--gpus"),
+        splits=parse_splits(splits),
+        scheduler=scheduler,
+        workers=parse_workers(workers),
+        progress=progress,
+        **load,
+        **scenario_kwargs(opts),
+    )
     wall_s = time.perf_counter() - t
     click.echo(summary(df))
     click.echo(f"{len(df)} points in {wall_s:.1f} s" + (f" on {scheduler}" if scheduler else ""))
@@ -403,30 +638,91 @@ def sweep(gpus, splits, conc, rate, num_requests, out, workers, scheduler, progr
 
 
 @cli.command()
-@click.option("--gpus", default="8", show_default=True, metavar="N[,N..]", help="GPU count, or several: 2,4,8")
-@click.option("--splits", default=None, metavar="TPxPP[,..]", help="only these splits, e.g. 2x4,8x1 (sets the GPU counts)")
-@click.option("--conc", "--max-concurrency", "conc", default=None, metavar="C[,C..]",
-              help=f"concurrencies to try [default: {DEFAULT_CONC_TEXT}]")
-@click.option("--rate", "--request-rate", "rate", default=None, metavar="R[,R..]",
-              help="open-loop Poisson arrival rates (req/s) to try instead of concurrencies")
+@click.option(
+    "--gpus", default="8", show_default=True, metavar="N[,N..]", help="GPU count, or several: 2,4,8"
+)
+@click.option(
+    "--splits",
+    default=None,
+    metavar="TPxPP[,..]",
+    help="only these splits, e.g. 2x4,8x1 (sets the GPU counts)",
+)
+@click.option(
+    "--conc",
+    "--max-concurrency",
+    "conc",
+    default=None,
+    metavar="C[,C..]",
+    help=f"concurrencies to try [default: {DEFAULT_CONC_TEXT}]",
+)
+@click.option(
+    "--rate",
+    "--request-rate",
+    "rate",
+    default=None,
+    metavar="R[,R..]",
+    help="open-loop Poisson arrival rates (req/s) to try instead of concurrencies",
+)
 @click.option("--num-requests", type=int, default=None, help="requests per point with --rate [default: 200]")
-@click.option("--objective", default="throughput", show_default=True, metavar="NAME",
-              help="throughput | throughput-per-gpu | max-load (the most load each split carries under the "
-                   "constraints) | per-request | ttft | fewest-gpus")
-@click.option("--min-per-request-tok-s", default=None, metavar="TOK_S", help="keep points whose requests decode at least this fast")
-@click.option("--max-ttft-p50-ms", default=None, metavar="MS", help="keep points whose TTFT p50 is at most this")
-@click.option("--max-ttft-p99-ms", default=None, metavar="MS", help="keep points whose TTFT p99 is at most this")
-@click.option("--max-tpot-p50-ms", default=None, metavar="MS", help="keep points whose TPOT p50 is at most this")
-@click.option("--max-tpot-p99-ms", default=None, metavar="MS", help="keep points whose TPOT p99 is at most this")
-@click.option("--plot", "plot_file", default=None, metavar="FILE",
-              help="also draw the trade-off (.png/.svg): every point, the Pareto frontier, the constraint lines")
-@click.option("--from", "from_file", default=None, help="search a sweep table (.csv/.parquet) instead of running one")
+@click.option(
+    "--objective",
+    default="throughput",
+    show_default=True,
+    metavar="NAME",
+    help="throughput | throughput-per-gpu | max-load (the most load each split carries under the "
+    "constraints) | per-request | ttft | fewest-gpus",
+)
+@click.option(
+    "--min-per-request-tok-s",
+    default=None,
+    metavar="TOK_S",
+    help="keep points whose requests decode at least this fast",
+)
+@click.option(
+    "--max-ttft-p50-ms", default=None, metavar="MS", help="keep points whose TTFT p50 is at most this"
+)
+@click.option(
+    "--max-ttft-p99-ms", default=None, metavar="MS", help="keep points whose TTFT p99 is at most this"
+)
+@click.option(
+    "--max-tpot-p50-ms", default=None, metavar="MS", help="keep points whose TPOT p50 is at most this"
+)
+@click.option(
+    "--max-tpot-p99-ms", default=None, metavar="MS", help="keep points whose TPOT p99 is at most this"
+)
+@click.option(
+    "--plot",
+    "plot_file",
+    default=None,
+    metavar="FILE",
+    help="also draw the trade-off (.png/.svg): every point, the Pareto frontier, the constraint lines",
+)
+@click.option(
+    "--from", "from_file", default=None, help="search a sweep table (.csv/.parquet) instead of running one"
+)
 @scenario_options
 @click.option("--workers", type=int, default=None, help="local worker processes [default: every core]")
 @click.option("--scheduler", default=None, help="run on a Dask cluster: tcp://HOST:PORT")
 @click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
-def search(gpus, splits, conc, rate, num_requests, objective, min_per_request_tok_s, max_ttft_p50_ms, max_ttft_p99_ms,
-           max_tpot_p50_ms, max_tpot_p99_ms, plot_file, from_file, workers, scheduler, progress, **opts):
+def search(
+    gpus,
+    splits,
+    conc,
+    rate,
+    num_requests,
+    objective,
+    min_per_request_tok_s,
+    max_ttft_p50_ms,
+    max_ttft_p99_ms,
+    max_tpot_p50_ms,
+    max_tpot_p99_ms,
+    plot_file,
+    from_file,
+    workers,
+    scheduler,
+    progress,
+    **opts,
+):
     """The best split and load under constraints, the alternatives ranked, and why."""
     from pathlib import Path
 
@@ -435,19 +731,31 @@ def search(gpus, splits, conc, rate, num_requests, objective, min_per_request_to
 
     require(conc is None or rate is None, "give --conc or --rate, not both")
     if plot_file is not None:
-        require(Path(plot_file).suffix.lower() in (".png", ".svg"), f"figure file '{plot_file}' must end in .png or .svg")
+        require(
+            Path(plot_file).suffix.lower() in (".png", ".svg"),
+            f"figure file '{plot_file}' must end in .png or .svg",
+        )
     table = read_table(from_file) if from_file else None
-    limits = {k: parse_number(v, "--" + k.replace("_", "-")) for k, v in dict(
-        min_per_request_tok_s=min_per_request_tok_s, max_ttft_p50_ms=max_ttft_p50_ms, max_ttft_p99_ms=max_ttft_p99_ms,
-        max_tpot_p50_ms=max_tpot_p50_ms, max_tpot_p99_ms=max_tpot_p99_ms).items()}
+    limits = {
+        k: parse_number(v, "--" + k.replace("_", "-"))
+        for k, v in dict(
+            min_per_request_tok_s=min_per_request_tok_s,
+            max_ttft_p50_ms=max_ttft_p50_ms,
+            max_ttft_p99_ms=max_ttft_p99_ms,
+            max_tpot_p50_ms=max_tpot_p50_ms,
+            max_tpot_p99_ms=max_tpot_p99_ms,
+        ).items()
+    }
     run = {}
-    if table is None:    # a table given: nothing is swept, and --gpus/--conc/--rate go unread
+    if table is None:  # a table given: nothing is swept, and --gpus/--conc/--rate go unread
         if rate is not None:
             run["rate"] = parse_floats(rate, "--rate")
             if num_requests is not None:
                 run["num_requests"] = num_requests
         run["conc"] = parse_ints(DEFAULT_CONC_TEXT if conc is None else conc, "--conc", MAX_CONCURRENCY)
-        run.update(scheduler=scheduler, workers=parse_workers(workers), progress=progress, **scenario_kwargs(opts))
+        run.update(
+            scheduler=scheduler, workers=parse_workers(workers), progress=progress, **scenario_kwargs(opts)
+        )
         gpus = parse_ints(gpus, "--gpus")
     result = run_search(gpus, objective, splits=parse_splits(splits), table=table, **limits, **run)
     click.echo(result.text())
@@ -468,17 +776,35 @@ def plot(results, out_dir, fmt, prefix):
     from . import plot as pl
     from .files import ensure_dir, read_table
 
-    ensure_dir(out_dir, "figure")      # before reading: a folder that cannot be made fails first
+    ensure_dir(out_dir, "figure")  # before reading: a folder that cannot be made fails first
     for path in pl.save_all(read_table(results), out_dir, fmt, prefix):
         click.echo(f"wrote {path}")
 
 
 @cli.command()
-@click.option("--tp", "--tensor-parallel-size", "--tp-size", "tp", type=int, default=1, show_default=True,
-              help="tensor-parallel size")
-@click.option("--pp", "--pipeline-parallel-size", "--pp-size", "pp", type=int, default=1, show_default=True,
-              help="pipeline-parallel size")
-@click.option("--conc", "--max-concurrency", "conc", type=int, default=None, help="closed-loop concurrency C (needed)")
+@click.option(
+    "--tp",
+    "--tensor-parallel-size",
+    "--tp-size",
+    "tp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="tensor-parallel size",
+)
+@click.option(
+    "--pp",
+    "--pipeline-parallel-size",
+    "--pp-size",
+    "pp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="pipeline-parallel size",
+)
+@click.option(
+    "--conc", "--max-concurrency", "conc", type=int, default=None, help="closed-loop concurrency C (needed)"
+)
 @scenario_options
 @click.option("--out", default="trace.json", show_default=True, help="the Chrome trace event file (.json)")
 def trace(tp, pp, conc, out, **opts):
@@ -491,36 +817,64 @@ def trace(tp, pp, conc, out, **opts):
     tr.write_trace(out, obj)
     meta = obj["otherData"]
     slices = sum(1 for e in obj["traceEvents"] if e["ph"] == "X")
-    click.echo(f"wrote {out}: {slices:,} slices over {meta['run_ms'] / 1e3:,.2f} s simulated "
-               f"(measured window {meta['window_ms'][0] / 1e3:,.2f}-{meta['window_ms'][1] / 1e3:,.2f} s); "
-               "open it in https://ui.perfetto.dev")
-    click.echo(f"output {result.output_throughput_tok_s:,.1f} tok/s, bubble {result.bubble_fraction:.0%} of GPU time")
+    click.echo(
+        f"wrote {out}: {slices:,} slices over {meta['run_ms'] / 1e3:,.2f} s simulated "
+        f"(measured window {meta['window_ms'][0] / 1e3:,.2f}-{meta['window_ms'][1] / 1e3:,.2f} s); "
+        "open it in https://ui.perfetto.dev"
+    )
+    click.echo(
+        f"output {result.output_throughput_tok_s:,.1f} tok/s, bubble {result.bubble_fraction:.0%} of GPU time"
+    )
     for st in meta["stages"]:
-        click.echo(f"  stage {st['stage']} (GPU {','.join(map(str, st['gpus']))}): {st['bubbles']:,} bubbles, "
-                   f"{st['bubble_ms']:,.1f} ms idle ({st['idle_share']:.0%}: P2P wait {st['idle_p2p_share']:.0%}, "
-                   f"CPU wait {st['idle_cpu_share']:.0%}, pipeline bubble {st['idle_bubble_share']:.0%})")
+        click.echo(
+            f"  stage {st['stage']} (GPU {','.join(map(str, st['gpus']))}): {st['bubbles']:,} bubbles, "
+            f"{st['bubble_ms']:,.1f} ms idle ({st['idle_share']:.0%}: P2P wait {st['idle_p2p_share']:.0%}, "
+            f"CPU wait {st['idle_cpu_share']:.0%}, pipeline bubble {st['idle_bubble_share']:.0%})"
+        )
 
 
 @calibrate.command("live")
 @click.option("--model", "model_arg", required=True, help="preset name or path of a Hugging Face config.json")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="profile directory to write")
-@click.option("--hf-config", is_flag=True,
-              help="also run the model's Hugging Face transformers code (random weights from the config, no "
-                   "download) for the decode loop's CPU costs and its decoder layers")
+@click.option(
+    "--hf-config",
+    is_flag=True,
+    help="also run the model's Hugging Face transformers code (random weights from the config, no "
+    "download) for the decode loop's CPU costs and its decoder layers",
+)
 @click.option("--name", default=None, help="profile name [default: live-<gpu>-<model>]")
-@click.option("--budget-s", type=float, default=420.0, show_default=True,
-              help="wall-clock budget; optional extras are skipped once it runs low")
-@click.option("--reps", type=int, default=30, show_default=True, help="timed repetitions per operation (median)")
+@click.option(
+    "--budget-s",
+    type=float,
+    default=420.0,
+    show_default=True,
+    help="wall-clock budget; optional extras are skipped once it runs low",
+)
+@click.option(
+    "--reps", type=int, default=30, show_default=True, help="timed repetitions per operation (median)"
+)
 @click.option("--warmup", type=int, default=5, show_default=True, help="untimed calls before timing")
-@click.option("--collectives/--no-collectives", default=True, show_default=True,
-              help="with several GPUs visible: NCCL all-reduce, all-gather and P2P tables")
+@click.option(
+    "--collectives/--no-collectives",
+    default=True,
+    show_default=True,
+    help="with several GPUs visible: NCCL all-reduce, all-gather and P2P tables",
+)
 def calibrate_live(model_arg, out, hf_config, name, budget_s, reps, warmup, collectives):
     """Measure MODEL's operation costs on this machine's NVIDIA GPUs into a profile
     that `pipesim predict --profile OUT --model MODEL` uses (needs pipesim[live])."""
     from .calibrate.live import run_live
 
-    path = run_live(model_arg, out, hf_config=hf_config, name=name, budget_s=budget_s, reps=reps, warmup=warmup,
-                    collectives=collectives)
+    path = run_live(
+        model_arg,
+        out,
+        hf_config=hf_config,
+        name=name,
+        budget_s=budget_s,
+        reps=reps,
+        warmup=warmup,
+        collectives=collectives,
+    )
     click.echo(f"wrote {path}")
 
 

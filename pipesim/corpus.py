@@ -25,17 +25,47 @@ import pandas as pd
 from pipesim.errors import UserError, require
 
 #: Every column a corpus CSV must have, in the order they are written.
-COLUMNS = ("row_id", "run_id", "source_id", "hardware", "gpus", "interconnect", "nodes", "engine",
-           "engine_version", "model", "quantization", "kv_cache_dtype", "launch_flags", "workload",
-           "num_prompts", "tp", "pp", "dp", "ep", "concurrency", "request_rate", "metric", "value", "unit",
-           "citation", "notes")
+COLUMNS = (
+    "row_id",
+    "run_id",
+    "source_id",
+    "hardware",
+    "gpus",
+    "interconnect",
+    "nodes",
+    "engine",
+    "engine_version",
+    "model",
+    "quantization",
+    "kv_cache_dtype",
+    "launch_flags",
+    "workload",
+    "num_prompts",
+    "tp",
+    "pp",
+    "dp",
+    "ep",
+    "concurrency",
+    "request_rate",
+    "metric",
+    "value",
+    "unit",
+    "citation",
+    "notes",
+)
 
 #: Allowed metric names and the one unit each is recorded in. request_s is request
 #: throughput; e2el is end-to-end request latency; p50 is the median.
 METRICS = {
-    "output_tok_s": "tok/s", "total_tok_s": "tok/s", "per_request_tok_s": "tok/s", "request_s": "req/s",
-    **{f"{name}_ms_{stat}": "ms" for name in ("ttft", "tpot", "itl", "e2el")
-       for stat in ("mean", "p50", "p90", "p99")},
+    "output_tok_s": "tok/s",
+    "total_tok_s": "tok/s",
+    "per_request_tok_s": "tok/s",
+    "request_s": "req/s",
+    **{
+        f"{name}_ms_{stat}": "ms"
+        for name in ("ttft", "tpot", "itl", "e2el")
+        for stat in ("mean", "p50", "p90", "p99")
+    },
 }
 
 ENGINES = ("vllm", "sglang")
@@ -43,10 +73,20 @@ ENGINES = ("vllm", "sglang")
 #: Columns that describe the run, not the one number: rows of one run_id must agree on them.
 RUN_COLUMNS = tuple(c for c in COLUMNS if c not in ("row_id", "metric", "value", "unit", "citation", "notes"))
 
-_WHOLE = ("gpus", "nodes", "tp", "pp", "dp", "ep")          # required, >= 1
-_OPTIONAL_WHOLE = ("num_prompts", "concurrency")            # empty or >= 1
-_REQUIRED_TEXT = ("row_id", "run_id", "source_id", "hardware", "engine", "model", "workload", "metric", "unit",
-                  "citation")
+_WHOLE = ("gpus", "nodes", "tp", "pp", "dp", "ep")  # required, >= 1
+_OPTIONAL_WHOLE = ("num_prompts", "concurrency")  # empty or >= 1
+_REQUIRED_TEXT = (
+    "row_id",
+    "run_id",
+    "source_id",
+    "hardware",
+    "engine",
+    "model",
+    "workload",
+    "metric",
+    "unit",
+    "citation",
+)
 
 
 def corpus_dir():
@@ -76,29 +116,43 @@ def _rate(text: str, where: str) -> float:
     except ValueError:
         rate = math.nan
     if not (math.isfinite(rate) and rate > 0):
-        raise UserError(f"{where}, column request_rate: {text!r} is not allowed (requests/s > 0, 'inf', or empty)")
+        raise UserError(
+            f"{where}, column request_rate: {text!r} is not allowed (requests/s > 0, 'inf', or empty)"
+        )
     return rate
 
 
 def _check_row(row: dict, where: str, stem: str) -> dict:
     for column in _REQUIRED_TEXT:
         require(row[column].strip() != "", f"{where}, column {column}: must not be empty")
-    require(row["source_id"] == stem,
-            f"{where}, column source_id: {row['source_id']!r} must match the file name ({stem!r}): one CSV per source")
-    require(row["engine"] in ENGINES, f"{where}, column engine: {row['engine']!r} is not allowed (one of "
-            f"{', '.join(ENGINES)})")
+    require(
+        row["source_id"] == stem,
+        f"{where}, column source_id: {row['source_id']!r} must match the file name ({stem!r}): one CSV per source",
+    )
+    require(
+        row["engine"] in ENGINES,
+        f"{where}, column engine: {row['engine']!r} is not allowed (one of {', '.join(ENGINES)})",
+    )
     metric = row["metric"]
-    require(metric in METRICS, f"{where}, column metric: {metric!r} is not allowed (one of {', '.join(METRICS)})")
-    require(row["unit"] == METRICS[metric],
-            f"{where}, column unit: {row['unit']!r} is not the unit of {metric} (it is {METRICS[metric]!r})")
+    require(
+        metric in METRICS, f"{where}, column metric: {metric!r} is not allowed (one of {', '.join(METRICS)})"
+    )
+    require(
+        row["unit"] == METRICS[metric],
+        f"{where}, column unit: {row['unit']!r} is not the unit of {metric} (it is {METRICS[metric]!r})",
+    )
     try:
         value = float(row["value"])
     except ValueError:
         value = math.nan
-    require(math.isfinite(value) and value > 0,
-            f"{where}, column value: {row['value']!r} is not allowed (a finite number > 0)")
-    require(row["citation"].startswith(("https://", "http://")),
-            f"{where}, column citation: {row['citation']!r} must start with the exact URL (https://...)")
+    require(
+        math.isfinite(value) and value > 0,
+        f"{where}, column value: {row['value']!r} is not allowed (a finite number > 0)",
+    )
+    require(
+        row["citation"].startswith(("https://", "http://")),
+        f"{where}, column citation: {row['citation']!r} must start with the exact URL (https://...)",
+    )
     out = dict(row, value=value)
     for column in _WHOLE:
         out[column] = _whole(row[column], where, column)
@@ -116,16 +170,23 @@ def _load_text(text: str, origin: str, stem: str) -> list[dict]:
     rows, runs = [], {}
     for row in reader:
         where = f"{origin}: line {reader.line_num}"
-        require(None not in row and None not in row.values(),
-                f"{where}: has {len(header) + len(row.get(None) or [])} fields, the header has {len(header)}"
-                if None in row else f"{where}: has fewer fields than the header's {len(header)}")
+        require(
+            None not in row and None not in row.values(),
+            f"{where}: has {len(header) + len(row.get(None) or [])} fields, the header has {len(header)}"
+            if None in row
+            else f"{where}: has fewer fields than the header's {len(header)}",
+        )
         checked = _check_row(row, where, stem)
         first = runs.setdefault(checked["run_id"], checked)
         for column in RUN_COLUMNS:
-            same = first[column] == checked[column] or (column == "request_rate" and math.isnan(first[column])
-                                                        and math.isnan(checked[column]))
-            require(same, f"{where}, column {column}: run {checked['run_id']} already has {first[column]!r} here, "
-                    f"not {checked[column]!r} (one configuration per run_id)")
+            same = first[column] == checked[column] or (
+                column == "request_rate" and math.isnan(first[column]) and math.isnan(checked[column])
+            )
+            require(
+                same,
+                f"{where}, column {column}: run {checked['run_id']} already has {first[column]!r} here, "
+                f"not {checked[column]!r} (one configuration per run_id)",
+            )
         rows.append(checked)
     require(rows, f"{origin}: no data rows")
     return rows
@@ -144,15 +205,19 @@ def load_corpus(path: str | Path | None = None) -> pd.DataFrame:
     require(files, f"no corpus CSV files in {folder}")
     rows = []
     for f in files:
-        rows += _load_text(f.read_text(encoding="utf-8"), str(f), f.name[:-len(".csv")])
+        rows += _load_text(f.read_text(encoding="utf-8"), str(f), f.name[: -len(".csv")])
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     dup = frame["row_id"].duplicated()
     if dup.any():
-        raise UserError(f"row_id {frame['row_id'][dup].iloc[0]!r} appears twice in the corpus; row ids must be unique")
+        raise UserError(
+            f"row_id {frame['row_id'][dup].iloc[0]!r} appears twice in the corpus; row ids must be unique"
+        )
     dup = frame.duplicated(["run_id", "metric"])
     if dup.any():
         first = frame[dup].iloc[0]
-        raise UserError(f"run {first['run_id']!r} has metric {first['metric']!r} twice; one row per metric of a run")
+        raise UserError(
+            f"run {first['run_id']!r} has metric {first['metric']!r} twice; one row per metric of a run"
+        )
     for column in _OPTIONAL_WHOLE:
         frame[column] = frame[column].astype("Int64")
     return frame.astype({c: "int64" for c in _WHOLE} | {"value": "float64", "request_rate": "float64"})

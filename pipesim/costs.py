@@ -45,20 +45,20 @@ PROVENANCE = TABLE_PROVENANCE + ("roofline", "borrowed")
 
 class Op(NamedTuple):
     name: str
-    seconds: float   # for one layer / one occurrence
-    count: int       # occurrences in the stage
-    source: str      # its provenance, one of PROVENANCE
-    kind: str        # "compute" or "tp_comm"
+    seconds: float  # for one layer / one occurrence
+    count: int  # occurrences in the stage
+    source: str  # its provenance, one of PROVENANCE
+    kind: str  # "compute" or "tp_comm"
 
 
 @dataclass(frozen=True)
 class Shape:
     """What a micro-batch asks of a stage."""
 
-    decode: int = 0                               # decode tokens (one per request)
-    decode_ctx: int = 0                           # mean context of the decode requests
-    prefill: tuple[tuple[int, int], ...] = ()     # (chunk tokens, prefix tokens) per request
-    graphed: bool = True                          # replayed from a CUDA graph (else launched eagerly)
+    decode: int = 0  # decode tokens (one per request)
+    decode_ctx: int = 0  # mean context of the decode requests
+    prefill: tuple[tuple[int, int], ...] = ()  # (chunk tokens, prefix tokens) per request
+    graphed: bool = True  # replayed from a CUDA graph (else launched eagerly)
 
     @property
     def tokens(self) -> int:
@@ -78,8 +78,8 @@ class CostModel:
         self.params = profile.params
         self.floor_s = self.params.kernel_floor_us * 1e-6
         self._stage_cache: dict = {}
-        self._stage_sources: dict = {}   # stage-time cache key -> {provenance: seconds}
-        self._stage_uses: dict = {}      # stage-time cache key -> micro-batches computed
+        self._stage_sources: dict = {}  # stage-time cache key -> {provenance: seconds}
+        self._stage_uses: dict = {}  # stage-time cache key -> micro-batches computed
         self._foreign = bool(getattr(profile, "foreign", ""))
         self._hop_cache: dict = {}
         self._hop_time_cache: dict = {}
@@ -120,7 +120,10 @@ class CostModel:
             if curve is not None:
                 return curve(tokens) * 1e-3, curve.provenance(tokens)
         touched = distinct_experts(tokens, mo.n_routed_experts, mo.topk)
-        nbytes = touched * m.expert_params() * m.expert_dtype.bytes_per_param / tp + ACT_BYTES * tokens * m.hidden * 2
+        nbytes = (
+            touched * m.expert_params() * m.expert_dtype.bytes_per_param / tp
+            + ACT_BYTES * tokens * m.hidden * 2
+        )
         flops = 2.0 * tokens * mo.topk * m.expert_params() / tp
         return self.roofline(nbytes, flops, m.expert_dtype.compute), "roofline"
 
@@ -137,7 +140,7 @@ class CostModel:
             surface = self.profile.gqa_decode.get((heads, max(m.kv_heads // tp, 1), m.head_dim))
             kv_elems = 2 * max(m.kv_heads // tp, 1) * m.head_dim
             flops = 4.0 * batch * heads * context * m.head_dim
-        if surface is not None and m.kv_cache_dtype == "bf16":   # the tables hold a bf16 KV cache
+        if surface is not None and m.kv_cache_dtype == "bf16":  # the tables hold a bf16 KV cache
             return surface(batch, max(context, 1)) * 1e-3, surface.provenance(batch, max(context, 1))
         nbytes = batch * context * kv_elems * m.kv_bytes_per_element
         return self.roofline(nbytes, flops), "roofline"
@@ -151,8 +154,11 @@ class CostModel:
         m = self.model
         heads = m.heads // tp
         scale = (chunk + 2.0 * prefix) / chunk
-        surface = (self.profile.mla_prefill.get((heads,)) if m.mla else
-                   self.profile.gqa_prefill.get((heads, max(m.kv_heads // tp, 1), m.head_dim)))
+        surface = (
+            self.profile.mla_prefill.get((heads,))
+            if m.mla
+            else self.profile.gqa_prefill.get((heads, max(m.kv_heads // tp, 1), m.head_dim))
+        )
         if surface is not None:
             return surface(1, chunk) * 1e-3 * scale, surface.provenance(1, chunk)
         qk = (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim) if m.mla else 2 * m.head_dim
@@ -209,7 +215,9 @@ class CostModel:
     def ring_hop_latency_s(self, gpus: tuple[int, ...]) -> float:
         """The slowest neighbour-to-neighbour latency of the ring over `gpus`."""
         box = self.box
-        return max(sum(box.link(d).latency_s for d in box.path(a, b)) for a, b in zip(gpus, gpus[1:] + gpus[:1]))
+        return max(
+            sum(box.link(d).latency_s for d in box.path(a, b)) for a, b in zip(gpus, gpus[1:] + gpus[:1])
+        )
 
     def allreduce_time(self, gpus: tuple[int, ...], nbytes: float) -> float:
         return self.collective("all_reduce", gpus, nbytes)[0]
@@ -222,8 +230,14 @@ class CostModel:
         hit = self._hop_time_cache.get(key)
         if hit is None:
             latency_s, s_per_byte = self._hop_path(src_stage, dst_stage)
-            gather = self.collective("all_gather", self.plan.stage_gpus(dst_stage), nbytes)[0] if self.plan.tp > 1 else 0.0
-            hit = self._hop_time_cache[key] = latency_s + nbytes * s_per_byte + gather + self.params.cpu_hop_ms * 1e-3
+            gather = (
+                self.collective("all_gather", self.plan.stage_gpus(dst_stage), nbytes)[0]
+                if self.plan.tp > 1
+                else 0.0
+            )
+            hit = self._hop_time_cache[key] = (
+                latency_s + nbytes * s_per_byte + gather + self.params.cpu_hop_ms * 1e-3
+            )
         return hit
 
     def _hop_path(self, src_stage: int, dst_stage: int) -> tuple[float, float]:
@@ -272,7 +286,12 @@ class CostModel:
         L = len(layers)
         if stage == 0:
             add("embedding", self.elementwise(T, h, 1.0), 1)
-            add("embedding all-reduce", self.collective("all_reduce", gpus, T * h * ACT_BYTES), 1 if tp > 1 else 0, "tp_comm")
+            add(
+                "embedding all-reduce",
+                self.collective("all_reduce", gpus, T * h * ACT_BYTES),
+                1 if tp > 1 else 0,
+                "tp_comm",
+            )
         # attention block
         add("norms", self.elementwise(T, h), 2 * L)
         if m.mla:
@@ -281,13 +300,25 @@ class CostModel:
             add("q_a+kv_a proj", self.gemm(T, a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim, h, dt), L)
             add("q_a/kv_a norms", self.elementwise(T, a.q_lora_rank + a.kv_lora_rank), L)
             add("q_b proj", self.gemm(T, m.heads // tp * qk, a.q_lora_rank, dt), L)
-            add("kv_b proj (absorbed)", self.gemm(T, m.heads // tp * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, dt), L)
+            add(
+                "kv_b proj (absorbed)",
+                self.gemm(T, m.heads // tp * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, dt),
+                L,
+            )
             o_in = m.heads // tp * a.v_head_dim
         else:
-            add("qkv proj", self.gemm(T, (m.heads // tp + 2 * max(m.kv_heads // tp, 1)) * m.head_dim, h, dt), L)
+            add(
+                "qkv proj",
+                self.gemm(T, (m.heads // tp + 2 * max(m.kv_heads // tp, 1)) * m.head_dim, h, dt),
+                L,
+            )
             add("rope", self.elementwise(T, (m.heads // tp) * m.head_dim), L)
             o_in = m.heads // tp * m.head_dim
-        add("attention decode", self.attention_decode(shape.decode, shape.decode_ctx, tp), L if shape.decode else 0)
+        add(
+            "attention decode",
+            self.attention_decode(shape.decode, shape.decode_ctx, tp),
+            L if shape.decode else 0,
+        )
         for chunk, prefix in shape.prefill:
             add("attention prefill", self.attention_prefill(chunk, prefix, tp), L)
         add("o proj", self.gemm(T, h, o_in, dt), L)
@@ -315,7 +346,12 @@ class CostModel:
             rows = shape.decode + len(shape.prefill)
             add("final norm", self.elementwise(T, h), 1)
             add("lm_head", self.gemm(rows, m.vocab // tp, h, m.embed_dtype), 1)
-            add("logits all-gather", self.collective("all_gather", gpus, rows * m.vocab * ACT_BYTES), 1 if tp > 1 else 0, "tp_comm")
+            add(
+                "logits all-gather",
+                self.collective("all_gather", gpus, rows * m.vocab * ACT_BYTES),
+                1 if tp > 1 else 0,
+                "tp_comm",
+            )
             add("sampling", self.elementwise(rows, m.vocab, 2.0), 1)
         return ops
 
@@ -333,7 +369,9 @@ class CostModel:
             comm = sum(o.seconds * o.count for o in ops if o.kind == "tp_comm")
             by_source: dict = {}
             for o in ops:
-                by_source[o.source] = by_source.get(o.source, 0.0) + o.seconds * o.count * (scale if o.kind == "compute" else 1.0)
+                by_source[o.source] = by_source.get(o.source, 0.0) + o.seconds * o.count * (
+                    scale if o.kind == "compute" else 1.0
+                )
             self._stage_sources[key] = by_source
             compute += self.launch_wait(stage, compute + comm, shape.graphed)
             hit = self._stage_cache[key] = (compute, comm)

@@ -24,24 +24,42 @@ TABLE_SUFFIXES = (".csv", ".parquet")
 TABLE_COLUMNS = ("gpus", "tp", "pp", "conc", "output_throughput_tok_s", "per_request_tok_s")
 # other number columns of a sweep table (sweep.run_point) that search and plot read; NaN is
 # allowed there (a TPOT of one-token requests), text is not
-NUMBER_TABLE_COLUMNS = ("seed", "output_throughput_ci_tok_s", "output_tok_s_per_gpu", "request_throughput_req_s",
-                        "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "e2e_ms_mean", "compute_share",
-                        "allreduce_share", "bubble_fraction", "idle_p2p_share", "idle_cpu_share", "idle_bubble_share",
-                        "p2p_share", "cpu_share", "mean_requests_per_microbatch", "mean_decode_batch")
+NUMBER_TABLE_COLUMNS = (
+    "seed",
+    "output_throughput_ci_tok_s",
+    "output_tok_s_per_gpu",
+    "request_throughput_req_s",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "tpot_ms_p50",
+    "tpot_ms_p99",
+    "e2e_ms_mean",
+    "compute_share",
+    "allreduce_share",
+    "bubble_fraction",
+    "idle_p2p_share",
+    "idle_cpu_share",
+    "idle_bubble_share",
+    "p2p_share",
+    "cpu_share",
+    "mean_requests_per_microbatch",
+    "mean_decode_batch",
+)
 
 
 def check_out_path(path: str | Path, suffixes: tuple[str, ...], what: str) -> Path:
     """An output file: an allowed suffix and an existing directory, checked before any work."""
     out = Path(path)
-    require(out.suffix.lower() in suffixes,
-            f"{what} file '{out}' must end in {' or '.join(suffixes)}")
+    require(out.suffix.lower() in suffixes, f"{what} file '{out}' must end in {' or '.join(suffixes)}")
     parent = out.parent if str(out.parent) else Path(".")
     require(parent.is_dir(), f"directory '{parent}' of the {what} file does not exist")
     if out.suffix.lower() == ".parquet":
         try:
             import pyarrow  # noqa: F401
         except ImportError:
-            raise UserError("writing Parquet needs pyarrow: pip install 'pipesim[parquet]', or write .csv") from None
+            raise UserError(
+                "writing Parquet needs pyarrow: pip install 'pipesim[parquet]', or write .csv"
+            ) from None
     return out
 
 
@@ -50,7 +68,10 @@ def ensure_dir(path: str | Path, what: str) -> Path:
     not a folder) where it or a parent should be is one line of error."""
     folder = Path(path)
     for p in [folder, *folder.parents]:
-        require(not p.exists() or p.is_dir(), f"cannot make the {what} folder '{folder}': '{p}' is a file, not a folder")
+        require(
+            not p.exists() or p.is_dir(),
+            f"cannot make the {what} folder '{folder}': '{p}' is a file, not a folder",
+        )
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -65,13 +86,19 @@ def check_profile_out(path: str | Path) -> Path:
     from .profile import profile_names
 
     text = str(path)
-    require(text not in profile_names() or Path(text).joinpath("profile.toml").is_file(),
-            f"'{text}' is a shipped profile; write the new profile to a folder path instead, e.g. --out ./{text}-mine")
+    require(
+        text not in profile_names() or Path(text).joinpath("profile.toml").is_file(),
+        f"'{text}' is a shipped profile; write the new profile to a folder path instead, e.g. --out ./{text}-mine",
+    )
     out = Path(path)
-    require(not out.is_file() and not out.is_symlink() or out.is_dir(),
-            f"--out '{out}' is a file, not a profile folder; give a new folder or an existing profile")
-    require(not out.is_dir() or (out / "profile.toml").is_file() or not any(out.iterdir()),
-            f"--out '{out}' is a folder without profile.toml; pipesim replaces only a profile folder (or an empty one)")
+    require(
+        not out.is_file() and not out.is_symlink() or out.is_dir(),
+        f"--out '{out}' is a file, not a profile folder; give a new folder or an existing profile",
+    )
+    require(
+        not out.is_dir() or (out / "profile.toml").is_file() or not any(out.iterdir()),
+        f"--out '{out}' is a folder without profile.toml; pipesim replaces only a profile folder (or an empty one)",
+    )
     return out
 
 
@@ -100,9 +127,8 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
 
 def read_table(path: str | Path) -> pd.DataFrame:
     """A sweep table written by `write_table` (or `pipesim sweep --out`)."""
-    import pandas as pd
-
     import numpy as np
+    import pandas as pd
 
     p = Path(path)
     require(p.is_file(), f"sweep file '{p}' does not exist")
@@ -121,7 +147,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
             raise UserError(f"sweep file '{p}': cannot read as CSV ({type(exc).__name__})") from None
     missing = [c for c in TABLE_COLUMNS if c not in df.columns]
     require(not missing, f"'{p}' is not a pipesim sweep table: no column(s) {', '.join(missing)}")
-    if "rate_rps" not in df.columns:   # written before open-loop sweeps: every row a closed loop
+    if "rate_rps" not in df.columns:  # written before open-loop sweeps: every row a closed loop
         df["rate_rps"] = 0.0
     require(len(df) > 0, f"sweep file '{p}' has no rows")
     for col in [c for c in df.columns if c in TABLE_COLUMNS or c in NUMBER_TABLE_COLUMNS]:

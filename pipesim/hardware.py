@@ -24,7 +24,7 @@ from ._toml import toml_reader
 from .checks import MAX_GPUS, parse_toml, read_text
 from .errors import UserError, require
 
-NETWORK_NODE = "network"   # the fabric every NIC links to in a cluster
+NETWORK_NODE = "network"  # the fabric every NIC links to in a cluster
 
 
 @dataclass(frozen=True)
@@ -35,14 +35,18 @@ class GPU:
     flops_bf16: float
     flops_fp8: float
     flops_fp4: float
-    pcie_gen: int = 0      # 0 = not stated
+    pcie_gen: int = 0  # 0 = not stated
 
     def flops(self, dtype: str) -> float:
         """Dense tensor rate of a GEMM's math (quantization.WeightFormat.compute):
         weight-only formats (int4, ...) dequantize to bf16 math; int8 tensor cores run
         at the fp8 rate (NVIDIA Hopper/Blackwell datasheets list INT8 TOPS = FP8 TFLOPS)."""
-        return {"bf16": self.flops_bf16, "fp8": self.flops_fp8, "int8": self.flops_fp8,
-                "fp4": self.flops_fp4}.get(dtype, self.flops_bf16)
+        return {
+            "bf16": self.flops_bf16,
+            "fp8": self.flops_fp8,
+            "int8": self.flops_fp8,
+            "fp4": self.flops_fp4,
+        }.get(dtype, self.flops_bf16)
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,8 @@ class Network:
     """What joins the boxes of a cluster: one NIC per GPU."""
 
     name: str
-    nic_bw_bytes_s: float    # per GPU, per direction
-    latency_s: float         # one message, NIC to NIC across the fabric
+    nic_bw_bytes_s: float  # per GPU, per direction
+    latency_s: float  # one message, NIC to NIC across the fabric
 
 
 # A directed use of a link: (child, parent) going up, (parent, child) going down.
@@ -71,13 +75,13 @@ class Box:
     name: str
     description: str
     gpu: GPU
-    gpu_count: int                       # in the whole cluster
+    gpu_count: int  # in the whole cluster
     links: tuple[Link, ...]
     nodes: int = 1
     network: Network | None = None
     interconnect: str = ""
-    sources: tuple[tuple[str, str], ...] = ()   # (field, where its number comes from)
-    aiconfigurator_system: str = ""      # AIConfigurator's name for this GPU's measured tables (catalogue.py)
+    sources: tuple[tuple[str, str], ...] = ()  # (field, where its number comes from)
+    aiconfigurator_system: str = ""  # AIConfigurator's name for this GPU's measured tables (catalogue.py)
 
     @property
     def gpus_per_node(self) -> int:
@@ -100,8 +104,10 @@ class Box:
             return {}
         net = self.network
         # the network latency is split over the two NIC links a transfer crosses
-        return {f"gpu{g}": Link(f"gpu{g}", NETWORK_NODE, net.nic_bw_bytes_s, net.latency_s / 2)
-                for g in range(self.gpu_count)}
+        return {
+            f"gpu{g}": Link(f"gpu{g}", NETWORK_NODE, net.nic_bw_bytes_s, net.latency_s / 2)
+            for g in range(self.gpu_count)
+        }
 
     def _ancestors(self, node: str) -> list[str]:
         parent, chain = self._parents, [node]
@@ -122,7 +128,8 @@ class Box:
         hops_down = down[: down.index(common)]
         parent = self._parents
         return tuple((n, parent[n].parent) for n in hops_up) + tuple(
-            (parent[n].parent, n) for n in reversed(hops_down))
+            (parent[n].parent, n) for n in reversed(hops_down)
+        )
 
     def link(self, d: LinkDir) -> Link:
         if NETWORK_NODE in d and self._nics:
@@ -136,7 +143,7 @@ class Box:
         if not hops:
             return 0.0
         links = [self.link(h) for h in hops]
-        return sum(l.latency_s for l in links) + nbytes / min(l.bw_bytes_s for l in links)
+        return sum(lk.latency_s for lk in links) + nbytes / min(lk.bw_bytes_s for lk in links)
 
     def ring_links(self, gpus: tuple[int, ...]) -> tuple[LinkDir, ...]:
         """Directed links a ring collective over `gpus` crosses (both ring directions)."""
@@ -151,14 +158,19 @@ class Box:
 
 def cluster(box: Box, nodes: int, network: Network | None = None) -> Box:
     """`nodes` copies of a one-node box joined by `network` (default: the box's own)."""
-    require(isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1,
-            f"--nodes must be a whole number >= 1, got {nodes}")
+    require(
+        isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1,
+        f"--nodes must be a whole number >= 1, got {nodes}",
+    )
     require(box.nodes == 1, f"box {box.name} is already a cluster of {box.nodes} nodes")
     net = network or box.network
     if nodes == 1:
         return box if net is box.network else replace(box, network=net)
-    require(net is not None, f"box {box.name} has no [network] section; give one with --network "
-                             f"({', '.join(network_names())}) to join {nodes} nodes")
+    require(
+        net is not None,
+        f"box {box.name} has no [network] section; give one with --network "
+        f"({', '.join(network_names())}) to join {nodes} nodes",
+    )
     g = box.gpu_count
     require(g * nodes <= MAX_GPUS, f"--nodes {nodes} makes {g * nodes} GPUs, above the limit of {MAX_GPUS}")
 
@@ -167,13 +179,24 @@ def cluster(box: Box, nodes: int, network: Network | None = None) -> Box:
             return f"gpu{k * g + int(node[3:])}"
         return f"n{k}.{node}"
 
-    links = tuple(Link(rename(l.child, k), rename(l.parent, k), l.bw_bytes_s, l.latency_s)
-                  for k in range(nodes) for l in box.links)
-    return replace(box, name=f"{box.name} x {nodes} nodes", gpu_count=g * nodes, links=links, nodes=nodes,
-                   network=net, description=f"{nodes} x ({box.description}), joined by {net.name}")
+    links = tuple(
+        Link(rename(lk.child, k), rename(lk.parent, k), lk.bw_bytes_s, lk.latency_s)
+        for k in range(nodes)
+        for lk in box.links
+    )
+    return replace(
+        box,
+        name=f"{box.name} x {nodes} nodes",
+        gpu_count=g * nodes,
+        links=links,
+        nodes=nodes,
+        network=net,
+        description=f"{nodes} x ({box.description}), joined by {net.name}",
+    )
 
 
 # ---- networks --------------------------------------------------------------------------------
+
 
 def _network_table() -> dict:
     text = resources.files("pipesim.data").joinpath("networks.toml").read_text()
@@ -201,6 +224,7 @@ def network_from_dict(d: dict, origin: str) -> Network:
 
 # ---- loading and validation --------------------------------------------------------------------
 
+
 def box_names() -> list[str]:
     folder = resources.files("pipesim.data").joinpath("boxes")
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
@@ -216,8 +240,10 @@ def load_box(name_or_path: str | Path, nodes: int = 1, network: str | None = Non
         origin = f"preset {text}"
     else:
         path = Path(text)
-        require(path.suffix == ".toml" and path.is_file(),
-                f"unknown box '{text}'; known presets: {', '.join(box_names())}, or the path of a box .toml file")
+        require(
+            path.suffix == ".toml" and path.is_file(),
+            f"unknown box '{text}'; known presets: {', '.join(box_names())}, or the path of a box .toml file",
+        )
         raw, origin = read_text(path, "box"), str(path)
     data = parse_toml(raw, f"box {origin}")
     box = box_from_dict(data, origin)
@@ -249,84 +275,129 @@ def box_from_dict(data: dict, origin: str = "box") -> Box:
     for key in ("name", "count", "memory_bytes", "mem_bw_bytes_s", "flops_bf16"):
         require(key in g, f"{where}: missing field gpu.{key}")
     count = g["count"]
-    require(isinstance(count, int) and not isinstance(count, bool) and count >= 1,
-            f"{where}: gpu.count = {count!r} must be a whole number >= 1")
+    require(
+        isinstance(count, int) and not isinstance(count, bool) and count >= 1,
+        f"{where}: gpu.count = {count!r} must be a whole number >= 1",
+    )
     require(count <= MAX_GPUS, f"{where}: gpu.count = {count} is above the limit of {MAX_GPUS}")
     num = {k: _number(g[k], f"{where}: gpu.{k}") for k in ("memory_bytes", "mem_bw_bytes_s", "flops_bf16")}
     fp8 = _number(g.get("flops_fp8", num["flops_bf16"]), f"{where}: gpu.flops_fp8")
     fp4 = _number(g.get("flops_fp4", fp8), f"{where}: gpu.flops_fp4")
     pcie = g.get("pcie_gen", 0)
-    require(isinstance(pcie, int) and not isinstance(pcie, bool) and 0 <= pcie <= 7,
-            f"{where}: gpu.pcie_gen = {pcie!r} must be a whole number 0-7 (0 = not stated)")
-    gpu = GPU(_text(g, "name", f"{where}: gpu"), num["memory_bytes"], num["mem_bw_bytes_s"], num["flops_bf16"],
-              fp8, fp4, pcie)
+    require(
+        isinstance(pcie, int) and not isinstance(pcie, bool) and 0 <= pcie <= 7,
+        f"{where}: gpu.pcie_gen = {pcie!r} must be a whole number 0-7 (0 = not stated)",
+    )
+    gpu = GPU(
+        _text(g, "name", f"{where}: gpu"),
+        num["memory_bytes"],
+        num["mem_bw_bytes_s"],
+        num["flops_bf16"],
+        fp8,
+        fp4,
+        pcie,
+    )
 
     topo = data.get("topology", {})
     require(isinstance(topo, dict), f"{where}: [topology] must be a table holding links = [...]")
     raw_links = topo.get("links", [])
     require(isinstance(raw_links, list), f"{where}: topology.links must be a list of links")
     links = []
-    for i, l in enumerate(raw_links):
+    for i, lk in enumerate(raw_links):
         what = f"{where}: link {i + 1}"
-        require(isinstance(l, dict), f"{what} must be a table {{child, parent, bw_gb_s, latency_us}}")
+        require(isinstance(lk, dict), f"{what} must be a table {{child, parent, bw_gb_s, latency_us}}")
         for key in ("child", "parent", "bw_gb_s", "latency_us"):
-            require(key in l, f"{what}: missing field {key}")
-        child, parent = _text(l, "child", what), _text(l, "parent", what)
+            require(key in lk, f"{what}: missing field {key}")
+        child, parent = _text(lk, "child", what), _text(lk, "parent", what)
         require(child != parent, f"{what}: {child} cannot be its own parent")
-        require(child != NETWORK_NODE and parent != NETWORK_NODE, f"{what}: '{NETWORK_NODE}' is reserved for the cluster network")
-        links.append(Link(child, parent, _number(l["bw_gb_s"], f"{what} ({child}-{parent}) bw_gb_s") * 1e9,
-                          _number(l["latency_us"], f"{what} ({child}-{parent}) latency_us", positive=False) * 1e-6))
+        require(
+            child != NETWORK_NODE and parent != NETWORK_NODE,
+            f"{what}: '{NETWORK_NODE}' is reserved for the cluster network",
+        )
+        links.append(
+            Link(
+                child,
+                parent,
+                _number(lk["bw_gb_s"], f"{what} ({child}-{parent}) bw_gb_s") * 1e9,
+                _number(lk["latency_us"], f"{what} ({child}-{parent}) latency_us", positive=False) * 1e-6,
+            )
+        )
     parents: dict[str, str] = {}
-    for l in links:
-        require(l.child not in parents, f"{where}: {l.child} has two parents ({parents.get(l.child)} and {l.parent}); "
-                                        "the topology must be a tree, each node linked once to its parent")
-        parents[l.child] = l.parent
-    for node in parents:                      # walk up from every node: a repeat is a cycle
+    for lk in links:
+        require(
+            lk.child not in parents,
+            f"{where}: {lk.child} has two parents ({parents.get(lk.child)} and {lk.parent}); "
+            "the topology must be a tree, each node linked once to its parent",
+        )
+        parents[lk.child] = lk.parent
+    for node in parents:  # walk up from every node: a repeat is a cycle
         seen, n = [node], node
         while n in parents:
             n = parents[n]
             if n in seen:
-                raise UserError(f"{where}: the links form a cycle ({' -> '.join(seen[seen.index(n):] + [n])}); "
-                                "the topology must be a tree")
+                raise UserError(
+                    f"{where}: the links form a cycle ({' -> '.join(seen[seen.index(n) :] + [n])}); "
+                    "the topology must be a tree"
+                )
             seen.append(n)
     for name in set(parents) | set(parents.values()):
         if name.startswith("gpu") and name[3:].isdigit():
-            require(int(name[3:]) < count, f"{where}: link names {name}, but gpu.count = {count} (gpu0..gpu{count - 1})")
+            require(
+                int(name[3:]) < count,
+                f"{where}: link names {name}, but gpu.count = {count} (gpu0..gpu{count - 1})",
+            )
 
     net = network_from_dict(data["network"], where) if "network" in data else None
     sources = data.get("sources", {})
-    require(isinstance(sources, dict) and all(isinstance(v, str) for v in sources.values()),
-            f"{where}: [sources] must map field names to strings")
-    box = Box(_text(data, "name", where, origin), _text(data, "description", where, ""), gpu, count, tuple(links),
-              network=net, interconnect=_text(data, "interconnect", where, ""),
-              sources=tuple((str(k), v) for k, v in sources.items()),
-              aiconfigurator_system=_text(data, "aiconfigurator_system", where, ""))
-    for i in range(1, count):   # every GPU must be reachable from gpu0
+    require(
+        isinstance(sources, dict) and all(isinstance(v, str) for v in sources.values()),
+        f"{where}: [sources] must map field names to strings",
+    )
+    box = Box(
+        _text(data, "name", where, origin),
+        _text(data, "description", where, ""),
+        gpu,
+        count,
+        tuple(links),
+        network=net,
+        interconnect=_text(data, "interconnect", where, ""),
+        sources=tuple((str(k), v) for k, v in sources.items()),
+        aiconfigurator_system=_text(data, "aiconfigurator_system", where, ""),
+    )
+    for i in range(1, count):  # every GPU must be reachable from gpu0
         up, down = box._ancestors("gpu0"), box._ancestors(f"gpu{i}")
-        require(any(n in down for n in up), f"{where}: gpu{i} is not connected to gpu0 "
-                                            f"(gpu0 reaches {up[-1]}, gpu{i} reaches {down[-1]}); every GPU must be in one tree")
+        require(
+            any(n in down for n in up),
+            f"{where}: gpu{i} is not connected to gpu0 "
+            f"(gpu0 reaches {up[-1]}, gpu{i} reaches {down[-1]}); every GPU must be in one tree",
+        )
     return box
 
 
 # ---- for people: pipesim boxes list / show -------------------------------------------------------
 
+
 def summary_line(name: str, box: Box) -> str:
     """One line of `pipesim boxes list`: name, GPUs, GPU model, memory, interconnect."""
-    return (f"{name:<28} {box.gpu_count:>2} x {box.gpu.name:<50} {box.gpu.memory_bytes / 2**30:6.1f} GiB  "
-            f"{box.interconnect or '-'}")
+    return (
+        f"{name:<28} {box.gpu_count:>2} x {box.gpu.name:<50} {box.gpu.memory_bytes / 2**30:6.1f} GiB  "
+        f"{box.interconnect or '-'}"
+    )
 
 
 def _tree_lines(box: Box) -> list[str]:
     children: dict[str, list[Link]] = {}
     for link in box.links:
         children.setdefault(link.parent, []).append(link)
-    roots = sorted({l.parent for l in box.links} - {l.child for l in box.links})
+    roots = sorted({lk.parent for lk in box.links} - {lk.child for lk in box.links})
     lines: list[str] = []
 
     def walk(node: str, depth: int) -> None:
         for link in children.get(node, []):
-            lines.append(f"{'  ' * (depth + 2)}{link.child} -> {node}: {link.bw_bytes_s / 1e9:g} GB/s per direction, "
-                         f"{link.latency_s * 1e6:g} us")
+            lines.append(
+                f"{'  ' * (depth + 2)}{link.child} -> {node}: {link.bw_bytes_s / 1e9:g} GB/s per direction, "
+                f"{link.latency_s * 1e6:g} us"
+            )
             walk(link.child, depth + 1)
 
     for root in roots:
@@ -339,12 +410,17 @@ def details(box: Box) -> list[str]:
     """Every field of a box, each with its source, and the topology tree."""
     g, src = box.gpu, dict(box.sources)
     rows = [
-        ("name", box.name, None), ("description", box.description, None), ("interconnect", box.interconnect, None),
+        ("name", box.name, None),
+        ("description", box.description, None),
+        ("interconnect", box.interconnect, None),
         ("gpu", f"{box.gpu_count} x {g.name}" + (f", PCIe Gen{g.pcie_gen}" if g.pcie_gen else ""), None),
         ("memory_bytes", f"{g.memory_bytes:.0f} ({g.memory_bytes / 2**30:.1f} GiB)", "memory_bytes"),
         ("mem_bw_bytes_s", f"{g.mem_bw_bytes_s / 1e12:g} TB/s", "mem_bw_bytes_s"),
-        ("flops_bf16 / fp8 / fp4",
-         f"{g.flops_bf16 / 1e12:g} / {g.flops_fp8 / 1e12:g} / {g.flops_fp4 / 1e12:g} TFLOPS dense", "flops"),
+        (
+            "flops_bf16 / fp8 / fp4",
+            f"{g.flops_bf16 / 1e12:g} / {g.flops_fp8 / 1e12:g} / {g.flops_fp4 / 1e12:g} TFLOPS dense",
+            "flops",
+        ),
     ]
     lines = []
     for label, value, key in rows:
@@ -355,8 +431,14 @@ def details(box: Box) -> list[str]:
     lines += _tree_lines(box)
     lines.append(f"{'':<26}source: {src.get('topology', 'not given')}")
     net = box.network
-    lines.append(f"{'network':<24} " + (f"{net.name}: {net.nic_bw_bytes_s / 1e9:g} GB/s per GPU per direction, "
-                                       f"{net.latency_s * 1e6:g} us" if net else "none given (use --network with --nodes)"))
+    lines.append(
+        f"{'network':<24} "
+        + (
+            f"{net.name}: {net.nic_bw_bytes_s / 1e9:g} GB/s per GPU per direction, {net.latency_s * 1e6:g} us"
+            if net
+            else "none given (use --network with --nodes)"
+        )
+    )
     if net:
         lines.append(f"{'':<26}source: {src.get('network', 'not given')}")
     return lines

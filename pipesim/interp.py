@@ -48,7 +48,7 @@ class Curve:
             raise ValueError("a curve needs at least one measured point")
 
     @classmethod
-    def from_sorted(cls, xs, ys) -> "Curve":
+    def from_sorted(cls, xs, ys) -> Curve:
         """A curve from points already sorted by x, with no NaN (checked tables)."""
         c = cls.__new__(cls)
         c.xs, c.ys = [float(v) for v in xs], [float(v) for v in ys]
@@ -92,8 +92,10 @@ def group_curves(keys, xs, ys) -> dict:
     keys, xs, ys = keys[order], xs[order], ys[order]
     change = np.flatnonzero(np.any(keys[1:] != keys[:-1], axis=1)) + 1
     bounds = np.concatenate(([0], change, [len(xs)]))
-    return {tuple(k.tolist()): Curve.from_sorted(xs[a:b], ys[a:b])
-            for k, a, b in zip(keys[bounds[:-1]], bounds[:-1], bounds[1:])}
+    return {
+        tuple(k.tolist()): Curve.from_sorted(xs[a:b], ys[a:b])
+        for k, a, b in zip(keys[bounds[:-1]], bounds[:-1], bounds[1:])
+    }
 
 
 class Surface:
@@ -111,4 +113,6 @@ class Surface:
         return sum(w * self.rows[i](b) for i, w in bracket(self.keys, a))
 
     def provenance(self, a: float, b: float) -> str:
-        return weakest(grid_provenance(self.keys, a), *(self.rows[i].provenance(b) for i, _ in bracket(self.keys, a)))
+        return weakest(
+            grid_provenance(self.keys, a), *(self.rows[i].provenance(b) for i, _ in bracket(self.keys, a))
+        )

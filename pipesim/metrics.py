@@ -22,8 +22,21 @@ if TYPE_CHECKING:
 
     from .simulation import Request
 
-REQUEST_COLUMNS = ("rid", "client", "arrival_s", "admit_s", "input_len", "output_len", "first_token_s", "finish_s",
-                   "slot", "ttft_ms", "tpot_ms", "decode_tok_s", "e2e_ms")
+REQUEST_COLUMNS = (
+    "rid",
+    "client",
+    "arrival_s",
+    "admit_s",
+    "input_len",
+    "output_len",
+    "first_token_s",
+    "finish_s",
+    "slot",
+    "ttft_ms",
+    "tpot_ms",
+    "decode_tok_s",
+    "e2e_ms",
+)
 STAGE_COLUMNS = ("stage", "layers", "compute", "allreduce", "busy", "idle")
 
 # Gaps shorter than this are float noise between touching intervals, not bubbles.
@@ -31,6 +44,7 @@ BUBBLE_MIN_S = 1e-9
 
 
 # ---- interval arithmetic (one clipping rule for every metric) ----------------------
+
 
 def _clipped(intervals, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray]:
     """Starts and ends of [(start, end)] clipped to [t0, t1] (empty ones keep end <= start)."""
@@ -77,6 +91,7 @@ def gaps(busy: np.ndarray, t0: float, t1: float) -> np.ndarray:
 
 # ---- where each stage's idle time went ------------------------------------------------
 
+
 @dataclass(frozen=True)
 class StageIdle:
     """One stage's share of the window, by what its GPUs did or waited for."""
@@ -84,11 +99,11 @@ class StageIdle:
     stage: int
     compute: float
     allreduce: float
-    idle_p2p: float      # idle while a hop into the stage was in flight
-    idle_cpu: float      # idle while the scheduler CPU worked (stage 0 only)
-    idle_bubble: float   # idle with nothing in flight towards it: the pipeline bubble
-    bubbles: int         # idle stretches (gaps between busy stretches) in the window
-    bubble_s: float      # their total length (= idle share x window)
+    idle_p2p: float  # idle while a hop into the stage was in flight
+    idle_cpu: float  # idle while the scheduler CPU worked (stage 0 only)
+    idle_bubble: float  # idle with nothing in flight towards it: the pipeline bubble
+    bubbles: int  # idle stretches (gaps between busy stretches) in the window
+    bubble_s: float  # their total length (= idle share x window)
 
 
 def idle_breakdown(rec: Record, t0: float, t1: float) -> list[StageIdle]:
@@ -104,18 +119,24 @@ def idle_breakdown(rec: Record, t0: float, t1: float) -> list[StageIdle]:
         busy = rec.compute[s] + rec.comm[s]
         hop = rec.hops[rec.inbound_hop(s)] if rec.hop_names else []
         cpu = rec.cpu if s == 0 else []
-        covered = [covered_s(busy, t0, t1), covered_s(busy + hop, t0, t1), covered_s(busy + hop + cpu, t0, t1)]
+        covered = [
+            covered_s(busy, t0, t1),
+            covered_s(busy + hop, t0, t1),
+            covered_s(busy + hop + cpu, t0, t1),
+        ]
         idle = gaps(merge(busy, t0, t1), t0, t1)
-        out.append(StageIdle(
-            stage=s,
-            compute=covered_s(rec.compute[s], t0, t1) / span,
-            allreduce=covered_s(rec.comm[s], t0, t1) / span,
-            idle_p2p=(covered[1] - covered[0]) / span,
-            idle_cpu=(covered[2] - covered[1]) / span,
-            idle_bubble=(span - covered[2]) / span,
-            bubbles=len(idle),
-            bubble_s=float((idle[:, 1] - idle[:, 0]).sum()),
-        ))
+        out.append(
+            StageIdle(
+                stage=s,
+                compute=covered_s(rec.compute[s], t0, t1) / span,
+                allreduce=covered_s(rec.comm[s], t0, t1) / span,
+                idle_p2p=(covered[1] - covered[0]) / span,
+                idle_cpu=(covered[2] - covered[1]) / span,
+                idle_bubble=(span - covered[2]) / span,
+                bubbles=len(idle),
+                bubble_s=float((idle[:, 1] - idle[:, 0]).sum()),
+            )
+        )
     return out
 
 
@@ -132,7 +153,7 @@ class Result:
     scenario: dict
     window_s: tuple[float, float]
     output_throughput_tok_s: float
-    output_throughput_ci_tok_s: float     # 95% half-width (batch means)
+    output_throughput_ci_tok_s: float  # 95% half-width (batch means)
     request_throughput_req_s: float
     per_request_tok_s: float
     ttft_ms_mean: float
@@ -148,20 +169,20 @@ class Result:
     allreduce_share: float
     p2p_share: float
     cpu_share: float
-    link_wait_share: float                # share of the window some transfer waited for a busy PCIe link
+    link_wait_share: float  # share of the window some transfer waited for a busy PCIe link
     mean_requests_per_microbatch: float
     mean_decode_batch: float
-    decode_batch_per_slot: list           # mean decode batch of each micro-batch slot (0: unused)
+    decode_batch_per_slot: list  # mean decode batch of each micro-batch slot (0: unused)
     completed_requests: int
     sim_events: int
     sim_wall_s: float
-    saturation: dict | None               # open loop: arrivals against service (saturation.py); closed: None
-    request_columns: dict = field(repr=False)     # REQUEST_COLUMNS -> array, measured requests by rid
-    stage_columns: dict = field(repr=False)       # STAGE_COLUMNS -> array, one row per stage
+    saturation: dict | None  # open loop: arrivals against service (saturation.py); closed: None
+    request_columns: dict = field(repr=False)  # REQUEST_COLUMNS -> array, measured requests by rid
+    stage_columns: dict = field(repr=False)  # STAGE_COLUMNS -> array, one row per stage
     # prediction intervals (pipesim.uncertainty): metric -> (lo, hi), empty unless asked for
     intervals: dict = field(default_factory=dict)
-    interval_basis: dict = field(default_factory=dict)   # what each part of the band contributed
-    provenance_shares: dict = field(default_factory=dict)   # share of stage time by cost provenance (costs.py)
+    interval_basis: dict = field(default_factory=dict)  # what each part of the band contributed
+    provenance_shares: dict = field(default_factory=dict)  # share of stage time by cost provenance (costs.py)
 
     @cached_property
     def requests(self) -> pd.DataFrame:
@@ -176,8 +197,11 @@ class Result:
         return pd.DataFrame({c: self.stage_columns[c] for c in STAGE_COLUMNS})
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items()
-             if k not in ("requests", "stages", "request_columns", "stage_columns")}
+        d = {
+            k: v
+            for k, v in self.__dict__.items()
+            if k not in ("requests", "stages", "request_columns", "stage_columns")
+        }
         d["window_s"] = list(self.window_s)
         if not self.intervals:
             d.pop("intervals"), d.pop("interval_basis")
@@ -210,8 +234,9 @@ def _per_slot(batches: list[Batch], slots: int) -> list[float]:
 def _saturation(finished: list[Request]) -> dict | None:
     from .saturation import saturation
 
-    s = saturation([r.arrival_s for r in finished], [r.first_token_s for r in finished],
-                   [r.finish_s for r in finished])
+    s = saturation(
+        [r.arrival_s for r in finished], [r.first_token_s for r in finished], [r.finish_s for r in finished]
+    )
     return None if s is None else s.to_dict()
 
 
@@ -226,8 +251,13 @@ def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float)
     out_tokens = float(tok[in_window, 1].sum())
 
     done_rows = sorted((r for r in finished if t0 < r.finish_s <= t1), key=lambda r: r.rid)
-    cols = {c: np.array([getattr(r, c) for r in done_rows], dtype=np.int64 if c in ("rid", "client", "input_len", "output_len", "slot") else float)
-            for c in REQUEST_COLUMNS[:9]}
+    cols = {
+        c: np.array(
+            [getattr(r, c) for r in done_rows],
+            dtype=np.int64 if c in ("rid", "client", "input_len", "output_len", "slot") else float,
+        )
+        for c in REQUEST_COLUMNS[:9]
+    }
     measured = [r for r in finished if r.finish_s > t0] if rec.clients is not None else []
     if rec.engine_load is not None:
         # more clients than admitted: the run is too short for the queue to reach its
@@ -239,8 +269,9 @@ def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float)
     else:
         start_s = cols["arrival_s"]
         if rec.clients is not None:
-            ci = closed_loop_ci(rec.clients, [r.output_len for r in measured],
-                                [r.finish_s - r.arrival_s for r in measured])
+            ci = closed_loop_ci(
+                rec.clients, [r.output_len for r in measured], [r.finish_s - r.arrival_s for r in measured]
+            )
         else:
             ci = window_ci(rec.tokens, t0, t1)
     out_len, first_s, finish_s = cols["output_len"], cols["first_token_s"], cols["finish_s"]
@@ -249,7 +280,9 @@ def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float)
     with np.errstate(divide="ignore", invalid="ignore"):
         cols["ttft_ms"] = ttft = (first_s - start_s) * 1e3
         cols["tpot_ms"] = np.where(multi, decode_s / np.clip(out_len - 1, 1, None) * 1e3, np.nan)
-        cols["decode_tok_s"] = np.where(multi & (decode_s > 0), (out_len - 1) / np.where(decode_s > 0, decode_s, 1), np.nan)
+        cols["decode_tok_s"] = np.where(
+            multi & (decode_s > 0), (out_len - 1) / np.where(decode_s > 0, decode_s, 1), np.nan
+        )
     cols["e2e_ms"] = e2e = (finish_s - start_s) * 1e3
     tpot = cols["tpot_ms"][~np.isnan(cols["tpot_ms"])]
     speeds = cols["decode_tok_s"][~np.isnan(cols["decode_tok_s"])]
@@ -271,14 +304,19 @@ def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float)
         request_throughput_req_s=n_done / span,
         per_request_tok_s=float(speeds.mean()) if len(speeds) else float("nan"),
         ttft_ms_mean=float(ttft.mean()) if len(ttft) else float("nan"),
-        ttft_ms_p50=_pct(ttft, 50), ttft_ms_p99=_pct(ttft, 99),
+        ttft_ms_p50=_pct(ttft, 50),
+        ttft_ms_p99=_pct(ttft, 99),
         tpot_ms_mean=float(tpot.mean()) if len(tpot) else float("nan"),
-        tpot_ms_p50=_pct(tpot, 50), tpot_ms_p99=_pct(tpot, 99),
+        tpot_ms_p50=_pct(tpot, 50),
+        tpot_ms_p99=_pct(tpot, 99),
         e2e_ms_mean=float(e2e.mean()) if n_done else float("nan"),
         bubble_fraction=float(stages["idle"].mean()),
         stage_busy_fraction=[float(x) for x in stages["busy"]],
-        time_shares={"compute": float(stages["compute"].mean()), "allreduce": float(stages["allreduce"].mean()),
-                     "idle": float(stages["idle"].mean())},
+        time_shares={
+            "compute": float(stages["compute"].mean()),
+            "allreduce": float(stages["allreduce"].mean()),
+            "idle": float(stages["idle"].mean()),
+        },
         allreduce_share=float(stages["allreduce"].mean()),
         p2p_share=float(np.mean(hops)) if hops else 0.0,
         cpu_share=busy_in(rec.cpu, t0, t1) / span,

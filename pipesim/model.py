@@ -23,7 +23,6 @@ from .quantization import BF16, BYTES_PER_PARAM, KV_BYTES_PER_ELEMENT, WeightFor
 __all__ = ["BYTES_PER_PARAM", "Model", "WeightFormat", "from_hf_config", "load_model"]
 
 
-
 @dataclass(frozen=True)
 class MLA:
     """Multi-head Latent Attention dimensions (DeepSeek-V2/V3 family)."""
@@ -62,10 +61,10 @@ class Model:
     max_context: int
     mla: MLA | None = None
     moe: MoE | None = None
-    attn_dtype: WeightFormat = BF16      # attention projections, dense MLP, shared experts
-    expert_dtype: WeightFormat = BF16    # routed experts
-    embed_dtype: WeightFormat = BF16     # embedding and lm_head
-    kv_cache_dtype: str = "bf16"         # bf16 | fp8 (quantization.kv_cache_dtype reads the engines' names)
+    attn_dtype: WeightFormat = BF16  # attention projections, dense MLP, shared experts
+    expert_dtype: WeightFormat = BF16  # routed experts
+    embed_dtype: WeightFormat = BF16  # embedding and lm_head
+    kv_cache_dtype: str = "bf16"  # bf16 | fp8 (quantization.kv_cache_dtype reads the engines' names)
 
     # ---- structure -------------------------------------------------------------
     def is_moe_layer(self, layer: int) -> bool:
@@ -83,7 +82,9 @@ class Model:
             a = self.mla
             qk = a.qk_nope_head_dim + a.qk_rope_head_dim
             q = h * a.q_lora_rank + a.q_lora_rank * self.heads * qk if a.q_lora_rank else h * self.heads * qk
-            kv = h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank * self.heads * (a.qk_nope_head_dim + a.v_head_dim)
+            kv = h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank * self.heads * (
+                a.qk_nope_head_dim + a.v_head_dim
+            )
             o = self.heads * a.v_head_dim * h
             return q + kv + o
         return h * (self.heads + 2 * self.kv_heads) * self.head_dim + self.heads * self.head_dim * h
@@ -117,8 +118,9 @@ class Model:
 
     def total_weight_bytes(self, dtype: str | WeightFormat | None = None) -> float:
         """Every layer, the embedding and the lm_head (untied), as `layer_weight_bytes`."""
-        return (sum(self.layer_weight_bytes(i, dtype) for i in range(self.num_layers))
-                + 2 * self.embedding_bytes(dtype))
+        return sum(
+            self.layer_weight_bytes(i, dtype) for i in range(self.num_layers)
+        ) + 2 * self.embedding_bytes(dtype)
 
     # ---- KV cache -----------------------------------------------------------------
     @property
@@ -141,17 +143,25 @@ class Model:
     # ---- sharding rules -------------------------------------------------------------
     def check_tp(self, tp: int) -> None:
         """Raise UserError when this model cannot be split `tp` ways by tensor parallelism."""
-        require(self.heads % tp == 0,
-                f"tp={tp} does not divide {self.name}'s {self.heads} attention heads; allowed tp: "
-                f"{', '.join(str(t) for t in _divisors(self.heads))}")
+        require(
+            self.heads % tp == 0,
+            f"tp={tp} does not divide {self.name}'s {self.heads} attention heads; allowed tp: "
+            f"{', '.join(str(t) for t in _divisors(self.heads))}",
+        )
         if not self.mla:
-            require(self.kv_heads % tp == 0 or tp % self.kv_heads == 0,
-                    f"tp={tp} cannot split {self.name}'s {self.kv_heads} KV heads (need tp | kv_heads or kv_heads | tp)")
-        require(self.intermediate % tp == 0,
-                f"tp={tp} does not divide {self.name}'s MLP intermediate size {self.intermediate}")
+            require(
+                self.kv_heads % tp == 0 or tp % self.kv_heads == 0,
+                f"tp={tp} cannot split {self.name}'s {self.kv_heads} KV heads (need tp | kv_heads or kv_heads | tp)",
+            )
+        require(
+            self.intermediate % tp == 0,
+            f"tp={tp} does not divide {self.name}'s MLP intermediate size {self.intermediate}",
+        )
         if self.moe:
-            require(self.moe.moe_intermediate % tp == 0,
-                    f"tp={tp} does not divide {self.name}'s expert intermediate size {self.moe.moe_intermediate}")
+            require(
+                self.moe.moe_intermediate % tp == 0,
+                f"tp={tp} does not divide {self.name}'s expert intermediate size {self.moe.moe_intermediate}",
+            )
 
 
 def _divisors(n: int) -> list[int]:
@@ -159,6 +169,7 @@ def _divisors(n: int) -> list[int]:
 
 
 # ---- loading ------------------------------------------------------------------------
+
 
 def preset_names() -> list[str]:
     folder = resources.files("pipesim.data").joinpath("models")
@@ -182,13 +193,19 @@ def read_hf_config(name_or_path: str | Path) -> tuple[dict, str]:
     if path.suffix == ".json" or path.is_dir() or path.exists():
         if path.is_dir():
             path = path / "config.json"
-        require(path.is_file(), f"model config not found: {path} (give a preset name: "
-                f"{', '.join(preset_names())}, or the path of a Hugging Face config.json)")
+        require(
+            path.is_file(),
+            f"model config not found: {path} (give a preset name: "
+            f"{', '.join(preset_names())}, or the path of a Hugging Face config.json)",
+        )
         try:
             text = read_text(path, "model config")
         except OSError as exc:
             raise UserError(f"cannot read model config {path}: {exc}") from None
-        require(not too_deep(text), f"model config {path} is nested too deeply (more than {MAX_JSON_DEPTH} levels)")
+        require(
+            not too_deep(text),
+            f"model config {path} is nested too deeply (more than {MAX_JSON_DEPTH} levels)",
+        )
         try:
             cfg = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -196,14 +213,19 @@ def read_hf_config(name_or_path: str | Path) -> tuple[dict, str]:
         except RecursionError:
             raise UserError(f"model config {path} is nested too deeply") from None
         return cfg, path.parent.name or path.stem
-    raise UserError(f"unknown model '{text}'; known presets: {', '.join(preset_names())}, "
-                    "or the path of a Hugging Face config.json")
+    raise UserError(
+        f"unknown model '{text}'; known presets: {', '.join(preset_names())}, "
+        "or the path of a Hugging Face config.json"
+    )
 
 
 def _text(cfg: dict, name: str) -> dict:
     """The language model's part of a config: `text_config` in multimodal ones."""
     inner = cfg.get("text_config", cfg)
-    require(isinstance(inner, dict), f"model config {name}: 'text_config' must be a JSON object, got {type(inner).__name__}")
+    require(
+        isinstance(inner, dict),
+        f"model config {name}: 'text_config' must be a JSON object, got {type(inner).__name__}",
+    )
     return inner
 
 
@@ -233,8 +255,15 @@ def _int(cfg: dict, key: str, name: str, default=None, lo: int = 0) -> int:
 
 # Architectures of the two families this module models (HF `architectures`, `model_type`);
 # any other is refused rather than modelled as one of them.
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                 "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+)
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2")
 # torch_dtype of unquantized weights: all served in 16 bits (see `_weight_dtypes`)
 TORCH_DTYPES = ("bfloat16", "float16", "float32", "auto")
@@ -245,18 +274,29 @@ def _check_kind(cfg: dict, name: str) -> None:
     keys, e.g. a hand-written one, is taken as the dense family)."""
     archs = cfg.get("architectures")
     if archs is not None:
-        require(isinstance(archs, list) and all(isinstance(a, str) for a in archs),
-                f"model config {name}: 'architectures' must be a list of names, got {archs!r}")
+        require(
+            isinstance(archs, list) and all(isinstance(a, str) for a in archs),
+            f"model config {name}: 'architectures' must be a list of names, got {archs!r}",
+        )
         for a in archs:
-            require(a in ARCHITECTURES, f"model config {name}: architecture {a} is not modelled; "
-                    f"modelled: {', '.join(ARCHITECTURES)}")
+            require(
+                a in ARCHITECTURES,
+                f"model config {name}: architecture {a} is not modelled; "
+                f"modelled: {', '.join(ARCHITECTURES)}",
+            )
     elif cfg.get("model_type") is not None:
         mt = cfg["model_type"]
-        require(mt in MODEL_TYPES, f"model config {name}: model_type {mt!r} is not modelled; modelled: {', '.join(MODEL_TYPES)}")
+        require(
+            mt in MODEL_TYPES,
+            f"model config {name}: model_type {mt!r} is not modelled; modelled: {', '.join(MODEL_TYPES)}",
+        )
     for key in ("torch_dtype", "dtype"):
         dt = cfg.get(key)
-        require(dt is None or dt in TORCH_DTYPES, f"model config {name}: {key} {dt!r} is not modelled; "
-                f"allowed: {', '.join(TORCH_DTYPES)} (unquantized weights are served in 16 bits)")
+        require(
+            dt is None or dt in TORCH_DTYPES,
+            f"model config {name}: {key} {dt!r} is not modelled; "
+            f"allowed: {', '.join(TORCH_DTYPES)} (unquantized weights are served in 16 bits)",
+        )
 
 
 def from_hf_config(cfg: dict, name: str = "model") -> Model:
@@ -267,21 +307,40 @@ def from_hf_config(cfg: dict, name: str = "model") -> Model:
     hidden, heads = g("hidden_size"), g("num_attention_heads")
     mla = None
     if _get(cfg, "kv_lora_rank", name, 0):
-        mla = MLA(g("q_lora_rank", 0, 0), g("kv_lora_rank"), g("qk_nope_head_dim"),
-                  g("qk_rope_head_dim"), g("v_head_dim"))
+        mla = MLA(
+            g("q_lora_rank", 0, 0),
+            g("kv_lora_rank"),
+            g("qk_nope_head_dim"),
+            g("qk_rope_head_dim"),
+            g("v_head_dim"),
+        )
     moe = None
     n_experts = _int(cfg, "n_routed_experts", name, 0) or _int(cfg, "num_experts", name, 0)
     if n_experts:
-        moe = MoE(n_experts, g("num_experts_per_tok"), g("moe_intermediate_size"),
-                  g("n_shared_experts", 0, 0), g("first_k_dense_replace", 0, 0), g("moe_layer_freq", 1, 0) or 1)
-        require(moe.topk <= n_experts, f"model config {name}: num_experts_per_tok = {moe.topk} is more than the "
-                f"{n_experts} experts; allowed: 1 to {n_experts}")
+        moe = MoE(
+            n_experts,
+            g("num_experts_per_tok"),
+            g("moe_intermediate_size"),
+            g("n_shared_experts", 0, 0),
+            g("first_k_dense_replace", 0, 0),
+            g("moe_layer_freq", 1, 0) or 1,
+        )
+        require(
+            moe.topk <= n_experts,
+            f"model config {name}: num_experts_per_tok = {moe.topk} is more than the "
+            f"{n_experts} experts; allowed: 1 to {n_experts}",
+        )
     quant = cfg.get("quantization_config") or _text(cfg, name).get("quantization_config") or {}
-    require(isinstance(quant, dict), f"model config {name}: 'quantization_config' must be a JSON object, got {type(quant).__name__}")
+    require(
+        isinstance(quant, dict),
+        f"model config {name}: 'quantization_config' must be a JSON object, got {type(quant).__name__}",
+    )
     attn_dtype, expert_dtype = weight_formats(quant, name)
     kv_heads = g("num_key_value_heads", heads)
-    require(kv_heads <= heads and heads % kv_heads == 0,
-            f"model config {name}: num_key_value_heads = {kv_heads} must divide num_attention_heads = {heads}")
+    require(
+        kv_heads <= heads and heads % kv_heads == 0,
+        f"model config {name}: num_key_value_heads = {kv_heads} must divide num_attention_heads = {heads}",
+    )
     model = Model(
         name=name,
         num_layers=g("num_hidden_layers"),
@@ -292,6 +351,9 @@ def from_hf_config(cfg: dict, name: str = "model") -> Model:
         intermediate=g("intermediate_size"),
         vocab=g("vocab_size"),
         max_context=g("max_position_embeddings", 131072),
-        mla=mla, moe=moe, attn_dtype=attn_dtype, expert_dtype=expert_dtype,
+        mla=mla,
+        moe=moe,
+        attn_dtype=attn_dtype,
+        expert_dtype=expert_dtype,
     )
     return model

@@ -48,18 +48,29 @@ def partition(num_layers: int, pp: int, rule: str) -> tuple[int, ...]:
     raise ValueError(f"unknown partition rule {rule}")
 
 
-def make_plan(tp: int, pp: int, num_layers: int, gpu_count: int, rule: str,
-              layers: tuple[int, ...] | None = None) -> Plan:
+def make_plan(
+    tp: int, pp: int, num_layers: int, gpu_count: int, rule: str, layers: tuple[int, ...] | None = None
+) -> Plan:
     require(isinstance(tp, int) and tp >= 1, f"tp must be a whole number >= 1, got {tp}")
     require(isinstance(pp, int) and pp >= 1, f"pp must be a whole number >= 1, got {pp}")
-    require(tp * pp <= gpu_count,
-            f"tp x pp = {tp} x {pp} = {tp * pp} GPUs, but the box has {gpu_count}; allowed: tp x pp <= {gpu_count}")
-    require(pp <= num_layers, f"pp={pp} is more stages than the model's {num_layers} layers; allowed: pp <= {num_layers}")
+    require(
+        tp * pp <= gpu_count,
+        f"tp x pp = {tp} x {pp} = {tp * pp} GPUs, but the box has {gpu_count}; allowed: tp x pp <= {gpu_count}",
+    )
+    require(
+        pp <= num_layers,
+        f"pp={pp} is more stages than the model's {num_layers} layers; allowed: pp <= {num_layers}",
+    )
     if layers is None:
         layers = partition(num_layers, pp, rule)
     else:
         require(len(layers) == pp, f"--layers gives {len(layers)} stages but pp={pp}")
-        require(all(n >= 1 for n in layers), f"--layers {','.join(map(str, layers))}: every stage needs at least one layer")
-        require(sum(layers) == num_layers,
-                f"--layers {','.join(map(str, layers))} sums to {sum(layers)}, the model has {num_layers} layers")
+        require(
+            all(n >= 1 for n in layers),
+            f"--layers {','.join(map(str, layers))}: every stage needs at least one layer",
+        )
+        require(
+            sum(layers) == num_layers,
+            f"--layers {','.join(map(str, layers))} sums to {sum(layers)}, the model has {num_layers} layers",
+        )
     return Plan(tp, pp, tuple(layers))

@@ -36,11 +36,14 @@ ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
 
 def _subtitle(df: pd.DataFrame) -> str:
     """Box, model and engine (and the workload and profile) of the sweep, two lines."""
+
     def names(col):
         return ", ".join(dict.fromkeys(ENGINE_NAMES.get(str(x), str(x)) for x in df[col]))
 
-    return (f"{names('model')} with {names('engine')} on {names('box')}\n"
-            f"{names('gpu')}; in/out {names('input_len')}/{names('output_len')} tokens; profile {names('profile')}")
+    return (
+        f"{names('model')} with {names('engine')} on {names('box')}\n"
+        f"{names('gpu')}; in/out {names('input_len')}/{names('output_len')} tokens; profile {names('profile')}"
+    )
 
 
 def _label(df: pd.DataFrame, gpus: int, split: str) -> str:
@@ -48,7 +51,9 @@ def _label(df: pd.DataFrame, gpus: int, split: str) -> str:
 
 
 def _splits(df: pd.DataFrame):
-    for (g, tp, pp), part in df.sort_values(["gpus", "tp", "pp", "conc"]).groupby(["gpus", "tp", "pp"], sort=True):
+    for (g, _tp, _pp), part in df.sort_values(["gpus", "tp", "pp", "conc"]).groupby(
+        ["gpus", "tp", "pp"], sort=True
+    ):
         yield _label(df, g, part.split.iloc[0]), part
 
 
@@ -69,19 +74,28 @@ def throughput(df: pd.DataFrame) -> Figure:
     fig = _figure()
     ax = fig.add_subplot()
     for label, part in _splits(df):
-        line, = ax.plot(part.conc, part.output_throughput_tok_s, marker="o", label=label)
+        (line,) = ax.plot(part.conc, part.output_throughput_tok_s, marker="o", label=label)
         if "output_throughput_ci_tok_s" in part:
             ci = part.output_throughput_ci_tok_s.fillna(0)
-            ax.fill_between(part.conc, part.output_throughput_tok_s - ci, part.output_throughput_tok_s + ci,
-                            color=line.get_color(), alpha=0.15, linewidth=0)
+            ax.fill_between(
+                part.conc,
+                part.output_throughput_tok_s - ci,
+                part.output_throughput_tok_s + ci,
+                color=line.get_color(),
+                alpha=0.15,
+                linewidth=0,
+            )
     _conc_axis(ax, df.conc)
     ax.set_ylabel("output throughput (tok/s, whole engine)")
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(title="split", loc="upper left")
     _mark_caps(ax, df, "output_throughput_tok_s")
-    fig.suptitle(f"Output throughput vs concurrency (arrows: where a cap stops more requests running)\n"
-                 f"{_subtitle(df)}", fontsize=10)
+    fig.suptitle(
+        f"Output throughput vs concurrency (arrows: where a cap stops more requests running)\n"
+        f"{_subtitle(df)}",
+        fontsize=10,
+    )
     return fig
 
 
@@ -92,7 +106,7 @@ def _mark_caps(ax, df: pd.DataFrame, column: str, scale=lambda part: 1.0) -> Non
     if "effective_cap" not in df.columns:
         return
     texts = []
-    for label, part in _splits(df):
+    for _label, part in _splits(df):
         cap = int(part.effective_cap.iloc[0])
         at = part[part.conc >= cap]
         if at.empty or cap <= int(part.conc.min()):
@@ -125,7 +139,11 @@ def per_gpu(df: pd.DataFrame) -> Figure:
 def _slot_batches(part: pd.DataFrame) -> list[list[float]]:
     """Per row, the decode batch of each micro-batch slot (vLLM: the in-flight group
     sizes, where the table has them)."""
-    col = "group_sizes" if "group_sizes" in part.columns and part.group_sizes.notna().all() else "decode_batch_per_slot"
+    col = (
+        "group_sizes"
+        if "group_sizes" in part.columns and part.group_sizes.notna().all()
+        else "decode_batch_per_slot"
+    )
     return [[float(x) for x in str(v).split(";") if x != ""] for v in part[col]]
 
 
@@ -134,8 +152,10 @@ def bubble_cause(df: pd.DataFrame) -> Figure:
     the load, per split. With PP = N the engine runs N slots (plus async depth); a slot
     with a small or empty batch leaves every stage idle for its turn: the bubble. The
     per-slot cap is drawn where the table has it."""
-    require("decode_batch_per_slot" in df.columns,
-            "the sweep table has no decode_batch_per_slot; rerun it with this version of pipesim")
+    require(
+        "decode_batch_per_slot" in df.columns,
+        "the sweep table has no decode_batch_per_slot; rerun it with this version of pipesim",
+    )
     parts = [(label, part) for label, part in _splits(df) if int(part.pp.iloc[0]) > 1] or list(_splits(df))
     cols = min(3, len(parts))
     rows = math.ceil(len(parts) / cols)
@@ -149,8 +169,15 @@ def bubble_cause(df: pd.DataFrame) -> Figure:
             ax.plot(part.conc, ys, marker="o", markersize=3, linewidth=1, label=f"slot {k}")
         if "slot_cap" in part.columns and int(part.slot_cap.iloc[0]) > 0:
             ax.axhline(int(part.slot_cap.iloc[0]), color="grey", linestyle="--", linewidth=1)
-            ax.annotate(f"per-slot cap {int(part.slot_cap.iloc[0])}", (0.98, int(part.slot_cap.iloc[0])),
-                        xycoords=("axes fraction", "data"), ha="right", va="top", fontsize=7, color="dimgrey")
+            ax.annotate(
+                f"per-slot cap {int(part.slot_cap.iloc[0])}",
+                (0.98, int(part.slot_cap.iloc[0])),
+                xycoords=("axes fraction", "data"),
+                ha="right",
+                va="top",
+                fontsize=7,
+                color="dimgrey",
+            )
         _conc_axis(ax, part.conc)
         ax.set_xlabel("concurrency C", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -159,12 +186,15 @@ def bubble_cause(df: pd.DataFrame) -> Figure:
         ax.grid(True, alpha=0.3)
         if slots > 1:
             ax.legend(fontsize=6, ncols=2, loc="lower right")
-    for ax in axes[len(parts):]:
+    for ax in axes[len(parts) :]:
         ax.set_visible(False)
     for ax in axes[::cols]:
         ax.set_ylabel("mean decode batch (requests)", fontsize=8)
-    fig.suptitle("The bubble's cause: requests in each micro-batch slot against load (equal slots fill the pipeline; "
-                 f"an empty or small slot idles every stage for its turn)\n{_subtitle(df)}", fontsize=9)
+    fig.suptitle(
+        "The bubble's cause: requests in each micro-batch slot against load (equal slots fill the pipeline; "
+        f"an empty or small slot idles every stage for its turn)\n{_subtitle(df)}",
+        fontsize=9,
+    )
     return fig
 
 
@@ -175,9 +205,11 @@ def tradeoff(df: pd.DataFrame) -> Figure:
     ax = fig.add_subplot()
     labels = []
     for label, part in _splits(df):
-        line, = ax.plot(part.output_throughput_tok_s, part.per_request_tok_s, marker="o", label=label)
-        labels += [(r.output_throughput_tok_s, r.per_request_tok_s, str(r.conc), line.get_color())
-                   for r in part.itertuples()]
+        (line,) = ax.plot(part.output_throughput_tok_s, part.per_request_tok_s, marker="o", label=label)
+        labels += [
+            (r.output_throughput_tok_s, r.per_request_tok_s, str(r.conc), line.get_color())
+            for r in part.itertuples()
+        ]
     ax.set_xlabel("output throughput (tok/s, whole engine)")
     ax.set_ylabel("per-request decode speed (tok/s)")
     ax.set_xlim(left=0)
@@ -185,7 +217,9 @@ def tradeoff(df: pd.DataFrame) -> Figure:
     ax.grid(True, alpha=0.3)
     ax.legend(title="split", loc="upper right")
     _annotate_apart(ax, labels, fontsize=7)
-    fig.suptitle(f"Per-request speed vs total throughput (point labels: concurrency C)\n{_subtitle(df)}", fontsize=10)
+    fig.suptitle(
+        f"Per-request speed vs total throughput (point labels: concurrency C)\n{_subtitle(df)}", fontsize=10
+    )
     return fig
 
 
@@ -214,34 +248,74 @@ def pareto(result) -> Figure:
     fig = _figure(8.5, 5.5)
     ax = fig.add_subplot()
     for label, part in _splits(df):
-        line, = ax.plot(part.output_throughput_tok_s, part.per_request_tok_s, linewidth=0.8, alpha=0.5)
+        (line,) = ax.plot(part.output_throughput_tok_s, part.per_request_tok_s, linewidth=0.8, alpha=0.5)
         color = line.get_color()
         ok, bad = part[part.qualifies], part[~part.qualifies]
         ax.scatter(ok.output_throughput_tok_s, ok.per_request_tok_s, color=color, s=28, label=label, zorder=3)
-        ax.scatter(bad.output_throughput_tok_s, bad.per_request_tok_s, facecolors="none", edgecolors=color, s=28,
-                   zorder=3)
+        ax.scatter(
+            bad.output_throughput_tok_s,
+            bad.per_request_tok_s,
+            facecolors="none",
+            edgecolors=color,
+            s=28,
+            zorder=3,
+        )
     ok = df[df.qualifies].reset_index(drop=True)
     if len(ok):
         front = ok.iloc[pareto_frontier(ok.output_throughput_tok_s.tolist(), ok.per_request_tok_s.tolist())]
-        ax.plot(front.output_throughput_tok_s, front.per_request_tok_s, color="black", linewidth=1.6,
-                label="Pareto frontier (qualifying)", zorder=2)
-        texts = [(r.output_throughput_tok_s, r.per_request_tok_s, f"{r.split.replace(' ', '')} {load_text(r._asdict(), lc)}")
-                 for r in front.itertuples()]
+        ax.plot(
+            front.output_throughput_tok_s,
+            front.per_request_tok_s,
+            color="black",
+            linewidth=1.6,
+            label="Pareto frontier (qualifying)",
+            zorder=2,
+        )
+        texts = [
+            (
+                r.output_throughput_tok_s,
+                r.per_request_tok_s,
+                f"{r.split.replace(' ', '')} {load_text(r._asdict(), lc)}",
+            )
+            for r in front.itertuples()
+        ]
         _annotate_apart(ax, texts, fontsize=7)
     w = result.winner
-    ax.scatter([w.output_throughput_tok_s], [w.per_request_tok_s], marker="*", s=260, color="gold",
-               edgecolors="black", zorder=4, label=f"best ({result.objective}): {w.split} at {load_text(w, lc)}")
+    ax.scatter(
+        [w.output_throughput_tok_s],
+        [w.per_request_tok_s],
+        marker="*",
+        s=260,
+        color="gold",
+        edgecolors="black",
+        zorder=4,
+        label=f"best ({result.objective}): {w.split} at {load_text(w, lc)}",
+    )
     for k, v in result.constraints.items():
         col, at_most, text = CONSTRAINTS[k]
         if col == "per_request_tok_s":
             ax.axhline(v, color="grey", linestyle="--", linewidth=1)
-            ax.annotate(text.format(v), (0.99, v), xycoords=("axes fraction", "data"), ha="right", va="bottom",
-                        fontsize=7, color="dimgrey")
+            ax.annotate(
+                text.format(v),
+                (0.99, v),
+                xycoords=("axes fraction", "data"),
+                ha="right",
+                va="bottom",
+                fontsize=7,
+                color="dimgrey",
+            )
         elif col.startswith("tpot"):
             # a request's decode speed is 1000 / its mean TPOT: the limit as a speed (approximate for a percentile)
             ax.axhline(1000.0 / v, color="grey", linestyle=":", linewidth=1)
-            ax.annotate(f"{text.format(v)} (about {1000.0 / v:,.0f} tok/s per request)", (0.01, 1000.0 / v),
-                        xycoords=("axes fraction", "data"), ha="left", va="bottom", fontsize=7, color="dimgrey")
+            ax.annotate(
+                f"{text.format(v)} (about {1000.0 / v:,.0f} tok/s per request)",
+                (0.01, 1000.0 / v),
+                xycoords=("axes fraction", "data"),
+                ha="left",
+                va="bottom",
+                fontsize=7,
+                color="dimgrey",
+            )
     ax.set_xlabel("output throughput (tok/s, whole engine)")
     ax.set_ylabel("per-request decode speed (tok/s)")
     ax.set_xlim(left=0)
@@ -249,7 +323,9 @@ def pareto(result) -> Figure:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
     slo = ", ".join(CONSTRAINTS[k][2].format(v) for k, v in result.constraints.items()) or "no constraints"
-    fig.suptitle(f"Search trade-off: filled points meet {slo}, hollow ones miss it\n{_subtitle(df)}", fontsize=10)
+    fig.suptitle(
+        f"Search trade-off: filled points meet {slo}, hollow ones miss it\n{_subtitle(df)}", fontsize=10
+    )
     return fig
 
 
@@ -261,21 +337,41 @@ def _annotate_apart(ax, texts, fontsize: int = 7, color=None, arrows: bool = Fal
 
     fig = ax.figure
     renderer = FigureCanvasAgg(fig).get_renderer()
-    fig.draw_without_rendering()   # lays the figure out, fixing the axes' transforms
+    fig.draw_without_rendering()  # lays the figure out, fixing the axes' transforms
     placed = []
-    offsets = [(5, 4), (5, -12), (-5, 4), (-5, -12), (5, 14), (-5, 14), (5, -22), (-5, -22), (5, 24), (-5, 24)]
+    offsets = [
+        (5, 4),
+        (5, -12),
+        (-5, 4),
+        (-5, -12),
+        (5, 14),
+        (-5, 14),
+        (5, -22),
+        (-5, -22),
+        (5, 24),
+        (-5, 24),
+    ]
     offsets += [(5, 34 + 10 * k) for k in range(20)]
-    if arrows:   # labels set off below-right of the point, with an arrow to it
+    if arrows:  # labels set off below-right of the point, with an arrow to it
         offsets = [(12, -28 - 12 * k) for k in range(12)] + [(-12, -28 - 12 * k) for k in range(12)]
     for item in texts:
         x, y, text = item[:3]
         c = item[3] if len(item) > 3 else color
         for k, (dx, dy) in enumerate(offsets):
-            note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy),
-                               ha="right" if dx < 0 else "left", fontsize=fontsize, color=c,
-                               arrowprops=dict(arrowstyle="->", color="grey", lw=0.7) if arrows else None)
+            note = ax.annotate(
+                text,
+                (x, y),
+                textcoords="offset points",
+                xytext=(dx, dy),
+                ha="right" if dx < 0 else "left",
+                fontsize=fontsize,
+                color=c,
+                arrowprops=dict(arrowstyle="->", color="grey", lw=0.7) if arrows else None,
+            )
             box = note.get_window_extent(renderer)
-            if not any(box.overlaps(b) for b in placed) or k == len(offsets) - 1:   # the last place if none is free
+            if (
+                not any(box.overlaps(b) for b in placed) or k == len(offsets) - 1
+            ):  # the last place if none is free
                 placed.append(box)
                 break
             note.remove()
@@ -285,7 +381,9 @@ def breakdown(df: pd.DataFrame) -> Figure:
     """Where each split's GPU time goes at each concurrency: compute, all-reduce, and
     idle time by what it waited for (P2P hop, CPU, or the pipeline bubble)."""
     missing = [c for c, _, _ in SHARES if c not in df.columns]
-    require(not missing, f"the sweep table has no {', '.join(missing)}; rerun it with this version of pipesim")
+    require(
+        not missing, f"the sweep table has no {', '.join(missing)}; rerun it with this version of pipesim"
+    )
     parts = list(_splits(df))
     cols = min(4, len(parts))
     rows = math.ceil(len(parts) / cols)
@@ -303,19 +401,24 @@ def breakdown(df: pd.DataFrame) -> Figure:
         ax.set_xlabel("concurrency C")
         ax.set_ylim(0, 100)
         ax.grid(True, axis="y", alpha=0.3)
-    for ax in axes[len(parts):]:
+    for ax in axes[len(parts) :]:
         ax.set_visible(False)
     for ax in axes[::cols]:
         ax.set_ylabel("share of GPU time (%)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8, frameon=False)
-    fig.suptitle(f"Where the GPU time goes, per split (mean over stages, measurement window)\n{_subtitle(df)}",
-                 fontsize=10)
+    fig.suptitle(
+        f"Where the GPU time goes, per split (mean over stages, measurement window)\n{_subtitle(df)}",
+        fontsize=10,
+    )
     return fig
 
 
-def compare(variants: dict[str, pd.DataFrame], column: str = "output_throughput_tok_s",
-            ylabel: str = "best output throughput (tok/s, whole engine)") -> Figure:
+def compare(
+    variants: dict[str, pd.DataFrame],
+    column: str = "output_throughput_tok_s",
+    ylabel: str = "best output throughput (tok/s, whole engine)",
+) -> Figure:
     """What-ifs side by side: for each variant the best split's `column` at each
     concurrency. The first variant's best split is named at each point, another's only
     where it differs (equal curves draw over each other: the markers tell them apart)."""
@@ -328,22 +431,36 @@ def compare(variants: dict[str, pd.DataFrame], column: str = "output_throughput_
     for i, (name, df) in enumerate(variants.items()):
         best = best_by_conc(df, column)
         concs += best.conc.tolist()
-        line, = ax.plot(best.conc, best[column], marker=markers[i % len(markers)], markersize=7 - 0.6 * (i % 5),
-                        label=name)
+        (line,) = ax.plot(
+            best.conc,
+            best[column],
+            marker=markers[i % len(markers)],
+            markersize=7 - 0.6 * (i % 5),
+            label=name,
+        )
         if reference is None:
             reference = dict(zip(best.conc, best.split))
         for r in best.itertuples():
             if i == 0 or reference.get(r.conc) != r.split:
-                ax.annotate(r.split.replace(" ", ""), (r.conc, getattr(r, column)), textcoords="offset points",
-                            xytext=(5, -10), fontsize=7, color=line.get_color())
+                ax.annotate(
+                    r.split.replace(" ", ""),
+                    (r.conc, getattr(r, column)),
+                    textcoords="offset points",
+                    xytext=(5, -10),
+                    fontsize=7,
+                    color=line.get_color(),
+                )
     _conc_axis(ax, concs)
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(title="what-if", loc="upper left", fontsize=8)
     first = next(iter(variants))
-    fig.suptitle(f"What-ifs: the best split at each concurrency (named for {first}, and where another differs)\n"
-                 f"{_subtitle(pd.concat(list(variants.values()), ignore_index=True))}", fontsize=10)
+    fig.suptitle(
+        f"What-ifs: the best split at each concurrency (named for {first}, and where another differs)\n"
+        f"{_subtitle(pd.concat(list(variants.values()), ignore_index=True))}",
+        fontsize=10,
+    )
     return fig
 
 
@@ -361,8 +478,13 @@ def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", pref
     require(fmt in ("png", "svg"), f"unknown figure format '{fmt}'; allowed: png, svg")
     require(len(df) > 0, "the sweep table is empty")
     folder = ensure_dir(out_dir, "figure")
-    makers = {"throughput": throughput, "per_gpu": per_gpu, "tradeoff": tradeoff, "breakdown": breakdown,
-              "bubble_cause": bubble_cause}
+    makers = {
+        "throughput": throughput,
+        "per_gpu": per_gpu,
+        "tradeoff": tradeoff,
+        "breakdown": breakdown,
+        "bubble_cause": bubble_cause,
+    }
     # a table written before the slot column: no bubble-cause figure rather than none at all
     names = [n for n in FIGURES if n != "bubble_cause" or "decode_batch_per_slot" in df.columns]
     # all figures or none: each is drawn to a temporary file first, then all are renamed into place

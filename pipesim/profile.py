@@ -13,26 +13,25 @@ calibration/profiles); any other directory can be given by path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
-import math
-import os
-from functools import cached_property, lru_cache
-from importlib import resources
-from pathlib import Path
-
 import csv
 import gzip
 import hashlib
 import io
+import math
+import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from functools import cached_property, lru_cache
+from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .calibrate.measured import read_points
 from .checks import is_number, parse_toml, read_text
 from .errors import UserError, require
 from .interp import Surface, group_curves
-from .calibrate.measured import read_points
 
 if TYPE_CHECKING:  # tables are read into numpy columns; pandas only where a DataFrame is asked for
     import pandas as pd
@@ -48,8 +47,8 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "collectives": ("op", "impl", "gpus", "nbytes"),
 }
 TEXT_COLUMNS = {"dtype", "distribution", "op", "impl"}
-CACHE_VERSION = 1   # of the parsed-table cache's layout (`_cached_columns`)
-CACHE_MIN_BYTES = 64 * 1024   # smaller table files parse in milliseconds: not worth a cached copy
+CACHE_VERSION = 1  # of the parsed-table cache's layout (`_cached_columns`)
+CACHE_MIN_BYTES = 64 * 1024  # smaller table files parse in milliseconds: not worth a cached copy
 # profile.toml: keys that must be tables, and keys that must be strings
 META_TABLES = ("params", "deployment", "sources", "param_sources")
 META_STRINGS = ("name", "box", "engine", "engine_version", "description", "model")
@@ -66,24 +65,26 @@ class Params:
     """Costs the tables do not pin. Each is measured, fitted (with its fit report in the
     profile) or left at a stated neutral value; `profile.toml` says which."""
 
-    cpu_iteration_ms: float = 0.0     # scheduler CPU time per micro-batch iteration (stage 0)
-    cpu_hop_ms: float = 0.0           # CPU time per PP hop per micro-batch (metadata pickling)
-    allreduce_scale: float = 1.0      # this box's TP path vs its measured all-reduce table
+    cpu_iteration_ms: float = 0.0  # scheduler CPU time per micro-batch iteration (stage 0)
+    cpu_hop_ms: float = 0.0  # CPU time per PP hop per micro-batch (metadata pickling)
+    allreduce_scale: float = 1.0  # this box's TP path vs its measured all-reduce table
     allreduce_offset_us: float = 0.0  # extra fixed cost per all-reduce on this box's TP path
-    kernel_floor_us: float = 0.0      # shortest kernel on this GPU (launch + tail)
+    kernel_floor_us: float = 0.0  # shortest kernel on this GPU (launch + tail)
     eager_launch_us_per_layer: float = 0.0  # CPU time to launch one layer's kernels without CUDA graphs
-    kernel_scale: float = 1.0         # this deployment's kernels vs the measured kernel tables
-    frontend_ms: float = 0.0          # per request, serial: tokenize + hand to the scheduler
-    detokenize_step_us: float = 0.0   # output path per returned step (detokenizer, serial)
+    kernel_scale: float = 1.0  # this deployment's kernels vs the measured kernel tables
+    frontend_ms: float = 0.0  # per request, serial: tokenize + hand to the scheduler
+    detokenize_step_us: float = 0.0  # output path per returned step (detokenizer, serial)
     detokenize_token_us: float = 0.0  # output path per token of a returned step
     moe_distribution: str = "power_law_1.01"  # routing skew to read the MoE table at
     custom_allreduce_max_gpus: int = 2  # engines use their custom all-reduce up to this many PCIe GPUs
 
     @classmethod
-    def from_dict(cls, data: dict, origin: str) -> "Params":
+    def from_dict(cls, data: dict, origin: str) -> Params:
         known = {f.name: f.type for f in fields(cls)}
         unknown = sorted(set(data) - set(known))
-        require(not unknown, f"{origin}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        require(
+            not unknown, f"{origin}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(known)}"
+        )
         values = {}
         for f in fields(cls):
             if f.name not in data:
@@ -92,8 +93,10 @@ class Params:
             if f.name == "moe_distribution":
                 values[f.name] = str(v)
                 continue
-            require(is_number(v) and math.isfinite(v) and v >= 0,
-                    f"{origin}: parameter {f.name} = {v!r} must be a finite number >= 0")
+            require(
+                is_number(v) and math.isfinite(v) and v >= 0,
+                f"{origin}: parameter {f.name} = {v!r} must be a finite number >= 0",
+            )
             values[f.name] = int(v) if f.name == "custom_allreduce_max_gpus" else float(v)
         return cls(**values)
 
@@ -106,7 +109,9 @@ class Tables(Mapping):
     so a prediction never imports pandas. Kept apart from `Profile` so that a profile
     with other parameters (a what-if, a fit candidate) shares the same indexed tables."""
 
-    def __init__(self, frames: Mapping | None = None, *, columns: dict[str, dict[str, np.ndarray]] | None = None):
+    def __init__(
+        self, frames: Mapping | None = None, *, columns: dict[str, dict[str, np.ndarray]] | None = None
+    ):
         self._frames = dict(frames or {})
         self._columns = dict(columns or {})
 
@@ -199,7 +204,9 @@ class Tables(Mapping):
             return {}
         out = {}
         for (op, impl), part in _groups(df, ("op", "impl")):
-            for (n,), curve in group_curves(_keys(part, ("gpus",)), part["nbytes"], part["latency_ms"]).items():
+            for (n,), curve in group_curves(
+                _keys(part, ("gpus",)), part["nbytes"], part["latency_ms"]
+            ).items():
                 out[(str(op), str(impl), int(n))] = curve
         return out
 
@@ -226,9 +233,13 @@ class Profile:
     params: Params
     meta: dict = field(hash=False, compare=False)
     tables: Tables = field(hash=False, compare=False)
-    measured: tuple = field(default=(), hash=False, compare=False)   # measured.Point, to fit and validate
-    foreign: str = field(default="", hash=False, compare=False)      # what differs from the run it costs (borrowed)
-    box_spec: object = field(default=None, hash=False, compare=False)  # the Box it was built for (catalogue), else box names it
+    measured: tuple = field(default=(), hash=False, compare=False)  # measured.Point, to fit and validate
+    foreign: str = field(
+        default="", hash=False, compare=False
+    )  # what differs from the run it costs (borrowed)
+    box_spec: object = field(
+        default=None, hash=False, compare=False
+    )  # the Box it was built for (catalogue), else box names it
 
     @property
     def sources(self) -> dict:
@@ -239,7 +250,7 @@ class Profile:
         """Engine flags of the measured deployment, used as defaults for this profile."""
         return self.meta.get("deployment", {})
 
-    def with_params(self, **values) -> "Profile":
+    def with_params(self, **values) -> Profile:
         """The same profile (same indexed tables) with some parameters changed."""
         return replace(self, params=replace(self.params, **values))
 
@@ -257,20 +268,29 @@ def _check_units_and_sizes(cols: dict, table: str, origin: str) -> None:
     lat = cols["latency_ms"]
     if not len(lat):
         return
-    require(lat.max() >= 1e-3, f"{origin}: every latency is below 1 us (largest {lat.max():.3g}); "
-            "latency_ms is in milliseconds, not seconds")
-    require(lat.min() <= 1e3, f"{origin}: even the smallest latency is above 1 s ({lat.min():.3g} ms); "
-            "latency_ms is in milliseconds, not microseconds")
+    require(
+        lat.max() >= 1e-3,
+        f"{origin}: every latency is below 1 us (largest {lat.max():.3g}); "
+        "latency_ms is in milliseconds, not seconds",
+    )
+    require(
+        lat.min() <= 1e3,
+        f"{origin}: even the smallest latency is above 1 s ({lat.min():.3g} ms); "
+        "latency_ms is in milliseconds, not microseconds",
+    )
     keys = list(TABLE_COLUMNS[table])
     seen: set = set()
     for row, key in enumerate(zip(*(cols[k].tolist() for k in keys))):
         if key in seen:
-            raise UserError(f"{origin}: line {row + 2}: sizes must not repeat "
-                            f"({', '.join(f'{k}={v}' for k, v in zip(keys, key))} appears twice)")
+            raise UserError(
+                f"{origin}: line {row + 2}: sizes must not repeat "
+                f"({', '.join(f'{k}={v}' for k, v in zip(keys, key))} appears twice)"
+            )
         seen.add(key)
 
 
 # ---- loading and writing -----------------------------------------------------------------
+
 
 def _shipped():
     """Where the shipped profiles are: the installed package `pipesim.profiles`, or
@@ -292,9 +312,11 @@ def _profile_dir(name_or_path: str | Path):
         return _shipped().joinpath(text)
     path = Path(text)
     recover_profile(path)
-    require(path.is_dir() and (path / "profile.toml").is_file(),
-            f"unknown profile '{text}'; known: {', '.join(profile_names()) or 'none'}, "
-            "or a directory holding profile.toml")
+    require(
+        path.is_dir() and (path / "profile.toml").is_file(),
+        f"unknown profile '{text}'; known: {', '.join(profile_names()) or 'none'}, "
+        "or a directory holding profile.toml",
+    )
     return path
 
 
@@ -308,8 +330,15 @@ def load_profile(name_or_path: str | Path) -> Profile:
     """Load a profile (cached per process while its files are unchanged: a sweep loads
     and indexes the tables once)."""
     folder = _profile_dir(name_or_path)
-    stamp = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(Path(str(folder)).iterdir())
-                  if p.is_file()) if Path(str(folder)).is_dir() else ()
+    stamp = (
+        tuple(
+            (p.name, p.stat().st_mtime_ns, p.stat().st_size)
+            for p in sorted(Path(str(folder)).iterdir())
+            if p.is_file()
+        )
+        if Path(str(folder)).is_dir()
+        else ()
+    )
     return _load_profile(str(folder), stamp)
 
 
@@ -327,7 +356,9 @@ def _cached_columns(f, table: str) -> dict[str, np.ndarray]:
         st = Path(str(f)).stat()
         if st.st_size < CACHE_MIN_BYTES:
             raise OSError("small table: parsed each time")
-        key = hashlib.sha256(f"{Path(str(f)).resolve()}|{st.st_size}|{st.st_mtime_ns}|{CACHE_VERSION}".encode()).hexdigest()[:24]
+        key = hashlib.sha256(
+            f"{Path(str(f)).resolve()}|{st.st_size}|{st.st_mtime_ns}|{CACHE_VERSION}".encode()
+        ).hexdigest()[:24]
         cached = _cache_dir() / f"{table}-{key}.npz"
     except OSError:
         cached = None
@@ -379,9 +410,19 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
     f = folder.joinpath("measured.csv")
     if f.is_file():
         with f.open("r") as fh:
-            measured = tuple(read_points(fh, str(f), str(meta.get("model", "kimi-k2.6")), str(meta["engine"])))
-    return Profile(str(meta["name"]), box, str(meta["engine"]), str(meta.get("engine_version", "")),
-                   params, meta, tables, measured)
+            measured = tuple(
+                read_points(fh, str(f), str(meta.get("model", "kimi-k2.6")), str(meta["engine"]))
+            )
+    return Profile(
+        str(meta["name"]),
+        box,
+        str(meta["engine"]),
+        str(meta.get("engine_version", "")),
+        params,
+        meta,
+        tables,
+        measured,
+    )
 
 
 def read_table(source, table: str, origin: str) -> pd.DataFrame:
@@ -415,8 +456,13 @@ def read_columns(source, table: str, origin: str) -> dict[str, np.ndarray]:
             raw = (gzip.decompress(raw) if origin.endswith(".gz") else raw).decode()
         rows = list(csv.reader(io.StringIO(raw)))
     except Exception as exc:  # a malformed file fails in many ways
-        raise UserError(f"{origin}: cannot read as CSV ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
-    require(len(rows) > 0 and rows[0], f"{origin}: cannot read as CSV (EmptyDataError: No columns to parse from file)")
+        raise UserError(
+            f"{origin}: cannot read as CSV ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from None
+    require(
+        len(rows) > 0 and rows[0],
+        f"{origin}: cannot read as CSV (EmptyDataError: No columns to parse from file)",
+    )
     header, body = [h.strip() for h in rows[0]], [r for r in rows[1:] if r]
     needed = TABLE_COLUMNS[table] + ("latency_ms",)
     missing = [c for c in needed if c not in header]
@@ -425,7 +471,9 @@ def read_columns(source, table: str, origin: str) -> dict[str, np.ndarray]:
     width = len(header)
     for i, r in enumerate(body):
         if len(r) > width:
-            raise UserError(f"{origin}: cannot read as CSV (line {i + 2} has {len(r)} fields, the header {width})")
+            raise UserError(
+                f"{origin}: cannot read as CSV (line {i + 2} has {len(r)} fields, the header {width})"
+            )
     cells = [[r[j] if j < len(r) else "" for r in body] for j in range(width)]
     cols: dict[str, np.ndarray] = {}
     for name, texts in zip(header, cells):
@@ -434,9 +482,11 @@ def read_columns(source, table: str, origin: str) -> dict[str, np.ndarray]:
             continue
         nums = _as_numbers(texts)
         if name not in needed and np.isnan(nums).any():
-            cols[name] = np.array(texts, dtype=str)      # a column pipesim does not read
+            cols[name] = np.array(texts, dtype=str)  # a column pipesim does not read
             continue
-        integral = name != "latency_ms" and len(nums) and np.isfinite(nums).all() and np.all(nums == np.floor(nums))
+        integral = (
+            name != "latency_ms" and len(nums) and np.isfinite(nums).all() and np.all(nums == np.floor(nums))
+        )
         cols[name] = nums.astype(np.int64) if integral else nums
         if name not in needed:
             continue
@@ -446,19 +496,28 @@ def read_columns(source, table: str, origin: str) -> dict[str, np.ndarray]:
             bad = nums <= 0 if name == "latency_ms" else (nums < 1) | (nums != np.floor(nums))
         if bad.any():
             row = int(bad.nonzero()[0][0])
-            raise UserError(f"{origin}: line {row + 2}, column {name}: value {texts[row]!r} is not allowed "
-                            f"({'a finite latency > 0 in ms' if name == 'latency_ms' else 'a whole size >= 1'})")
+            raise UserError(
+                f"{origin}: line {row + 2}, column {name}: value {texts[row]!r} is not allowed "
+                f"({'a finite latency > 0 in ms' if name == 'latency_ms' else 'a whole size >= 1'})"
+            )
     for name in needed:
         if name in TEXT_COLUMNS:
             empty = [i for i, t in enumerate(cells[header.index(name)]) if not t]
             if empty:
-                raise UserError(f"{origin}: line {empty[0] + 2}, column {name}: value nan is not allowed (a text value)")
+                raise UserError(
+                    f"{origin}: line {empty[0] + 2}, column {name}: value nan is not allowed (a text value)"
+                )
     _check_units_and_sizes(cols, table, origin)
     return cols
 
 
-def write_profile(out_dir: str | Path, meta: dict, tables: dict[str, pd.DataFrame],
-                  measured: pd.DataFrame | None = None, extra: dict[str, str] | None = None) -> Path:
+def write_profile(
+    out_dir: str | Path,
+    meta: dict,
+    tables: dict[str, pd.DataFrame],
+    measured: pd.DataFrame | None = None,
+    extra: dict[str, str] | None = None,
+) -> Path:
     """Write a profile directory so that a reader sees the old one or the whole new one.
 
     Everything goes to a sibling `.NAME.new-*` directory; once complete, the old
@@ -517,21 +576,32 @@ def recover_profile(out: str | Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-KEPT_AS_IS = ("profile.toml", "measured.csv")   # rewritten from their parsed form
+KEPT_AS_IS = ("profile.toml", "measured.csv")  # rewritten from their parsed form
 
 
 def profile_files(name_or_path: str | Path) -> dict[str, str]:
     """The text files of a profile besides its tables, profile.toml and measured.csv
     (reports, logs, a box.toml, live extras), to carry them over when it is rewritten."""
     folder = _profile_dir(name_or_path)
-    return {p.name: p.read_text() for p in folder.iterdir()
-            if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".csv.gz")
-            and p.name not in KEPT_AS_IS}
+    return {
+        p.name: p.read_text()
+        for p in folder.iterdir()
+        if p.is_file()
+        and not p.name.startswith(".")
+        and not p.name.endswith(".csv.gz")
+        and p.name not in KEPT_AS_IS
+    }
 
 
-def rewrite_profile(name_or_path: str | Path, out: str | Path | None = None, *, tables: dict | None = None,
-                    measured: pd.DataFrame | None = None, meta_update: dict | None = None,
-                    extra: dict | None = None) -> Path:
+def rewrite_profile(
+    name_or_path: str | Path,
+    out: str | Path | None = None,
+    *,
+    tables: dict | None = None,
+    measured: pd.DataFrame | None = None,
+    meta_update: dict | None = None,
+    extra: dict | None = None,
+) -> Path:
     """Write a profile again, atomically, with some parts replaced (in place unless `out`)."""
     import pandas as pd
 
@@ -540,5 +610,10 @@ def rewrite_profile(name_or_path: str | Path, out: str | Path | None = None, *, 
     prof = load_profile(name_or_path)
     if measured is None:
         measured = points_frame(list(prof.measured)) if prof.measured else pd.DataFrame()
-    return write_profile(out or name_or_path, {**prof.meta, **(meta_update or {})}, {**prof.tables, **(tables or {})},
-                         measured, {**profile_files(name_or_path), **(extra or {})})
+    return write_profile(
+        out or name_or_path,
+        {**prof.meta, **(meta_update or {})},
+        {**prof.tables, **(tables or {})},
+        measured,
+        {**profile_files(name_or_path), **(extra or {})},
+    )

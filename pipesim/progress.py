@@ -13,4 +13,6 @@ def bar(total: int | None, desc: str, progress: bool | None = None, unit: str = 
     """A tqdm bar over `total` units (its rate gives the ETA), to stderr."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, disable=None if progress is None else not progress, leave=False)
+    return tqdm(
+        total=total, desc=desc, unit=unit, disable=None if progress is None else not progress, leave=False
+    )

@@ -75,7 +75,9 @@ INT4_G32 = WeightFormat("int4-g32", "int4", 4, 32, 16)
 FORMATS = {"bf16": BF16, "fp8": FP8_BLOCK, "int4": INT4_G32}
 BYTES_PER_PARAM = {k: f.bytes_per_param for k, f in FORMATS.items()}
 
-SUPPORTED = "awq, gptq, compressed-tensors (int4/int8/fp8/nvfp4), fp8, modelopt (NVFP4/FP8), mxfp4, or none (bf16)"
+SUPPORTED = (
+    "awq, gptq, compressed-tensors (int4/int8/fp8/nvfp4), fp8, modelopt (NVFP4/FP8), mxfp4, or none (bf16)"
+)
 # module names of attention projections (norms such as post_attention_layernorm are not)
 _ATTENTION = re.compile(r"self_attn|(?:^|[.*:])attn(?:$|[.*])|\b[qkvo]_proj|qkv_proj|q_a_proj|kv_a_proj")
 _EXPERTS = re.compile(r"(?<!shared_)experts")
@@ -94,7 +96,9 @@ def int_format(bits: int, group: int, zero_point: bool, method: str) -> WeightFo
     group = 0 if group is None or group <= 0 else int(group)
     zero = bits if zero_point else 0
     tag = f"g{group}" if group else "channel"
-    return WeightFormat(f"{method}-int{bits}-{tag}", f"int{bits}", bits, group, 16 if group else 0, zero if group else 0)
+    return WeightFormat(
+        f"{method}-int{bits}-{tag}", f"int{bits}", bits, group, 16 if group else 0, zero if group else 0
+    )
 
 
 def nvfp4(compute: str = "fp4") -> WeightFormat:
@@ -117,13 +121,19 @@ def weight_formats(quant: dict, name: str = "model") -> tuple[WeightFormat, Weig
     if method in ("awq", "awq_marlin"):
         bits = _num(quant.get("bits", quant.get("w_bit", 4)), "bits", name)
         require(bits == 4, f"model config {name}: AWQ with {bits} bits is not served by the engines (4 only)")
-        fmt = int_format(bits, _num(quant.get("group_size", quant.get("q_group_size", 128)), "group_size", name),
-                         bool(quant.get("zero_point", True)), "awq")
+        fmt = int_format(
+            bits,
+            _num(quant.get("group_size", quant.get("q_group_size", 128)), "group_size", name),
+            bool(quant.get("zero_point", True)),
+            "awq",
+        )
         return _apply_ignore(fmt, fmt, quant.get("modules_to_not_convert"))
     if method in ("gptq", "gptq_marlin"):
         bits = _num(quant.get("bits", 4), "bits", name)
         require(bits in (4, 8), f"model config {name}: GPTQ with {bits} bits is not modelled (4 or 8)")
-        fmt = int_format(bits, _num(quant.get("group_size", 128), "group_size", name, allow_negative=True), True, "gptq")
+        fmt = int_format(
+            bits, _num(quant.get("group_size", 128), "group_size", name, allow_negative=True), True, "gptq"
+        )
         return _apply_ignore(fmt, fmt, quant.get("modules_to_not_convert"))
     if method == "modelopt":
         inner = quant.get("quantization", quant)
@@ -133,7 +143,9 @@ def weight_formats(quant: dict, name: str = "model") -> tuple[WeightFormat, Weig
         elif algo == "FP8":
             fmt = _fp8(None, 32)
         else:
-            raise UserError(f"model config {name}: modelopt quant_algo '{algo}' is not modelled (NVFP4 or FP8)")
+            raise UserError(
+                f"model config {name}: modelopt quant_algo '{algo}' is not modelled (NVFP4 or FP8)"
+            )
         return _apply_ignore(fmt, fmt, inner.get("exclude_modules") or quant.get("ignore"))
     if method == "mxfp4":
         return _apply_ignore(MXFP4, MXFP4, quant.get("modules_to_not_convert"))
@@ -142,8 +154,11 @@ def weight_formats(quant: dict, name: str = "model") -> tuple[WeightFormat, Weig
 
 def _num(value, key: str, name: str, allow_negative: bool = False) -> int:
     ok = isinstance(value, int) and not isinstance(value, bool) and (allow_negative or value > 0)
-    require(ok, f"model config {name}: quantization_config '{key}' = {value!r} must be a whole number"
-            + ("" if allow_negative else " >= 1"))
+    require(
+        ok,
+        f"model config {name}: quantization_config '{key}' = {value!r} must be a whole number"
+        + ("" if allow_negative else " >= 1"),
+    )
     return value
 
 
@@ -157,16 +172,20 @@ def _fp8(block, scale_bits: int, compute: str = "fp8", label: str = "tensor") ->
 
 def _apply_ignore(attn: WeightFormat, experts: WeightFormat, ignore) -> tuple[WeightFormat, WeightFormat]:
     """16-bit for the module classes the config's unquantized list names."""
-    require(ignore is None or isinstance(ignore, (list, tuple)),
-            f"model config: quantization_config's list of unquantized modules must be a list, got {ignore!r}")
+    require(
+        ignore is None or isinstance(ignore, (list, tuple)),
+        f"model config: quantization_config's list of unquantized modules must be a list, got {ignore!r}",
+    )
     text = " ".join(str(x) for x in (ignore or []))
     return (BF16 if _ATTENTION.search(text) else attn), (BF16 if _EXPERTS.search(text) else experts)
 
 
 def _compressed_tensors(quant: dict, name: str) -> tuple[WeightFormat, WeightFormat]:
     groups = quant.get("config_groups") or {}
-    require(isinstance(groups, dict) and groups,
-            f"model config {name}: compressed-tensors quantization_config has no config_groups")
+    require(
+        isinstance(groups, dict) and groups,
+        f"model config {name}: compressed-tensors quantization_config has no config_groups",
+    )
     attn = experts = None
     for group in groups.values():
         fmt = _ct_group(group, name)
@@ -181,12 +200,16 @@ def _compressed_tensors(quant: dict, name: str) -> tuple[WeightFormat, WeightFor
 
 
 def _ct_group(group: dict, name: str) -> WeightFormat:
-    require(isinstance(group, dict) and isinstance(group.get("weights") or {}, dict),
-            f"model config {name}: quantization_config.config_groups entries must be JSON objects")
+    require(
+        isinstance(group, dict) and isinstance(group.get("weights") or {}, dict),
+        f"model config {name}: quantization_config.config_groups entries must be JSON objects",
+    )
     w = group.get("weights") or {}
     for part in (w, group.get("input_activations") or {}):
         nb = part.get("num_bits", 16) if isinstance(part, dict) else None
-        require(is_int(nb), f"model config {name}: quantization_config num_bits = {nb!r} must be a whole number")
+        require(
+            is_int(nb), f"model config {name}: quantization_config num_bits = {nb!r} must be a whole number"
+        )
     bits, kind = int(w.get("num_bits", 16)), str(w.get("type", "int")).lower()
     strategy = str(w.get("strategy", "group" if w.get("group_size") else "channel")).lower()
     acts = group.get("input_activations") or None
@@ -199,12 +222,21 @@ def _ct_group(group: dict, name: str) -> WeightFormat:
     if kind == "int" and bits in (4, 8):
         gs = int(w.get("group_size") or 0) if strategy == "group" else 0
         fmt = int_format(bits, gs, not w.get("symmetric", True), "ct")
-        if bits == 8 and act_bits == 8:      # W8A8 int8: the GEMM runs on int8 tensor cores
-            fmt = WeightFormat(fmt.name.replace("ct-", "ct-w8a8-"), "int8", 8, fmt.group, fmt.scale_bits,
-                               fmt.zero_bits, compute="int8")
+        if bits == 8 and act_bits == 8:  # W8A8 int8: the GEMM runs on int8 tensor cores
+            fmt = WeightFormat(
+                fmt.name.replace("ct-", "ct-w8a8-"),
+                "int8",
+                8,
+                fmt.group,
+                fmt.scale_bits,
+                fmt.zero_bits,
+                compute="int8",
+            )
         return fmt
-    raise UserError(f"model config {name}: compressed-tensors {kind} {bits}-bit weights are not modelled; "
-                    "supported: int4/int8 (weight-only or W8A8), fp8, nvfp4")
+    raise UserError(
+        f"model config {name}: compressed-tensors {kind} {bits}-bit weights are not modelled; "
+        "supported: int4/int8 (weight-only or W8A8), fp8, nvfp4"
+    )
 
 
 # KV-cache dtypes, as the engines name them: vLLM `--kv-cache-dtype`
@@ -212,8 +244,17 @@ def _ct_group(group: dict, name: str) -> WeightFormat:
 # `--kv-cache-dtype` (python/sglang/srt/server_args.py: auto, bf16/bfloat16, fp8_e4m3,
 # fp8_e5m2). `auto` is the model's own 16-bit dtype in both (vLLM CacheConfig: "auto"
 # uses the model data type; SGLang ModelRunner: kv_cache_dtype = self.dtype when "auto").
-KV_CACHE_DTYPES = {"auto": "bf16", "bf16": "bf16", "bfloat16": "bf16", "fp16": "bf16", "float16": "bf16",
-                   "half": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+KV_CACHE_DTYPES = {
+    "auto": "bf16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "bf16",
+    "float16": "bf16",
+    "half": "bf16",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+}
 KV_BYTES_PER_ELEMENT = {"bf16": 2.0, "fp8": 1.0}
 
 
@@ -222,6 +263,8 @@ def kv_cache_dtype(value: str | None) -> str:
     if value is None:
         return "bf16"
     key = str(value).lower()
-    require(key in KV_CACHE_DTYPES,
-            f"--kv-cache-dtype '{value}' is not known; allowed: {', '.join(KV_CACHE_DTYPES)}")
+    require(
+        key in KV_CACHE_DTYPES,
+        f"--kv-cache-dtype '{value}' is not known; allowed: {', '.join(KV_CACHE_DTYPES)}",
+    )
     return KV_CACHE_DTYPES[key]

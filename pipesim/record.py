@@ -34,7 +34,7 @@ class Batch(NamedTuple):
     launch_s: float
     slot: int
     requests: int
-    kind: str        # "decode", "prefill" or "mixed"
+    kind: str  # "decode", "prefill" or "mixed"
 
 
 class TokenReturn(NamedTuple):
@@ -74,46 +74,67 @@ class Recorder:
 
     def __init__(self, stages: int) -> None:
         self.compute: list[list[Interval]] = [[] for _ in range(stages)]
-        self.comm: list[list[Interval]] = [[] for _ in range(stages)]   # TP collectives
-        self.hops: list[list[Interval]] = [[] for _ in range(stages)]   # hop out of each stage
-        self.cpu: list[Interval] = []           # scheduler CPU on the first stage
+        self.comm: list[list[Interval]] = [[] for _ in range(stages)]  # TP collectives
+        self.hops: list[list[Interval]] = [[] for _ in range(stages)]  # hop out of each stage
+        self.cpu: list[Interval] = []  # scheduler CPU on the first stage
         self.tokens: list[TokenReturn] = []
         self.batches: list[Batch] = []
-        self.link_wait: list[Interval] = []     # waits for a shared PCIe link
+        self.link_wait: list[Interval] = []  # waits for a shared PCIe link
 
-    def freeze(self, *, stage_gpus: tuple[tuple[int, ...], ...], layers_per_stage: tuple[int, ...], slots: int,
-               clients: int | None, window_s: tuple[float, float], end_s: float, events: int,
-               engine_load: float | None = None) -> Record:
+    def freeze(
+        self,
+        *,
+        stage_gpus: tuple[tuple[int, ...], ...],
+        layers_per_stage: tuple[int, ...],
+        slots: int,
+        clients: int | None,
+        window_s: tuple[float, float],
+        end_s: float,
+        events: int,
+        engine_load: float | None = None,
+    ) -> Record:
         """The finished run as a value (the lists are handed over, not copied)."""
         pp = len(stage_gpus)
         names = tuple(hop_name(s, pp) for s in range(pp)) if pp > 1 else ()
         return Record(
-            compute=tuple(self.compute), comm=tuple(self.comm),
-            hops={n: self.hops[s] for s, n in enumerate(names)}, hop_names=names, cpu=self.cpu,
-            tokens=self.tokens, batches=self.batches, link_wait=self.link_wait,
-            stage_gpus=stage_gpus, layers_per_stage=layers_per_stage, slots=slots, clients=clients,
-            window_s=window_s, end_s=end_s, events=events, engine_load=engine_load)
+            compute=tuple(self.compute),
+            comm=tuple(self.comm),
+            hops={n: self.hops[s] for s, n in enumerate(names)},
+            hop_names=names,
+            cpu=self.cpu,
+            tokens=self.tokens,
+            batches=self.batches,
+            link_wait=self.link_wait,
+            stage_gpus=stage_gpus,
+            layers_per_stage=layers_per_stage,
+            slots=slots,
+            clients=clients,
+            window_s=window_s,
+            end_s=end_s,
+            events=events,
+            engine_load=engine_load,
+        )
 
 
 @dataclass(frozen=True)
 class Record:
     """What one finished run recorded, and the run's shape needed to read it."""
 
-    compute: tuple[list[Interval], ...]     # per stage
-    comm: tuple[list[Interval], ...]        # per stage: TP collectives
-    hops: dict[str, list[Interval]]         # hop name -> its transfers (empty without PP)
-    hop_names: tuple[str, ...]              # per stage: the hop out of it (empty without PP)
+    compute: tuple[list[Interval], ...]  # per stage
+    comm: tuple[list[Interval], ...]  # per stage: TP collectives
+    hops: dict[str, list[Interval]]  # hop name -> its transfers (empty without PP)
+    hop_names: tuple[str, ...]  # per stage: the hop out of it (empty without PP)
     cpu: list[Interval]
     tokens: list[TokenReturn]
     batches: list[Batch]
     link_wait: list[Interval]
     stage_gpus: tuple[tuple[int, ...], ...]  # per stage: its TP group
     layers_per_stage: tuple[int, ...]
-    slots: int                               # micro-batch slots of the engine (1: none)
-    clients: int | None                      # closed-loop concurrency (None: open loop or trace)
-    window_s: tuple[float, float]            # the measurement window
-    end_s: float                             # simulated time at the end of the run
-    events: int                              # events the simulation scheduled
+    slots: int  # micro-batch slots of the engine (1: none)
+    clients: int | None  # closed-loop concurrency (None: open loop or trace)
+    window_s: tuple[float, float]  # the measurement window
+    end_s: float  # simulated time at the end of the run
+    events: int  # events the simulation scheduled
     # closed loop with more clients than the engine admits: the mean number of admitted
     # requests over the window (None: every client's request is admitted at once)
     engine_load: float | None = None

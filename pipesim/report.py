@@ -46,8 +46,13 @@ def table(result: Result) -> str:
     r, sc = result, result.scenario
     eng = sc["engine"]
     w = sc["workload"]
-    load = (f"C={w['concurrency']} closed loop" if w["kind"] == "closed" else
-            f"{w['rate_rps']} req/s Poisson" if w["kind"] == "poisson" else f"trace {w['trace']}")
+    load = (
+        f"C={w['concurrency']} closed loop"
+        if w["kind"] == "closed"
+        else f"{w['rate_rps']} req/s Poisson"
+        if w["kind"] == "poisson"
+        else f"trace {w['trace']}"
+    )
     lines = [
         f"pipesim  {sc['model']} on {sc['box']} ({sc['profile']})",
         f"  TP{sc['tp']} x PP{sc['pp']}  layers {','.join(map(str, sc['layers_per_stage']))}  "
@@ -55,20 +60,25 @@ def table(result: Result) -> str:
     ]
     src = _sources(sc.get("knob_sources", {}))
     if eng["engine"] == "sglang":
-        lines.append(f"  max_running_requests {eng['max_running_requests']}{src('max_running_requests')}  "
-                     f"per-slot cap {eng['pp_max_micro_batch_size']}{src('pp_max_micro_batch_size')}  "
-                     f"slots {eng['slots']} (async depth {eng['pp_async_batch_depth']}{src('pp_async_batch_depth')})  "
-                     f"KV {sc['kv_cache_tokens']:,} tokens")
+        lines.append(
+            f"  max_running_requests {eng['max_running_requests']}{src('max_running_requests')}  "
+            f"per-slot cap {eng['pp_max_micro_batch_size']}{src('pp_max_micro_batch_size')}  "
+            f"slots {eng['slots']} (async depth {eng['pp_async_batch_depth']}{src('pp_async_batch_depth')})  "
+            f"KV {sc['kv_cache_tokens']:,} tokens"
+        )
     else:
-        lines.append(f"  max_num_seqs {eng['max_num_seqs']}{src('max_num_seqs')}  "
-                     f"batches in flight {eng['max_concurrent_batches']}  KV {sc['kv_cache_tokens']:,} tokens")
+        lines.append(
+            f"  max_num_seqs {eng['max_num_seqs']}{src('max_num_seqs')}  "
+            f"batches in flight {eng['max_concurrent_batches']}  KV {sc['kv_cache_tokens']:,} tokens"
+        )
     sh = r.time_shares
     lines += [
         "",
         f"  output throughput     {r.output_throughput_tok_s:10,.1f} tok/s   "
         f"(95% CI +/- {r.output_throughput_ci_tok_s:,.1f}; {r.request_throughput_req_s:.2f} req/s)"
         + likely(r, "output_throughput_tok_s"),
-        f"  per-request decode    {r.per_request_tok_s:10,.1f} tok/s" + likely(r, "per_request_tok_s", "{:,.1f}"),
+        f"  per-request decode    {r.per_request_tok_s:10,.1f} tok/s"
+        + likely(r, "per_request_tok_s", "{:,.1f}"),
         f"  TTFT   p50 / p99      {_ms(r.ttft_ms_p50):>12} / {_ms(r.ttft_ms_p99)}"
         + _likely_pair(r, "ttft_ms"),
         f"  TPOT   p50 / p99      {_ms(r.tpot_ms_p50):>12} / {_ms(r.tpot_ms_p99)}"
@@ -81,13 +91,21 @@ def table(result: Result) -> str:
         "  stage busy: " + "  ".join(f"s{i} {b:.0%}" for i, b in enumerate(r.stage_busy_fraction)),
     ]
     if len(r.decode_batch_per_slot) > 1:
-        lines.append("  decode batch per slot: " + "  ".join(f"m{i} {b:.1f}" for i, b in enumerate(r.decode_batch_per_slot))
-                     + _slot_note(r.decode_batch_per_slot))
+        lines.append(
+            "  decode batch per slot: "
+            + "  ".join(f"m{i} {b:.1f}" for i, b in enumerate(r.decode_batch_per_slot))
+            + _slot_note(r.decode_batch_per_slot)
+        )
     if r.intervals:
-        lines.append(f"  likely = {r.interval_basis['coverage']:.0%} band; calibration: {r.interval_basis['calibration']}")
+        lines.append(
+            f"  likely = {r.interval_basis['coverage']:.0%} band; calibration: {r.interval_basis['calibration']}"
+        )
     if r.provenance_shares:
-        lines.append("  costs: " + "  ".join(f"{k} {v:.0%}" for k, v in r.provenance_shares.items() if v > 0)
-                     + "   (share of stage time by provenance)")
+        lines.append(
+            "  costs: "
+            + "  ".join(f"{k} {v:.0%}" for k, v in r.provenance_shares.items() if v > 0)
+            + "   (share of stage time by provenance)"
+        )
     for table_name, source in sc.get("table_sources", {}).items():
         lines.append(f"  table {table_name}: {source}")
     lines += [

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-GROWTH_SHARE = 0.10        # growth above 10% of the arrival rate: overloaded
-MIN_GROWTH_REQUESTS = 5    # ... and by at least this many requests over the half
+GROWTH_SHARE = 0.10  # growth above 10% of the arrival rate: overloaded
+MIN_GROWTH_REQUESTS = 5  # ... and by at least this many requests over the half
 
 
 @dataclass(frozen=True)
@@ -42,17 +42,19 @@ class Saturation:
     arrival_rate_req_s: float
     served_rate_req_s: float
     queue_growth_req_s: float
-    in_engine_mid: int              # requests arrived and not finished at the period's midpoint
-    in_engine_end: int              # ... at the last arrival
-    waiting_at_last_arrival: int    # arrived, no first token yet, at the last arrival
+    in_engine_mid: int  # requests arrived and not finished at the period's midpoint
+    in_engine_end: int  # ... at the last arrival
+    waiting_at_last_arrival: int  # arrived, no first token yet, at the last arrival
     overloaded: bool
 
     def text(self) -> str:
         head = "overloaded" if self.overloaded else "keeps up"
-        return (f"{head}: {self.arrival_rate_req_s:.2f} req/s arrive, {self.served_rate_req_s:.2f} served; "
-                f"queue grows {self.queue_growth_req_s:.2f} req/s ({self.in_engine_mid} -> {self.in_engine_end} "
-                f"in the engine over the second half of the arrivals, {self.waiting_at_last_arrival} waiting "
-                "for a first token at the last)")
+        return (
+            f"{head}: {self.arrival_rate_req_s:.2f} req/s arrive, {self.served_rate_req_s:.2f} served; "
+            f"queue grows {self.queue_growth_req_s:.2f} req/s ({self.in_engine_mid} -> {self.in_engine_end} "
+            f"in the engine over the second half of the arrivals, {self.waiting_at_last_arrival} waiting "
+            "for a first token at the last)"
+        )
 
     def to_dict(self) -> dict:
         return {**asdict(self), "text": self.text()}
@@ -78,7 +80,9 @@ def saturation(arrival_s, first_token_s, finish_s) -> Saturation | None:
     n_mid, n_end = by(arr, mid) - by(fin, mid), by(arr, a1) - by(fin, a1)
     # least-squares slope of the count at every arrival and finish in the half: less
     # noisy than the two ends alone
-    t = np.unique(np.concatenate((arr[(arr >= mid) & (arr <= a1)], fin[(fin >= mid) & (fin <= a1)], [mid, a1])))
+    t = np.unique(
+        np.concatenate((arr[(arr >= mid) & (arr <= a1)], fin[(fin >= mid) & (fin <= a1)], [mid, a1]))
+    )
     count = np.searchsorted(arr, t, side="right") - np.searchsorted(fin, t, side="right")
     growth = float(np.polyfit(t, count, 1)[0]) if len(t) >= 3 else (n_end - n_mid) / (a1 - mid)
     gained = growth * (a1 - mid)

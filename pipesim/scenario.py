@@ -16,15 +16,25 @@ costs are reported as borrowed.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field, fields, replace
+from os import PathLike
 from typing import TYPE_CHECKING
 
-import math
-from os import PathLike
-
-from .checks import (MAX_CONCURRENCY, MAX_GPUS, MAX_REQUESTS, MAX_SEED, MAX_SIM_S, batch_steps, check_knobs, check_work,
-                     is_int, is_number, whole)
+from .checks import (
+    MAX_CONCURRENCY,
+    MAX_GPUS,
+    MAX_REQUESTS,
+    MAX_SEED,
+    MAX_SIM_S,
+    batch_steps,
+    check_knobs,
+    check_work,
+    is_int,
+    is_number,
+    whole,
+)
 from .engines import ENGINES
 from .errors import UserError, require
 from .hardware import Box, cluster, load_box, load_network
@@ -46,13 +56,15 @@ class Scenario:
     box: Box
     model: Model
     plan: Plan
-    engine: object          # SGLangConfig | VLLMConfig, as given
-    settings: object        # SGLangSettings | VLLMSettings, resolved
+    engine: object  # SGLangConfig | VLLMConfig, as given
+    settings: object  # SGLangSettings | VLLMSettings, resolved
     memory: Memory
     workload: Workload
     profile: Profile
-    knob_sources: dict = field(default_factory=dict)   # knob -> "user" | "profile deployment" | "engine default"
-    whatif: dict = field(default_factory=dict)   # what-if knobs given (whatif.py), as given
+    knob_sources: dict = field(
+        default_factory=dict
+    )  # knob -> "user" | "profile deployment" | "engine default"
+    whatif: dict = field(default_factory=dict)  # what-if knobs given (whatif.py), as given
 
     def describe(self) -> dict:
         """Every resolved input, for reports and --json."""
@@ -71,11 +83,24 @@ class Scenario:
             "weights_per_gpu_gib": [round(w / 2**30, 2) for w in m.weights_per_gpu_bytes],
             "kv_cache_tokens": m.kv_tokens,
             **({"kv_cache_dtype": self.model.kv_cache_dtype} if self.model.kv_cache_dtype != "bf16" else {}),
-            **({"nodes": self.box.nodes, "gpus_per_node": self.box.gpus_per_node, "network": self.box.network.name}
-               if self.box.nodes > 1 else {}),
+            **(
+                {
+                    "nodes": self.box.nodes,
+                    "gpus_per_node": self.box.gpus_per_node,
+                    "network": self.box.network.name,
+                }
+                if self.box.nodes > 1
+                else {}
+            ),
             **({"whatif": dict(self.whatif)} if self.whatif else {}),
-            "profile_params": {f.name: getattr(self.profile.params, f.name) for f in fields(self.profile.params)},
-            **({"table_sources": dict(self.profile.meta["table_sources"])} if "table_sources" in self.profile.meta else {}),
+            "profile_params": {
+                f.name: getattr(self.profile.params, f.name) for f in fields(self.profile.params)
+            },
+            **(
+                {"table_sources": dict(self.profile.meta["table_sources"])}
+                if "table_sources" in self.profile.meta
+                else {}
+            ),
             **({"profile_foreign": self.profile.foreign} if self.profile.foreign else {}),
         }
 
@@ -94,28 +119,53 @@ def foreign_reasons(profile: Profile, box: Box, engine: str) -> list[str]:
     return out
 
 
-def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, model: str | Model | None = None,
-                   profile: str | Profile | None = None, engine: str | None = None, box: str | Box | None = None,
-                   layers: tuple[int, ...] | None = None, rate_rps: float | None = None,
-                   num_requests: int | None = None, trace: str | None = None,
-                   input_len: str | int = DEFAULT_INPUT_LEN, output_len: str | int = DEFAULT_OUTPUT_LEN,
-                   seed: int = 0, nodes: int = 1, network: str | None = None, kv_cache_dtype: str | None = None,
-                   kernel_scale: float | None = None, allreduce_scale: float | None = None,
-                   pcie_bandwidth_scale: float | None = None, cpu_iteration_ms: float | None = None,
-                   engine_version: str | None = None, allow_foreign_profile: bool = False,
-                   **knobs) -> Scenario:
+def build_scenario(
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    concurrency: int | None = None,
+    model: str | Model | None = None,
+    profile: str | Profile | None = None,
+    engine: str | None = None,
+    box: str | Box | None = None,
+    layers: tuple[int, ...] | None = None,
+    rate_rps: float | None = None,
+    num_requests: int | None = None,
+    trace: str | None = None,
+    input_len: str | int = DEFAULT_INPUT_LEN,
+    output_len: str | int = DEFAULT_OUTPUT_LEN,
+    seed: int = 0,
+    nodes: int = 1,
+    network: str | None = None,
+    kv_cache_dtype: str | None = None,
+    kernel_scale: float | None = None,
+    allreduce_scale: float | None = None,
+    pcie_bandwidth_scale: float | None = None,
+    cpu_iteration_ms: float | None = None,
+    engine_version: str | None = None,
+    allow_foreign_profile: bool = False,
+    **knobs,
+) -> Scenario:
     from .catalogue import profile_for_box
     from .profile import Profile, load_profile
     from .whatif import apply_box, apply_profile, check
 
     tp, pp = whole(tp, "tp", 1, MAX_GPUS), whole(pp, "pp", 1, MAX_GPUS)
-    nodes = whole(nodes, "--nodes", 1)   # its limit is on the GPUs it makes (hardware.cluster)
+    nodes = whole(nodes, "--nodes", 1)  # its limit is on the GPUs it makes (hardware.cluster)
     if layers is not None:
-        require(isinstance(layers, (tuple, list)) and all(is_int(n) for n in layers),
-                f"--layers {layers!r} must be comma-separated whole numbers, e.g. 7,7,7,8,8,8,8,8")
+        require(
+            isinstance(layers, (tuple, list)) and all(is_int(n) for n in layers),
+            f"--layers {layers!r} must be comma-separated whole numbers, e.g. 7,7,7,8,8,8,8,8",
+        )
         layers = tuple(int(n) for n in layers)
-    changes = check(dict(kernel_scale=kernel_scale, allreduce_scale=allreduce_scale,
-                         pcie_bandwidth_scale=pcie_bandwidth_scale, cpu_iteration_ms=cpu_iteration_ms))
+    changes = check(
+        dict(
+            kernel_scale=kernel_scale,
+            allreduce_scale=allreduce_scale,
+            pcie_bandwidth_scale=pcie_bandwidth_scale,
+            cpu_iteration_ms=cpu_iteration_ms,
+        )
+    )
     require(engine is None or engine in ENGINES, f"unknown engine '{engine}'; known: {', '.join(ENGINES)}")
     default_engine = load_profile(DEFAULT_PROFILE).engine if profile is None else None
     if profile is None and (box is not None or engine not in (None, default_engine)):
@@ -125,41 +175,55 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
         prof = profile_for_box(bx, engine or default_engine, model_name, engine_version)
     else:
         prof = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
-        require(engine_version is None or engine_version == prof.engine_version,
-                f"--engine-version {engine_version}: profile {prof.name} was measured with {prof.engine} "
-                f"{prof.engine_version or '(version not recorded)'}; leave out --profile to pick the version from the catalogue")
+        require(
+            engine_version is None or engine_version == prof.engine_version,
+            f"--engine-version {engine_version}: profile {prof.name} was measured with {prof.engine} "
+            f"{prof.engine_version or '(version not recorded)'}; leave out --profile to pick the version from the catalogue",
+        )
         bx = box if isinstance(box, Box) else load_box(box or prof.box)
     prof = apply_profile(prof, changes)
     engine_name = engine or prof.engine
     require(engine_name in ENGINES, f"unknown engine '{engine_name}'; known: {', '.join(ENGINES)}")
     differs = foreign_reasons(prof, bx, engine_name)
     if differs:
-        require(allow_foreign_profile,
-                f"profile {prof.name} was measured on {prof.box} with {prof.engine}, not this run's {bx.name} with "
-                f"{engine_name} ({'; '.join(differs)}); leave out --profile to use this box's own tables, "
-                "or pass --allow-foreign-profile to borrow them")
-        sys.stderr.write(f"warning: borrowing profile {prof.name} ({'; '.join(differs)}): its costs are reported as borrowed\n")
+        require(
+            allow_foreign_profile,
+            f"profile {prof.name} was measured on {prof.box} with {prof.engine}, not this run's {bx.name} with "
+            f"{engine_name} ({'; '.join(differs)}); leave out --profile to use this box's own tables, "
+            "or pass --allow-foreign-profile to borrow them",
+        )
+        sys.stderr.write(
+            f"warning: borrowing profile {prof.name} ({'; '.join(differs)}): its costs are reported as borrowed\n"
+        )
         prof = replace(prof, foreign="; ".join(differs))
     if model is None:
         model = str(prof.meta.get("model", DEFAULT_MODEL))
     config_cls = ENGINES[engine_name]
     allowed = {f.name for f in fields(config_cls)}
     unknown = sorted(k for k, v in knobs.items() if v is not None and k not in allowed)
-    require(not unknown, f"{', '.join(unknown)} is not a {engine_name} knob; {engine_name} knobs: {', '.join(sorted(allowed))}")
+    require(
+        not unknown,
+        f"{', '.join(unknown)} is not a {engine_name} knob; {engine_name} knobs: {', '.join(sorted(allowed))}",
+    )
     given = {k: v for k, v in knobs.items() if v is not None and k in allowed}
     derived = {k for g in given for k in getattr(config_cls, "derived_from", {}).get(g, ())}
-    deployed = ({k: v for k, v in prof.deployment.items() if k in allowed and k not in given and k not in derived}
-                if engine_name == prof.engine else {})
+    deployed = (
+        {k: v for k, v in prof.deployment.items() if k in allowed and k not in given and k not in derived}
+        if engine_name == prof.engine
+        else {}
+    )
     config = config_cls(**check_knobs({**deployed, **given}))
     config.validate()
-    sources = {k: "user" if k in given else "profile deployment" if k in deployed else "engine default"
-               for k in sorted(allowed)}
+    sources = {
+        k: "user" if k in given else "profile deployment" if k in deployed else "engine default"
+        for k in sorted(allowed)
+    }
 
-    if nodes != 1 or network is not None:   # a cluster of identical boxes (hardware.cluster)
+    if nodes != 1 or network is not None:  # a cluster of identical boxes (hardware.cluster)
         bx = cluster(bx, nodes, load_network(network) if network is not None else None)
     bx = apply_box(bx, changes)
     mdl = model if isinstance(model, Model) else load_model(model)
-    if kv_cache_dtype is not None:      # engine flag --kv-cache-dtype; auto = the model's 16-bit dtype
+    if kv_cache_dtype is not None:  # engine flag --kv-cache-dtype; auto = the model's 16-bit dtype
         mdl = replace(mdl, kv_cache_dtype=resolve_kv_cache_dtype(kv_cache_dtype))
     plan = make_plan(tp, pp, mdl.num_layers, bx.gpu_count, config.partition_rule, layers)
     mdl.check_tp(tp)
@@ -168,12 +232,16 @@ def build_scenario(*, tp: int = 1, pp: int = 1, concurrency: int | None = None, 
 
     workload = _workload(concurrency, rate_rps, num_requests, trace, input_len, output_len, seed)
     need = workload.max_request_tokens
-    require(memory.kv_tokens >= need,
-            f"the KV cache holds {memory.kv_tokens} tokens at tp={tp} pp={pp}, but one request needs {need} "
-            f"(input + output); shorten the request or use more GPUs")
-    require(need <= mdl.max_context,
-            f"one request needs {need} tokens (input + output), above the model's context of {mdl.max_context} "
-            f"(max_position_embeddings of {mdl.name}); shorten the request")
+    require(
+        memory.kv_tokens >= need,
+        f"the KV cache holds {memory.kv_tokens} tokens at tp={tp} pp={pp}, but one request needs {need} "
+        f"(input + output); shorten the request or use more GPUs",
+    )
+    require(
+        need <= mdl.max_context,
+        f"one request needs {need} tokens (input + output), above the model's context of {mdl.max_context} "
+        f"(max_position_embeddings of {mdl.name}); shorten the request",
+    )
     settings = config.resolve(bx.gpu.memory_bytes, plan, mdl, memory.kv_tokens)
     # a batch holds at most running_cap requests, and only as many as the KV cache fits
     check_work(*workload_steps(workload, min(settings.running_cap, max(1, memory.kv_tokens // need))))
@@ -185,9 +253,10 @@ def workload_steps(w: Workload, running_cap: int) -> tuple[float, str]:
     (checks.batch_steps), and how they were counted: a lower bound, as batches run
     below the cap while they fill and drain."""
     if w.kind == "closed":
-        n = w.concurrency + max(2 * w.concurrency, 16)      # warm-up + the least measured (api.simulate)
-        return batch_steps(n, w.output_len.hi, min(w.concurrency, running_cap)), \
-            f"{n} requests x {w.output_len.hi} output tokens / batch {min(w.concurrency, running_cap)}"
+        n = w.concurrency + max(2 * w.concurrency, 16)  # warm-up + the least measured (api.simulate)
+        return batch_steps(
+            n, w.output_len.hi, min(w.concurrency, running_cap)
+        ), f"{n} requests x {w.output_len.hi} output tokens / batch {min(w.concurrency, running_cap)}"
     n = w.num_requests if w.kind == "poisson" else len(w.trace)
     out = n * w.output_len.hi if w.kind == "poisson" else sum(o for _, _, o in w.trace)
     batch = min(n, running_cap)
@@ -195,27 +264,41 @@ def workload_steps(w: Workload, running_cap: int) -> tuple[float, str]:
 
 
 def _workload(concurrency, rate_rps, num_requests, trace, input_len, output_len, seed) -> Workload:
-    require(is_int(seed) and 0 <= seed < MAX_SEED, f"seed must be a whole number >= 0 and < 2**63, got {seed!r}")
+    require(
+        is_int(seed) and 0 <= seed < MAX_SEED, f"seed must be a whole number >= 0 and < 2**63, got {seed!r}"
+    )
     seed = int(seed)
-    given = [n for n, v in (("concurrency", concurrency), ("rate", rate_rps), ("trace", trace)) if v is not None]
+    given = [
+        n for n, v in (("concurrency", concurrency), ("rate", rate_rps), ("trace", trace)) if v is not None
+    ]
     require(len(given) <= 1, f"give one of concurrency, rate or trace, not {' and '.join(given)}")
     for what, v in (("input length", input_len), ("output length", output_len)):
-        require(isinstance(v, str) or is_int(v),
-                f"{what} {v!r} is not a token count; allowed: N (fixed) or LO:HI (uniform), whole numbers >= 1")
-    require(num_requests is None or (is_int(num_requests) and 1 <= num_requests <= MAX_REQUESTS),
-            f"number of requests must be >= 1 and at most {MAX_REQUESTS} (the limit), got {num_requests!r}")
-    require(num_requests is None or concurrency is None,
-            "--num-requests counts requests of --rate or --trace; a closed loop (--conc) runs until its "
-            "throughput is measured (api.simulate's measure_requests sets how many)")
+        require(
+            isinstance(v, str) or is_int(v),
+            f"{what} {v!r} is not a token count; allowed: N (fixed) or LO:HI (uniform), whole numbers >= 1",
+        )
+    require(
+        num_requests is None or (is_int(num_requests) and 1 <= num_requests <= MAX_REQUESTS),
+        f"number of requests must be >= 1 and at most {MAX_REQUESTS} (the limit), got {num_requests!r}",
+    )
+    require(
+        num_requests is None or concurrency is None,
+        "--num-requests counts requests of --rate or --trace; a closed loop (--conc) runs until its "
+        "throughput is measured (api.simulate's measure_requests sets how many)",
+    )
     if concurrency is not None:
         concurrency = whole(concurrency, "concurrency", 1, MAX_CONCURRENCY)
     if rate_rps is not None:
-        require(is_number(rate_rps) and math.isfinite(rate_rps) and rate_rps > 0,
-                f"arrival rate must be > 0 requests/s and finite, got {rate_rps!r}")
+        require(
+            is_number(rate_rps) and math.isfinite(rate_rps) and rate_rps > 0,
+            f"arrival rate must be > 0 requests/s and finite, got {rate_rps!r}",
+        )
         n = 200 if num_requests is None else int(num_requests)
-        require(n / rate_rps <= MAX_SIM_S,
-                f"at {rate_rps:g} requests/s, {n} requests arrive over about {n / rate_rps:.3g} s, past the simulated "
-                f"horizon of {MAX_SIM_S:g} s; raise the rate or send fewer requests")
+        require(
+            n / rate_rps <= MAX_SIM_S,
+            f"at {rate_rps:g} requests/s, {n} requests arrive over about {n / rate_rps:.3g} s, past the simulated "
+            f"horizon of {MAX_SIM_S:g} s; raise the rate or send fewer requests",
+        )
         rate_rps = float(rate_rps)
     if trace is not None:
         require(isinstance(trace, (str, PathLike)), f"trace must be the path of a CSV file, got {trace!r}")

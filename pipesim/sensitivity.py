@@ -20,7 +20,7 @@ METRICS = ("output_throughput_tok_s", "per_request_tok_s", "ttft_ms_p50", "tpot_
 DEFAULT_STEP = 0.20
 # Params that are settings, not costs: not perturbed
 NOT_COSTS = ("moe_distribution", "custom_allreduce_max_gpus")
-LENGTH_SPREAD = 0.5     # a fixed length N against uniform [N/2, 3N/2] (same mean)
+LENGTH_SPREAD = 0.5  # a fixed length N against uniform [N/2, 3N/2] (same mean)
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,10 @@ class Item:
     """One bar of the tornado."""
 
     name: str
-    kind: str                 # "parameter" or "workload"
-    low_label: str            # the value moved to, as text
+    kind: str  # "parameter" or "workload"
+    low_label: str  # the value moved to, as text
     high_label: str
-    low: dict                 # metric -> value with the item moved down (None: not moved down)
+    low: dict  # metric -> value with the item moved down (None: not moved down)
     high: dict
     note: str = ""
 
@@ -46,33 +46,57 @@ class Item:
 class Sensitivity:
     base: dict
     step: float
-    items: tuple              # sorted by |throughput swing|, largest first
+    items: tuple  # sorted by |throughput swing|, largest first
     scenario: dict
 
     def table(self) -> str:
         b = self.base
         sc = self.scenario
-        lines = [(f"sensitivity: TP{sc['tp']} x PP{sc['pp']}, {sc['model']} on {sc['box']} ({sc['profile']}), "
-                 f"each item -+{self.step:.0%} alone"),
-                 (f"  baseline: {b['output_throughput_tok_s']:,.1f} tok/s, per-request {b['per_request_tok_s']:,.1f} tok/s, "
-                 f"TTFT p50 {b['ttft_ms_p50']:,.1f} ms, TPOT p50 {b['tpot_ms_p50']:,.1f} ms"),
-                 (f"  {'item':28s} {'low -> high':>22s} {'throughput low/high':>22s} {'swing':>7s} "
-                 f"{'per-req':>7s} {'TTFT':>7s} {'TPOT':>7s}")]
+        lines = [
+            (
+                f"sensitivity: TP{sc['tp']} x PP{sc['pp']}, {sc['model']} on {sc['box']} ({sc['profile']}), "
+                f"each item -+{self.step:.0%} alone"
+            ),
+            (
+                f"  baseline: {b['output_throughput_tok_s']:,.1f} tok/s, per-request {b['per_request_tok_s']:,.1f} tok/s, "
+                f"TTFT p50 {b['ttft_ms_p50']:,.1f} ms, TPOT p50 {b['tpot_ms_p50']:,.1f} ms"
+            ),
+            (
+                f"  {'item':28s} {'low -> high':>22s} {'throughput low/high':>22s} {'swing':>7s} "
+                f"{'per-req':>7s} {'TTFT':>7s} {'TPOT':>7s}"
+            ),
+        ]
         for it in self.items:
             lo = "-" if it.low is None else f"{it.low['output_throughput_tok_s']:,.0f}"
             hi = "-" if it.high is None else f"{it.high['output_throughput_tok_s']:,.0f}"
-            lines.append(f"  {it.name:28s} {it.low_label + ' -> ' + it.high_label:>22s} {lo + ' / ' + hi:>22s} "
-                         f"{it.swing(b):+6.1f}% {it.swing(b, 'per_request_tok_s'):+6.1f}% "
-                         f"{it.swing(b, 'ttft_ms_p50'):+6.1f}% {it.swing(b, 'tpot_ms_p50'):+6.1f}%")
+            lines.append(
+                f"  {it.name:28s} {it.low_label + ' -> ' + it.high_label:>22s} {lo + ' / ' + hi:>22s} "
+                f"{it.swing(b):+6.1f}% {it.swing(b, 'per_request_tok_s'):+6.1f}% "
+                f"{it.swing(b, 'ttft_ms_p50'):+6.1f}% {it.swing(b, 'tpot_ms_p50'):+6.1f}%"
+            )
         lines.append("  swing: (high - low) / baseline; '-' : not moved that way")
         notes = [f"  {it.name}: {it.note}" for it in self.items if it.note]
         return "\n".join(lines + notes)
 
     def to_dict(self) -> dict:
-        return {"base": self.base, "step": self.step, "scenario": self.scenario,
-                "items": [{"name": i.name, "kind": i.kind, "low_value": i.low_label, "high_value": i.high_label,
-                           "low": i.low, "high": i.high, "note": i.note,
-                           "swing_pct": {m: i.swing(self.base, m) for m in METRICS}} for i in self.items]}
+        return {
+            "base": self.base,
+            "step": self.step,
+            "scenario": self.scenario,
+            "items": [
+                {
+                    "name": i.name,
+                    "kind": i.kind,
+                    "low_value": i.low_label,
+                    "high_value": i.high_label,
+                    "low": i.low,
+                    "high": i.high,
+                    "note": i.note,
+                    "swing_pct": {m: i.swing(self.base, m) for m in METRICS},
+                }
+                for i in self.items
+            ],
+        }
 
 
 def _metrics(scenario) -> dict:
@@ -98,8 +122,17 @@ def _param_items(scenario, step: float) -> list[Item]:
         if v == 0:
             unit = FITTABLE.get(f.name, (0, 0, 1.0))[2]
             hi = _metrics(replace(scenario, profile=prof.with_params(**{f.name: unit})))
-            items.append(Item(f.name, "parameter", "0", _fmt(unit), None, hi,
-                              f"at 0: moved up only, by its fit step {_fmt(unit)}"))
+            items.append(
+                Item(
+                    f.name,
+                    "parameter",
+                    "0",
+                    _fmt(unit),
+                    None,
+                    hi,
+                    f"at 0: moved up only, by its fit step {_fmt(unit)}",
+                )
+            )
             continue
         lo = _metrics(replace(scenario, profile=prof.with_params(**{f.name: v * (1 - step)})))
         hi = _metrics(replace(scenario, profile=prof.with_params(**{f.name: v * (1 + step)})))
@@ -118,24 +151,46 @@ def _workload_items(scenario, step: float) -> list[Item]:
 
     w = scenario.workload
     if w.kind == "trace":
-        return []   # a trace pins lengths and arrivals
+        return []  # a trace pins lengths and arrivals
     items = []
     for name in ("input_len", "output_len"):
         cur = getattr(w, name)
         lo, hi = _scaled(cur, 1 - step), _scaled(cur, 1 + step)
-        items.append(Item(name, "workload", str(lo), str(hi),
-                          _metrics(replace(scenario, workload=replace(w, **{name: lo}))),
-                          _metrics(replace(scenario, workload=replace(w, **{name: hi})))))
+        items.append(
+            Item(
+                name,
+                "workload",
+                str(lo),
+                str(hi),
+                _metrics(replace(scenario, workload=replace(w, **{name: lo}))),
+                _metrics(replace(scenario, workload=replace(w, **{name: hi}))),
+            )
+        )
         if cur.lo == cur.hi:
             n = cur.lo
             spread = Lengths(max(1, round(n * (1 - LENGTH_SPREAD))), max(1, round(n * (1 + LENGTH_SPREAD))))
-            items.append(Item(f"{name} spread", "workload", str(cur), str(spread), None,
-                              _metrics(replace(scenario, workload=replace(w, **{name: spread}))),
-                              f"fixed {n} against uniform {spread} (same mean)"))
+            items.append(
+                Item(
+                    f"{name} spread",
+                    "workload",
+                    str(cur),
+                    str(spread),
+                    None,
+                    _metrics(replace(scenario, workload=replace(w, **{name: spread}))),
+                    f"fixed {n} against uniform {spread} (same mean)",
+                )
+            )
     if w.kind == "poisson":
-        items.append(Item("rate_rps", "workload", _fmt(w.rate_rps * (1 - step)), _fmt(w.rate_rps * (1 + step)),
-                          _metrics(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 - step)))),
-                          _metrics(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 + step))))))
+        items.append(
+            Item(
+                "rate_rps",
+                "workload",
+                _fmt(w.rate_rps * (1 - step)),
+                _fmt(w.rate_rps * (1 + step)),
+                _metrics(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 - step)))),
+                _metrics(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 + step)))),
+            )
+        )
     return items
 
 

@@ -54,21 +54,35 @@ class Channel:
 
 
 class Request:
-    __slots__ = ("rid", "arrival_s", "input_len", "output_len", "prefilled", "scheduled", "generated", "slot",
-                 "first_token_s", "finish_s", "client", "kv_reserved", "inflight", "admit_s")
+    __slots__ = (
+        "rid",
+        "arrival_s",
+        "input_len",
+        "output_len",
+        "prefilled",
+        "scheduled",
+        "generated",
+        "slot",
+        "first_token_s",
+        "finish_s",
+        "client",
+        "kv_reserved",
+        "inflight",
+        "admit_s",
+    )
 
     def __init__(self, rid: int, arrival_s: float, input_len: int, output_len: int, client: int = -1):
         self.rid, self.arrival_s, self.client = rid, arrival_s, client
         self.input_len, self.output_len = input_len, output_len
-        self.prefilled = 0          # prompt tokens whose KV is computed (chunks back)
-        self.scheduled = 0          # prompt tokens sent in chunks so far (some may be in flight)
-        self.generated = 0          # output tokens produced
-        self.slot = -1              # SGLang micro-batch slot (sticky once prefilled)
+        self.prefilled = 0  # prompt tokens whose KV is computed (chunks back)
+        self.scheduled = 0  # prompt tokens sent in chunks so far (some may be in flight)
+        self.generated = 0  # output tokens produced
+        self.slot = -1  # SGLang micro-batch slot (sticky once prefilled)
         self.first_token_s = -1.0
         self.finish_s = -1.0
         self.kv_reserved = 0
-        self.inflight = 0           # batches in flight that carry this request
-        self.admit_s = -1.0         # when the engine admitted it (left the waiting queue)
+        self.inflight = 0  # batches in flight that carry this request
+        self.admit_s = -1.0  # when the engine admitted it (left the waiting queue)
 
     @property
     def context(self) -> int:
@@ -78,19 +92,27 @@ class Request:
 class MicroBatch:
     __slots__ = ("seq", "slot", "decode", "prefill", "shape", "returned", "it", "cpu_launch_s")
 
-    def __init__(self, seq: int, slot: int, decode: list, prefill: list, env: simpy.Environment, graphed: bool,
-                 pad: int = 0):
+    def __init__(
+        self,
+        seq: int,
+        slot: int,
+        decode: list,
+        prefill: list,
+        env: simpy.Environment,
+        graphed: bool,
+        pad: int = 0,
+    ):
         self.seq, self.slot = seq, slot
-        self.decode = decode            # requests decoding one token
-        self.prefill = prefill          # (request, chunk tokens, prefix tokens)
+        self.decode = decode  # requests decoding one token
+        self.prefill = prefill  # (request, chunk tokens, prefix tokens)
         # a graphed batch runs at its padded size: `pad` dummy decode rows, whose
         # (near-empty) contexts add no attention work, so the mean context is over all rows
         rows = len(decode) + pad
         ctx = sum(r.context for r in decode) // rows if decode else 0
         self.shape = Shape(rows, ctx, tuple((c, p) for _, c, p in prefill), graphed)
         self.returned = env.event()
-        self.it = 0                     # the scheduler's slot iteration that launched it (SGLang PP)
-        self.cpu_launch_s = env.now     # when the previous rank's CPU launched it
+        self.it = 0  # the scheduler's slot iteration that launched it (SGLang PP)
+        self.cpu_launch_s = env.now  # when the previous rank's CPU launched it
 
     @property
     def size(self) -> int:
@@ -100,10 +122,18 @@ class MicroBatch:
 class Simulation:
     """The pipeline and the request bookkeeping an engine scheduler drives."""
 
-    def __init__(self, costs: CostModel, workload: Workload, engine_factory: Callable[[EngineSimulation], EngineScheduler],
-                 settings: EngineSettings,
-                 warmup_requests: int, measure_requests: int, max_measure_requests: int | None = None,
-                 ci_target: float | None = None, queued: bool = False):
+    def __init__(
+        self,
+        costs: CostModel,
+        workload: Workload,
+        engine_factory: Callable[[EngineSimulation], EngineScheduler],
+        settings: EngineSettings,
+        warmup_requests: int,
+        measure_requests: int,
+        max_measure_requests: int | None = None,
+        ci_target: float | None = None,
+        queued: bool = False,
+    ):
         self.env = env = CountingEnvironment()
         self.costs, self.workload, self.settings = costs, workload, settings
         plan = costs.plan
@@ -112,9 +142,9 @@ class Simulation:
         self.rng = np.random.default_rng(workload.seed)
         self.waiting: deque[Request] = deque()
         self.requests: list[Request] = []
-        self.finished: list[Request] = []     # in completion order
+        self.finished: list[Request] = []  # in completion order
         self.kv_free = settings.kv_tokens
-        self.running = 0                      # admitted, not finished
+        self.running = 0  # admitted, not finished
         self.completed = 0
         # Stop after warm-up + measure_requests completions if no CI target is set;
         # with one, keep measuring until the throughput's 95% half-width is within
@@ -125,7 +155,7 @@ class Simulation:
         # A closed loop with more clients than the engine admits keeps a queue: its
         # throughput is then estimated on the admitted requests (steady.py).
         self.queued = queued and workload.kind == "closed"
-        self._load_s = self._load_t = self._load_warm_s = 0.0   # integral of `running` over time
+        self._load_s = self._load_t = self._load_warm_s = 0.0  # integral of `running` over time
         self._check_every = max(1, measure_requests // 8)
         self.warmup_requests = warmup_requests
         self.warmup_end_s = 0.0
@@ -136,7 +166,10 @@ class Simulation:
         self._frontend_s = params.frontend_ms * 1e-3
         self._frontend_free_s = 0.0
         # the output path (detokenizer, one process): per returned step and per token in it
-        self._detok_step_s, self._detok_token_s = params.detokenize_step_us * 1e-6, params.detokenize_token_us * 1e-6
+        self._detok_step_s, self._detok_token_s = (
+            params.detokenize_step_us * 1e-6,
+            params.detokenize_token_us * 1e-6,
+        )
         self._detok_free_s = 0.0
         # every PP rank runs the scheduler loop (docs/engines.md §2): ranks >= 1 keep a
         # CPU free-at clock and the last slot iteration they ran
@@ -148,8 +181,8 @@ class Simulation:
         # its loop is `depth` iterations further (the send waits only for that batch's
         # own compute: the forward runs on its own stream)
         self.depth = getattr(settings, "pp_async_batch_depth", 0) if self.pp > 1 else 0
-        self.iteration = -1                   # the first rank's current slot iteration
-        self._parked: deque[MicroBatch] = deque()   # computed on the last stage, outputs held
+        self.iteration = -1  # the first rank's current slot iteration
+        self._parked: deque[MicroBatch] = deque()  # computed on the last stage, outputs held
         self._seq = 0
         self._users = self._link_users()
         self._free_at = {d: 0.0 for links in self._users.values() for d in links}
@@ -200,7 +233,7 @@ class Simulation:
             mb = items.popleft()
             if rank_cpu:
                 launch_s = self._rank_launch(s, mb)
-                if launch_s > env.now:          # the GPU waits for this rank's CPU
+                if launch_s > env.now:  # the GPU waits for this rank's CPU
                     yield env.timeout(launch_s - env.now)
             compute_s, comm_s = stage_time(s, mb.shape)
             t0 = env.now
@@ -218,8 +251,13 @@ class Simulation:
         after the previous rank's iteration for this slot plus the pickled metadata
         relay (`cpu_hop_ms`). A free-at clock: no event unless the GPU must wait."""
         iterations = mb.it - self._rank_it[s] if self._rank_it[s] >= 0 else 1
-        launch_s = max(self._rank_free_s[s] + (iterations - 1) * self.cpu_iteration_s,
-                       mb.cpu_launch_s + self._cpu_hop_s) + self.cpu_iteration_s
+        launch_s = (
+            max(
+                self._rank_free_s[s] + (iterations - 1) * self.cpu_iteration_s,
+                mb.cpu_launch_s + self._cpu_hop_s,
+            )
+            + self.cpu_iteration_s
+        )
         self._rank_free_s[s], self._rank_it[s] = launch_s, mb.it
         mb.cpu_launch_s = launch_s
         return launch_s
@@ -273,14 +311,25 @@ class Simulation:
         """The engine hands a formed micro-batch to the first stage."""
         prefill_tokens = sum(c for _, c, _ in prefill)
         graphed = self.settings.graphed(len(decode), prefill_tokens)
-        pad = max(self.settings.graph_tokens(len(decode), prefill_tokens) - len(decode) - prefill_tokens, 0) if graphed else 0
+        pad = (
+            max(self.settings.graph_tokens(len(decode), prefill_tokens) - len(decode) - prefill_tokens, 0)
+            if graphed
+            else 0
+        )
         mb = MicroBatch(self._seq, slot, decode, prefill, self.env, graphed, pad)
         self._seq += 1
         for r in decode:
             r.inflight += 1
         for r, _, _ in prefill:
             r.inflight += 1
-        self.rec.batches.append(Batch(self.env.now, slot, mb.size, "decode" if not prefill else ("prefill" if not decode else "mixed")))
+        self.rec.batches.append(
+            Batch(
+                self.env.now,
+                slot,
+                mb.size,
+                "decode" if not prefill else ("prefill" if not decode else "mixed"),
+            )
+        )
         mb.it = self.iteration
         self.inbox[0].put(mb)
         return mb
@@ -346,10 +395,12 @@ class Simulation:
         # a client sends its next request once its response has fully arrived: after the
         # detokenizer has handled this step's outputs (one process, serial; docs/engines.md §1)
         if self._detok_step_s or self._detok_token_s:
-            done = self._detok_free_s = (max(now, self._detok_free_s) + self._detok_step_s
-                                         + self._detok_token_s * produced)
+            done = self._detok_free_s = (
+                max(now, self._detok_free_s) + self._detok_step_s + self._detok_token_s * produced
+            )
             self.env.timeout(done - now).callbacks.append(
-                lambda _ev, clients=[r.client for r in finished]: self._resend(clients))
+                lambda _ev, clients=[r.client for r in finished]: self._resend(clients)
+            )
             return
         for r in finished:
             self._arrive(r.client)
@@ -372,10 +423,12 @@ class Simulation:
         """Closed-loop output rate and its 95% half-width from the measured requests."""
         done = [r for r in self.finished if r.finish_s > self.warmup_end_s]
         if self.queued:
-            return closed_loop_ci(self.engine_load(), [r.output_len for r in done],
-                                  [r.finish_s - r.admit_s for r in done])
-        return closed_loop_ci(self.workload.concurrency, [r.output_len for r in done],
-                              [r.finish_s - r.arrival_s for r in done])
+            return closed_loop_ci(
+                self.engine_load(), [r.output_len for r in done], [r.finish_s - r.admit_s for r in done]
+            )
+        return closed_loop_ci(
+            self.workload.concurrency, [r.output_len for r in done], [r.finish_s - r.arrival_s for r in done]
+        )
 
     def engine_load(self) -> float:
         """Mean number of admitted requests over the measurement window so far."""
@@ -436,8 +489,13 @@ class Simulation:
         plan = self.costs.plan
         t1 = self.env.now
         t0 = self.warmup_end_s if self.workload.kind == "closed" else 0.0
-        return self.rec.freeze(stage_gpus=tuple(tuple(plan.stage_gpus(s)) for s in range(plan.pp)),
-                               layers_per_stage=tuple(plan.layers_per_stage), slots=self.settings.slots,
-                               clients=self.workload.concurrency if self.workload.kind == "closed" else None,
-                               window_s=(t0, t1), end_s=t1, events=self.env.scheduled,
-                               engine_load=self.engine_load() if self.queued else None)
+        return self.rec.freeze(
+            stage_gpus=tuple(tuple(plan.stage_gpus(s)) for s in range(plan.pp)),
+            layers_per_stage=tuple(plan.layers_per_stage),
+            slots=self.settings.slots,
+            clients=self.workload.concurrency if self.workload.kind == "closed" else None,
+            window_s=(t0, t1),
+            end_s=t1,
+            events=self.env.scheduled,
+            engine_load=self.engine_load() if self.queued else None,
+        )

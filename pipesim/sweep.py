@@ -9,8 +9,9 @@ seed, so the table is the same however it was run (rows sorted by gpus, tp, pp, 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from .checks import MAX_CONCURRENCY, MAX_GPUS, MAX_WORKERS, is_int, whole
 from .errors import UserError, require
@@ -21,9 +22,8 @@ if TYPE_CHECKING:  # pandas is imported where a table is built, so the CLI can r
 
 DEFAULT_CONC = (1, 2, 4, 8, 16, 32, 64, 128)
 RUN_KEYS = ("warmup_requests", "measure_requests", "max_measure_requests", "ci_target")
-WALL_COLUMNS = ("sim_wall_s",)   # the only columns that differ between identical runs
+WALL_COLUMNS = ("sim_wall_s",)  # the only columns that differ between identical runs
 KEY_COLUMNS = ["gpus", "tp", "pp", "conc", "rate_rps"]
-
 
 
 def whole_numbers(values: int | Sequence[int], what: str, limit: int = MAX_GPUS) -> list[int]:
@@ -31,8 +31,10 @@ def whole_numbers(values: int | Sequence[int], what: str, limit: int = MAX_GPUS)
     least one. (The command line turns '1,8,32' into a list first: `cli.parse_ints`.)"""
     if is_int(values):
         values = [values]
-    require(not isinstance(values, (str, bytes)),
-            f"{what} {values!r} must be a whole number or a sequence of them, e.g. [1, 8, 32]")
+    require(
+        not isinstance(values, (str, bytes)),
+        f"{what} {values!r} must be a whole number or a sequence of them, e.g. [1, 8, 32]",
+    )
     values = list(values)
     require(len(values) > 0, f"{what} is empty; give at least one whole number >= 1, e.g. 1,8,32")
     for v in values:
@@ -45,12 +47,17 @@ def positive_numbers(values: float | Sequence[float], what: str) -> list[float]:
     """A number or a sequence of numbers -> sorted and distinct; each finite and > 0."""
     if isinstance(values, (int, float)) and not isinstance(values, bool):
         values = [values]
-    require(not isinstance(values, (str, bytes)), f"{what} {values!r} must be a number or a sequence of them, e.g. [0.5, 1, 2]")
+    require(
+        not isinstance(values, (str, bytes)),
+        f"{what} {values!r} must be a number or a sequence of them, e.g. [0.5, 1, 2]",
+    )
     values = list(values)
     require(len(values) > 0, f"{what} is empty; give at least one number > 0, e.g. 0.5,1,2")
     for v in values:
-        require(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"),
-                f"{what}: {v!r} is not a number > 0")
+        require(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"),
+            f"{what}: {v!r} is not a number > 0",
+        )
     return sorted(set(float(v) for v in values))
 
 
@@ -70,6 +77,7 @@ def split_name(tp: int, pp: int) -> str:
 
 # ---- one point -----------------------------------------------------------------------
 
+
 def run_point(tp: int, pp: int, load: float, kwargs: dict, run_kwargs: dict, open_loop: bool = False) -> dict:
     """One row of the sweep table: `load` is the closed-loop concurrency, or with
     `open_loop` the Poisson arrival rate (req/s). Module-level so that worker
@@ -86,19 +94,30 @@ def run_point(tp: int, pp: int, load: float, kwargs: dict, run_kwargs: dict, ope
     n = len(idle)
     sat = r.saturation or {}
     return {
-        "box": sc["box"], "gpu": sc["gpu"], "model": sc["model"], "profile": sc["profile"],
-        "engine": eng["engine"], "input_len": sc["workload"]["input_len"],
-        "output_len": sc["workload"]["output_len"], "seed": sc["workload"]["seed"],
-        "gpus": tp * pp, "tp": tp, "pp": pp, "conc": 0 if open_loop else int(load),
-        "rate_rps": float(load) if open_loop else 0.0, "split": split_name(tp, pp),
+        "box": sc["box"],
+        "gpu": sc["gpu"],
+        "model": sc["model"],
+        "profile": sc["profile"],
+        "engine": eng["engine"],
+        "input_len": sc["workload"]["input_len"],
+        "output_len": sc["workload"]["output_len"],
+        "seed": sc["workload"]["seed"],
+        "gpus": tp * pp,
+        "tp": tp,
+        "pp": pp,
+        "conc": 0 if open_loop else int(load),
+        "rate_rps": float(load) if open_loop else 0.0,
+        "split": split_name(tp, pp),
         "layers_per_stage": ",".join(map(str, sc["layers_per_stage"])),
         "output_throughput_tok_s": r.output_throughput_tok_s,
         "output_throughput_ci_tok_s": r.output_throughput_ci_tok_s,
         "output_tok_s_per_gpu": r.output_throughput_tok_s / (tp * pp),
         "request_throughput_req_s": r.request_throughput_req_s,
         "per_request_tok_s": r.per_request_tok_s,
-        "ttft_ms_p50": r.ttft_ms_p50, "ttft_ms_p99": r.ttft_ms_p99,
-        "tpot_ms_p50": r.tpot_ms_p50, "tpot_ms_p99": r.tpot_ms_p99,
+        "ttft_ms_p50": r.ttft_ms_p50,
+        "ttft_ms_p99": r.ttft_ms_p99,
+        "tpot_ms_p50": r.tpot_ms_p50,
+        "tpot_ms_p99": r.tpot_ms_p99,
         "e2e_ms_mean": r.e2e_ms_mean,
         "compute_share": r.time_shares["compute"],
         "allreduce_share": r.allreduce_share,
@@ -106,7 +125,8 @@ def run_point(tp: int, pp: int, load: float, kwargs: dict, run_kwargs: dict, ope
         "idle_p2p_share": sum(s.idle_p2p for s in idle) / n,
         "idle_cpu_share": sum(s.idle_cpu for s in idle) / n,
         "idle_bubble_share": sum(s.idle_bubble for s in idle) / n,
-        "p2p_share": r.p2p_share, "cpu_share": r.cpu_share,
+        "p2p_share": r.p2p_share,
+        "cpu_share": r.cpu_share,
         "mean_requests_per_microbatch": r.mean_requests_per_microbatch,
         "mean_decode_batch": r.mean_decode_batch,
         "decode_batch_per_slot": ";".join(f"{b:.3f}" for b in r.decode_batch_per_slot),
@@ -138,9 +158,15 @@ def caps(sc: dict) -> dict:
     if size:
         bounds["KV cache"] = kv // size
     reason = min(bounds, key=lambda k: bounds[k])
-    return {"running_cap": running, "slot_cap": slot_cap if slot_cap is not None else 0, "slots": slots,
-            "kv_cache_tokens": kv, "kv_request_cap": bounds.get("KV cache", 0),
-            "effective_cap": bounds[reason], "cap_reason": reason}
+    return {
+        "running_cap": running,
+        "slot_cap": slot_cap if slot_cap is not None else 0,
+        "slots": slots,
+        "kv_cache_tokens": kv,
+        "kv_request_cap": bounds.get("KV cache", 0),
+        "effective_cap": bounds[reason],
+        "cap_reason": reason,
+    }
 
 
 def _hi(spec) -> int:
@@ -150,8 +176,10 @@ def _hi(spec) -> int:
 
 # ---- the sweep ---------------------------------------------------------------------------
 
-def _valid_splits(gpu_counts: list[int], load: dict, kwargs: dict,
-                  only: list[tuple[int, int]] | None = None) -> tuple[list[tuple[int, int]], list[str]]:
+
+def _valid_splits(
+    gpu_counts: list[int], load: dict, kwargs: dict, only: list[tuple[int, int]] | None = None
+) -> tuple[list[tuple[int, int]], list[str]]:
     """Splits build_scenario accepts, and 'TPa x PPb (N GPUs): reason' for the rest.
     A reason every split shares (an unknown model, a bad knob) is not about the split:
     it is raised as is."""
@@ -169,16 +197,25 @@ def _valid_splits(gpu_counts: list[int], load: dict, kwargs: dict,
         distinct = set(reasons.values())
         if len(distinct) == 1 and len(reasons) > 1:
             raise UserError(distinct.pop())
-        raise UserError(f"no valid TP x PP split for {', '.join(map(str, gpu_counts))} GPUs: " +
-                        "; ".join(f"{split_name(*k)}: {v}" for k, v in reasons.items()))
+        raise UserError(
+            f"no valid TP x PP split for {', '.join(map(str, gpu_counts))} GPUs: "
+            + "; ".join(f"{split_name(*k)}: {v}" for k, v in reasons.items())
+        )
     skipped = [f"{split_name(tp, pp)} ({tp * pp} GPUs): {why}" for (tp, pp), why in reasons.items()]
     return valid, skipped
 
 
-def sweep(gpus: int | Sequence[int] = 8, conc: int | Sequence[int] | None = DEFAULT_CONC, *,
-          rate: float | Sequence[float] | None = None, splits: Sequence[tuple[int, int]] | None = None,
-          scheduler: str | None = None, workers: int | None = None,
-          progress: bool | None = False, **kwargs) -> pd.DataFrame:
+def sweep(
+    gpus: int | Sequence[int] = 8,
+    conc: int | Sequence[int] | None = DEFAULT_CONC,
+    *,
+    rate: float | Sequence[float] | None = None,
+    splits: Sequence[tuple[int, int]] | None = None,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    progress: bool | None = False,
+    **kwargs,
+) -> pd.DataFrame:
     """Run every valid (tp, pp) with tp x pp in `gpus` at every closed-loop concurrency
     in `conc`, or, with `rate`, at every open-loop Poisson arrival rate (req/s; `conc`
     is then not read; `num_requests` per point, default 200). `splits` [(tp, pp), ...]:
@@ -195,8 +232,11 @@ def sweep(gpus: int | Sequence[int] = 8, conc: int | Sequence[int] | None = DEFA
     only = None
     if splits is not None:
         only = [tuple(x) for x in splits]
-        require(len(only) > 0 and all(len(x) == 2 and all(isinstance(v, int) and v >= 1 for v in x) for x in only),
-                f"splits {splits!r} must be (tp, pp) pairs of whole numbers >= 1, e.g. [(2, 4), (8, 1)]")
+        require(
+            len(only) > 0
+            and all(len(x) == 2 and all(isinstance(v, int) and v >= 1 for v in x) for x in only),
+            f"splits {splits!r} must be (tp, pp) pairs of whole numbers >= 1, e.g. [(2, 4), (8, 1)]",
+        )
         gpus = sorted({tp * pp for tp, pp in only})
     gpu_counts = whole_numbers(gpus, "gpus")
     open_loop = rate is not None
@@ -237,8 +277,12 @@ def _run_local(points, kwargs, run_kwargs, workers, progress, open_loop=False) -
                 rows.append(run_point(tp, pp, c, kwargs, run_kwargs, open_loop))
                 bar.update()
             return rows
-        with ProcessPoolExecutor(max_workers=n, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
-            futures = [pool.submit(run_point, tp, pp, c, kwargs, run_kwargs, open_loop) for tp, pp, c in points]
+        with ProcessPoolExecutor(
+            max_workers=n, initializer=_die_with_parent, initargs=(os.getpid(),)
+        ) as pool:
+            futures = [
+                pool.submit(run_point, tp, pp, c, kwargs, run_kwargs, open_loop) for tp, pp, c in points
+            ]
             for fut in as_completed(futures):
                 rows.append(fut.result())
                 bar.update()
@@ -256,10 +300,10 @@ def _die_with_parent(parent_pid: int) -> None:
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent_pid:      # the parent died before prctl took effect
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
 
     def watch() -> None:
@@ -284,7 +328,10 @@ def _run_dask(address: str, points, kwargs, run_kwargs, progress, open_loop=Fals
     with client, _bar(len(points), progress) as bar:
         # the scenario inputs (a Profile object can be megabytes) go to each worker once
         [shared] = client.scatter([kwargs], broadcast=True, hash=False)
-        futures = [client.submit(run_point, tp, pp, c, shared, run_kwargs, open_loop, pure=False) for tp, pp, c in points]
+        futures = [
+            client.submit(run_point, tp, pp, c, shared, run_kwargs, open_loop, pure=False)
+            for tp, pp, c in points
+        ]
         for fut in dask_completed(futures, loop=client.loop):
             rows.append(fut.result())
             bar.update()
@@ -293,12 +340,17 @@ def _run_dask(address: str, points, kwargs, run_kwargs, progress, open_loop=Fals
 
 # ---- summaries ---------------------------------------------------------------------------
 
+
 def best_by_conc(df: pd.DataFrame, column: str = "output_throughput_tok_s") -> pd.DataFrame:
     """The best split at each (gpus, load) by `column` (larger is better); the load is
     the concurrency, or the arrival rate of an open-loop sweep (`load_column`)."""
     lc = load_column(df)
-    idx = df.sort_values(["gpus", lc, column, "tp"], ascending=[True, True, False, True]) \
-            .groupby(["gpus", lc], sort=True).head(1).index
+    idx = (
+        df.sort_values(["gpus", lc, column, "tp"], ascending=[True, True, False, True])
+        .groupby(["gpus", lc], sort=True)
+        .head(1)
+        .index
+    )
     return df.loc[idx].sort_values(["gpus", lc]).reset_index(drop=True)
 
 
@@ -311,12 +363,17 @@ def summary(df: pd.DataFrame) -> str:
     best = {(r.gpus, getattr(r, lc)): (r.tp, r.pp) for r in best_by_conc(df).itertuples()}
     first = df.iloc[0]
     what = "arrival rate" if lc == "rate_rps" else "concurrency"
-    lines = [f"pipesim sweep  {first['model']} on {first['box']} ({first['profile']}), {first['engine']}, "
-             f"in/out {first['input_len']}/{first['output_len']} tokens",
-             f"output tok/s (per-request tok/s); * = most output tok/s at that {what} and GPU count"
-             + ("; ! = overloaded (the queue grows)" if lc == "rate_rps" else ""), ""]
+    lines = [
+        f"pipesim sweep  {first['model']} on {first['box']} ({first['profile']}), {first['engine']}, "
+        f"in/out {first['input_len']}/{first['output_len']} tokens",
+        f"output tok/s (per-request tok/s); * = most output tok/s at that {what} and GPU count"
+        + ("; ! = overloaded (the queue grows)" if lc == "rate_rps" else ""),
+        "",
+    ]
     width = 20
-    header = f"{'GPUs':>4} {'req/s' if lc == 'rate_rps' else 'C':>5}  " + "".join(f"{s:>{width}}" for s in splits_.split)
+    header = f"{'GPUs':>4} {'req/s' if lc == 'rate_rps' else 'C':>5}  " + "".join(
+        f"{s:>{width}}" for s in splits_.split
+    )
     lines.append(header)
     cells = df.set_index(["gpus", "tp", "pp", lc])
     for (g, c), _ in df.groupby(["gpus", lc], sort=True):

@@ -28,11 +28,14 @@ TRACK_GPUS, TRACK_HOPS, TRACK_CPU, TRACK_WINDOW = 1, 2, 3, 4
 
 # ---- the Chrome trace ------------------------------------------------------------------
 
+
 def _ns(t_s: float) -> int:
     return int(round(t_s * 1e9))
 
 
-def _slice(name: str, cat: str, start_s: float, end_s: float, pid: int, tid: int, args: dict | None = None) -> dict:
+def _slice(
+    name: str, cat: str, start_s: float, end_s: float, pid: int, tid: int, args: dict | None = None
+) -> dict:
     a, b = _ns(start_s), _ns(end_s)
     ev = {"name": name, "cat": cat, "ph": "X", "ts": a / 1e3, "dur": (b - a) / 1e3, "pid": pid, "tid": tid}
     if args:
@@ -61,7 +64,15 @@ def flows(rec: Record) -> list[dict]:
             points.append((hops[s][i][0], TRACK_HOPS, s))
         for k, (t, pid, tid) in enumerate(points):
             ph = "s" if k == 0 else "f" if k == len(points) - 1 else "t"
-            ev = {"name": "micro-batch", "cat": "flow", "ph": ph, "id": i, "ts": _ns(t) / 1e3, "pid": pid, "tid": tid}
+            ev = {
+                "name": "micro-batch",
+                "cat": "flow",
+                "ph": ph,
+                "id": i,
+                "ts": _ns(t) / 1e3,
+                "pid": pid,
+                "tid": tid,
+            }
             if ph == "f":
                 ev["bp"] = "e"
             out.append(ev)
@@ -98,20 +109,36 @@ def build_trace(rec: Record, result: Result) -> dict:
     for s in range(rec.pp):
         layers = rec.layers_per_stage[s]
         for rank, gpu in enumerate(rec.stage_gpus[s]):
-            events.append(_meta("thread_name", TRACK_GPUS, gpu, f"GPU {gpu}: stage {s}, TP rank {rank} ({layers} layers)"))
+            events.append(
+                _meta(
+                    "thread_name", TRACK_GPUS, gpu, f"GPU {gpu}: stage {s}, TP rank {rank} ({layers} layers)"
+                )
+            )
             events.append(_meta("thread_sort_index", TRACK_GPUS, gpu, gpu))
             for i, (a, b) in enumerate(rec.compute[s]):
                 args = batch_args(i, s)
-                events.append(_slice(f"{args.get('kind', 'compute')} x{args.get('requests', '?')}", "compute",
-                                     a, b, TRACK_GPUS, gpu, args))
+                events.append(
+                    _slice(
+                        f"{args.get('kind', 'compute')} x{args.get('requests', '?')}",
+                        "compute",
+                        a,
+                        b,
+                        TRACK_GPUS,
+                        gpu,
+                        args,
+                    )
+                )
             for i, (a, b) in enumerate(rec.comm[s]):
                 events.append(_slice("all-reduce", "allreduce", a, b, TRACK_GPUS, gpu, batch_args(i, s)))
     if rec.pp > 1:
         for s, name in enumerate(rec.hop_names):
             dst = (s + 1) % rec.pp
             src_g, dst_g = rec.stage_gpus[s], rec.stage_gpus[dst]
-            label = (f"hop {name} (GPU {src_g[0]}-{src_g[-1]} -> GPU {dst_g[0]}-{dst_g[-1]})" if rec.tp > 1
-                     else f"hop {name} (GPU {src_g[0]} -> GPU {dst_g[0]})")
+            label = (
+                f"hop {name} (GPU {src_g[0]}-{src_g[-1]} -> GPU {dst_g[0]}-{dst_g[-1]})"
+                if rec.tp > 1
+                else f"hop {name} (GPU {src_g[0]} -> GPU {dst_g[0]})"
+            )
             events.append(_meta("thread_name", TRACK_HOPS, s, label))
             events.append(_meta("thread_sort_index", TRACK_HOPS, s, s))
             what = "tokens" if dst == 0 else "activations"
@@ -120,9 +147,20 @@ def build_trace(rec: Record, result: Result) -> dict:
         events += flows(rec)
     for a, b in rec.cpu:
         events.append(_slice("schedule", "cpu", a, b, TRACK_CPU, 0))
-    events.append(_slice("measurement window", "window", t0, t1, TRACK_WINDOW, 0,
-                         {"output_tok_s": round(result.output_throughput_tok_s, 3),
-                          "completed_requests": result.completed_requests}))
+    events.append(
+        _slice(
+            "measurement window",
+            "window",
+            t0,
+            t1,
+            TRACK_WINDOW,
+            0,
+            {
+                "output_tok_s": round(result.output_throughput_tok_s, 3),
+                "completed_requests": result.completed_requests,
+            },
+        )
+    )
 
     stages = idle_breakdown(rec, t0, t1)
     meta = {
@@ -132,14 +170,27 @@ def build_trace(rec: Record, result: Result) -> dict:
         "run_ms": rec.end_s * 1e3,
         "output_throughput_tok_s": result.output_throughput_tok_s,
         "bubble_fraction": result.bubble_fraction,
-        "bubbles_note": ("bubbles are the idle stretches of each stage's GPUs inside the measurement window; "
-                         "idle time is split into waiting on a P2P hop, on the scheduler CPU, and the pipeline "
-                         "bubble proper"),
-        "stages": [{"stage": st.stage, "gpus": list(rec.stage_gpus[st.stage]),
-                    "layers": rec.layers_per_stage[st.stage], "bubbles": st.bubbles,
-                    "bubble_ms": st.bubble_s * 1e3, "compute_share": st.compute, "allreduce_share": st.allreduce,
-                    "idle_share": st.idle_p2p + st.idle_cpu + st.idle_bubble, "idle_p2p_share": st.idle_p2p,
-                    "idle_cpu_share": st.idle_cpu, "idle_bubble_share": st.idle_bubble} for st in stages],
+        "bubbles_note": (
+            "bubbles are the idle stretches of each stage's GPUs inside the measurement window; "
+            "idle time is split into waiting on a P2P hop, on the scheduler CPU, and the pipeline "
+            "bubble proper"
+        ),
+        "stages": [
+            {
+                "stage": st.stage,
+                "gpus": list(rec.stage_gpus[st.stage]),
+                "layers": rec.layers_per_stage[st.stage],
+                "bubbles": st.bubbles,
+                "bubble_ms": st.bubble_s * 1e3,
+                "compute_share": st.compute,
+                "allreduce_share": st.allreduce,
+                "idle_share": st.idle_p2p + st.idle_cpu + st.idle_bubble,
+                "idle_p2p_share": st.idle_p2p,
+                "idle_cpu_share": st.idle_cpu,
+                "idle_bubble_share": st.idle_bubble,
+            }
+            for st in stages
+        ],
     }
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": _jsonable(meta)}
 
@@ -172,4 +223,6 @@ def write_trace(path: str | Path, trace_obj: dict) -> None:
     from .files import check_out_path, write_atomic
 
     out = check_out_path(path, (".json",), "trace")
-    write_atomic(out, lambda tmp: tmp.write_text(json.dumps(trace_obj, separators=(",", ":"), allow_nan=False)))
+    write_atomic(
+        out, lambda tmp: tmp.write_text(json.dumps(trace_obj, separators=(",", ":"), allow_nan=False))
+    )

@@ -24,18 +24,24 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 # metrics that get a band (the table's headline numbers)
-HEADLINE = ("output_throughput_tok_s", "per_request_tok_s", "ttft_ms_p50", "ttft_ms_p99",
-            "tpot_ms_p50", "tpot_ms_p99")
+HEADLINE = (
+    "output_throughput_tok_s",
+    "per_request_tok_s",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "tpot_ms_p50",
+    "tpot_ms_p99",
+)
 LIKELY_COVERAGE = 0.80
-Z_LIKELY = 1.2816          # two-sided 80% normal quantile
-Z_CI = 1.96                # the run's CI is a 95% half-width
-MIN_POINTS = 5             # fewer measured points than this in a regime: too few for a quantile
+Z_LIKELY = 1.2816  # two-sided 80% normal quantile
+Z_CI = 1.96  # the run's CI is a 95% half-width
+MIN_POINTS = 5  # fewer measured points than this in a regime: too few for a quantile
 # Stated, not fitted: Vidur (Agrawal et al., MLSys 2024) reports under 9% error on the
 # hardware it profiled; off the measured points errors grow. 25% is about three times
 # that, the conservative end used where a profile has too few points to speak for itself.
 DEFAULT_CALIBRATION_REL = 0.25
-ENSEMBLE_RUNS = 4          # short runs: seeds 1..4, lengths spread, front-end cost +-50%
-LENGTH_SPREAD = 0.5        # a fixed length N stands for uniform [N(1-s), N(1+s)] (same mean)
+ENSEMBLE_RUNS = 4  # short runs: seeds 1..4, lengths spread, front-end cost +-50%
+LENGTH_SPREAD = 0.5  # a fixed length N stands for uniform [N(1-s), N(1+s)] (same mean)
 FRONTEND_SPREAD = 0.5
 
 
@@ -44,9 +50,9 @@ class CalibrationSpread:
     """Part (a): the relative half-width from the profile's leave-one-out errors."""
 
     rel: float
-    points: int              # measured points it rests on (0: the default)
+    points: int  # measured points it rests on (0: the default)
     regime: str
-    basis: str               # one line: where the number comes from
+    basis: str  # one line: where the number comes from
 
 
 def regime(tp: int, pp: int, conc: int | None) -> tuple[str, str]:
@@ -69,26 +75,36 @@ def calibration_spread(profile, tp: int, pp: int, conc: int | None) -> Calibrati
     enough, else the stated default."""
     want = regime(tp, pp, conc)
     res = loo_residuals(profile)
-    for label, chosen in ((f"{want[0]}, {want[1]}", [e for p, e in res if regime(p.tp, p.pp, p.conc) == want]),
-                          (want[0], [e for p, e in res if regime(p.tp, p.pp, p.conc)[0] == want[0]]),
-                          ("all", [e for _, e in res])):
+    for label, chosen in (
+        (f"{want[0]}, {want[1]}", [e for p, e in res if regime(p.tp, p.pp, p.conc) == want]),
+        (want[0], [e for p, e in res if regime(p.tp, p.pp, p.conc)[0] == want[0]]),
+        ("all", [e for _, e in res]),
+    ):
         if len(chosen) >= MIN_POINTS:
             q = float(np.quantile(np.abs(chosen), LIKELY_COVERAGE))
-            return CalibrationSpread(q, len(chosen), label,
-                                     f"80% quantile of |leave-one-out error| over {len(chosen)} points ({label})")
+            return CalibrationSpread(
+                q,
+                len(chosen),
+                label,
+                f"80% quantile of |leave-one-out error| over {len(chosen)} points ({label})",
+            )
     fit = profile.meta.get("fit", {})
     loo = f"; its fit's leave-one-out MAPE is {fit['loo_mape_pct']}%" if "loo_mape_pct" in fit else ""
     n = len(profile.measured)
-    return CalibrationSpread(DEFAULT_CALIBRATION_REL, 0, "default",
-                             f"profile {profile.name} has {len(res)} leave-one-out residuals of {n} points "
-                             f"(fewer than {MIN_POINTS}){loo}: default {DEFAULT_CALIBRATION_REL:.0%}")
+    return CalibrationSpread(
+        DEFAULT_CALIBRATION_REL,
+        0,
+        "default",
+        f"profile {profile.name} has {len(res)} leave-one-out residuals of {n} points "
+        f"(fewer than {MIN_POINTS}){loo}: default {DEFAULT_CALIBRATION_REL:.0%}",
+    )
 
 
 def _spread(lengths, s: float):
     from .workload import Lengths
 
     if lengths.lo != lengths.hi:
-        return lengths   # the user gave a distribution: keep it
+        return lengths  # the user gave a distribution: keep it
     n = lengths.lo
     return Lengths(max(1, round(n * (1 - s))), max(1, round(n * (1 + s))))
 
@@ -102,7 +118,11 @@ def ensemble_scenarios(scenario, runs: int = ENSEMBLE_RUNS) -> list:
     for i in range(1, runs + 1):
         wi = replace(w, seed=w.seed + i)
         if w.kind != "trace":
-            wi = replace(wi, input_len=_spread(w.input_len, LENGTH_SPREAD), output_len=_spread(w.output_len, LENGTH_SPREAD))
+            wi = replace(
+                wi,
+                input_len=_spread(w.input_len, LENGTH_SPREAD),
+                output_len=_spread(w.output_len, LENGTH_SPREAD),
+            )
         prof = scenario.profile
         if prof.params.frontend_ms > 0:
             f = 1 + FRONTEND_SPREAD * (1 if i % 2 else -1)
@@ -142,21 +162,32 @@ def intervals(result, scenario, ensemble: bool = True, runs: int = ENSEMBLE_RUNS
     """(intervals, basis) for a Result of `scenario`: metric -> (lo, hi), and what each
     part contributed. `ensemble=False` is the cheap form (a) + (c), no extra run."""
     w = scenario.workload
-    cal = calibration_spread(scenario.profile, scenario.plan.tp, scenario.plan.pp,
-                             w.concurrency if w.kind == "closed" else None)
+    cal = calibration_spread(
+        scenario.profile, scenario.plan.tp, scenario.plan.pp, w.concurrency if w.kind == "closed" else None
+    )
     ens = ensemble_spread(scenario, runs) if ensemble else {m: 0.0 for m in HEADLINE}
     v = result.output_throughput_tok_s
-    ci = result.output_throughput_ci_tok_s / v * Z_LIKELY / Z_CI if v and math.isfinite(result.output_throughput_ci_tok_s) else 0.0
+    ci = (
+        result.output_throughput_ci_tok_s / v * Z_LIKELY / Z_CI
+        if v and math.isfinite(result.output_throughput_ci_tok_s)
+        else 0.0
+    )
     out, parts = {}, {}
     for m in HEADLINE:
         sim = ci if m == "output_throughput_tok_s" else 0.0
-        rel = math.sqrt(cal.rel ** 2 + ens[m] ** 2 + sim ** 2)
+        rel = math.sqrt(cal.rel**2 + ens[m] ** 2 + sim**2)
         out[m] = band(getattr(result, m), rel)
         parts[m] = {"calibration": cal.rel, "workload": ens[m], "simulation": sim, "combined": rel}
-    basis = {"coverage": LIKELY_COVERAGE, "calibration": cal.basis, "calibration_regime": cal.regime,
-             "workload": f"{runs} short runs (seeds, lengths +-{LENGTH_SPREAD:.0%}, front-end cost +-{FRONTEND_SPREAD:.0%})"
-             if ensemble else "not run (--no-intervals ensemble: calibration and simulation only)",
-             "rule": "relative half-widths in quadrature; band [v/(1+r), v(1+r)]", "parts": parts}
+    basis = {
+        "coverage": LIKELY_COVERAGE,
+        "calibration": cal.basis,
+        "calibration_regime": cal.regime,
+        "workload": f"{runs} short runs (seeds, lengths +-{LENGTH_SPREAD:.0%}, front-end cost +-{FRONTEND_SPREAD:.0%})"
+        if ensemble
+        else "not run (--no-intervals ensemble: calibration and simulation only)",
+        "rule": "relative half-widths in quadrature; band [v/(1+r), v(1+r)]",
+        "parts": parts,
+    }
     return out, basis
 
 

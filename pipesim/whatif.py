@@ -42,8 +42,11 @@ def check(changes: dict) -> dict:
         require(k in KNOBS, f"unknown what-if '{k}'; allowed: {', '.join(KNOBS)}")
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and v != float("inf")
         low = v >= 0 if k == "cpu_iteration_ms" else ok and v > 0
-        require(ok and low, f"--{k.replace('_', '-')} must be a finite number {'>= 0' if k == 'cpu_iteration_ms' else '> 0'}, "
-                            f"got {v!r}")
+        require(
+            ok and low,
+            f"--{k.replace('_', '-')} must be a finite number {'>= 0' if k == 'cpu_iteration_ms' else '> 0'}, "
+            f"got {v!r}",
+        )
         out[k] = float(v)
     return out
 

@@ -31,12 +31,14 @@ class Lengths:
     hi: int
 
     @classmethod
-    def parse(cls, text: str | int, what: str) -> "Lengths":
+    def parse(cls, text: str | int, what: str) -> Lengths:
         s = str(text).strip()
         try:
             lo, hi = (int(p) for p in s.split(":", 1)) if ":" in s else (int(s), int(s))
         except ValueError:
-            raise UserError(f"{what} '{s}' is not a token count; allowed: N (fixed) or LO:HI (uniform), whole numbers >= 1") from None
+            raise UserError(
+                f"{what} '{s}' is not a token count; allowed: N (fixed) or LO:HI (uniform), whole numbers >= 1"
+            ) from None
         require(1 <= lo <= hi, f"{what} '{s}': need 1 <= LO <= HI")
         return cls(lo, hi)
 
@@ -55,13 +57,13 @@ class Lengths:
 
 @dataclass(frozen=True)
 class Workload:
-    kind: str                    # "closed", "poisson" or "trace"
+    kind: str  # "closed", "poisson" or "trace"
     input_len: Lengths
     output_len: Lengths
-    concurrency: int = 0         # closed loop
-    rate_rps: float = 0.0        # poisson
-    num_requests: int = 0        # poisson / trace: how many to send (0: all of the trace)
-    trace: tuple = ()            # trace rows (arrival_s, input_tokens, output_tokens)
+    concurrency: int = 0  # closed loop
+    rate_rps: float = 0.0  # poisson
+    num_requests: int = 0  # poisson / trace: how many to send (0: all of the trace)
+    trace: tuple = ()  # trace rows (arrival_s, input_tokens, output_tokens)
     trace_path: str = ""
     seed: int = 0
 
@@ -74,26 +76,46 @@ class Workload:
     def describe(self) -> dict:
         d = {"kind": self.kind, "seed": self.seed}
         if self.kind == "closed":
-            d.update(concurrency=self.concurrency, input_len=str(self.input_len), output_len=str(self.output_len))
+            d.update(
+                concurrency=self.concurrency, input_len=str(self.input_len), output_len=str(self.output_len)
+            )
         elif self.kind == "poisson":
-            d.update(rate_rps=self.rate_rps, num_requests=self.num_requests,
-                     input_len=str(self.input_len), output_len=str(self.output_len))
+            d.update(
+                rate_rps=self.rate_rps,
+                num_requests=self.num_requests,
+                input_len=str(self.input_len),
+                output_len=str(self.output_len),
+            )
         else:
             d.update(trace=self.trace_path, num_requests=len(self.trace))
         return d
 
 
 def closed_loop(concurrency: int, input_len="256", output_len="300", seed: int = 0) -> Workload:
-    require(isinstance(concurrency, int) and concurrency >= 1, f"concurrency must be a whole number >= 1, got {concurrency}")
-    return Workload("closed", Lengths.parse(input_len, "input length"), Lengths.parse(output_len, "output length"),
-                    concurrency=concurrency, seed=seed)
+    require(
+        isinstance(concurrency, int) and concurrency >= 1,
+        f"concurrency must be a whole number >= 1, got {concurrency}",
+    )
+    return Workload(
+        "closed",
+        Lengths.parse(input_len, "input length"),
+        Lengths.parse(output_len, "output length"),
+        concurrency=concurrency,
+        seed=seed,
+    )
 
 
 def poisson(rate_rps: float, num_requests: int, input_len="256", output_len="300", seed: int = 0) -> Workload:
     require(rate_rps > 0, f"arrival rate must be > 0 requests/s, got {rate_rps}")
     require(num_requests >= 1, f"number of requests must be >= 1, got {num_requests}")
-    return Workload("poisson", Lengths.parse(input_len, "input length"), Lengths.parse(output_len, "output length"),
-                    rate_rps=float(rate_rps), num_requests=int(num_requests), seed=seed)
+    return Workload(
+        "poisson",
+        Lengths.parse(input_len, "input length"),
+        Lengths.parse(output_len, "output length"),
+        rate_rps=float(rate_rps),
+        num_requests=int(num_requests),
+        seed=seed,
+    )
 
 
 def from_trace(path: str | Path, num_requests: int = 0, seed: int = 0) -> Workload:
@@ -114,8 +136,10 @@ def from_trace(path: str | Path, num_requests: int = 0, seed: int = 0) -> Worklo
     cols = ["arrival_s", "input_tokens", "output_tokens"]
     missing = [c for c in cols if c not in raw.columns]
     require(not missing, f"trace {p}: missing column(s) {', '.join(missing)}; needed: {', '.join(cols)}")
-    require(len(raw) <= MAX_TRACE_ROWS,
-            f"trace {p} has {len(raw)} rows, above the limit of {MAX_TRACE_ROWS}; split it or replay a part of it")
+    require(
+        len(raw) <= MAX_TRACE_ROWS,
+        f"trace {p} has {len(raw)} rows, above the limit of {MAX_TRACE_ROWS}; split it or replay a part of it",
+    )
     df = pd.DataFrame({c: pd.to_numeric(raw[c].str.strip(), errors="coerce") for c in cols})
     for c in cols:
         v = df[c]
@@ -126,18 +150,27 @@ def from_trace(path: str | Path, num_requests: int = 0, seed: int = 0) -> Worklo
             allowed = f"whole tokens from 1 to {MAX_CONFIG_SIZE}"
         if bad.any():
             row = int(bad.to_numpy().nonzero()[0][0])
-            raise UserError(f"trace {p}: line {row + 2}, column {c}: {raw[c].iloc[row]!r} is not allowed ({allowed})")
+            raise UserError(
+                f"trace {p}: line {row + 2}, column {c}: {raw[c].iloc[row]!r} is not allowed ({allowed})"
+            )
     require(len(df) >= 1, f"trace {p} has no requests")
     late = df.arrival_s > MAX_SIM_S
     if late.any():
         row = int(late.to_numpy().nonzero()[0][0])
-        raise UserError(f"trace {p}: line {row + 2}: arrival_s {raw.arrival_s.iloc[row]} is past the simulated horizon of "
-                        f"{MAX_SIM_S:g} s; shift the arrivals to start near 0")
+        raise UserError(
+            f"trace {p}: line {row + 2}: arrival_s {raw.arrival_s.iloc[row]} is past the simulated horizon of "
+            f"{MAX_SIM_S:g} s; shift the arrivals to start near 0"
+        )
     df = df.sort_values("arrival_s", kind="stable")
     if num_requests:
-        require(num_requests <= len(df), f"--num-requests {num_requests} asks for more than the trace's {len(df)} rows")
+        require(
+            num_requests <= len(df),
+            f"--num-requests {num_requests} asks for more than the trace's {len(df)} rows",
+        )
         df = df.head(num_requests)
     rows = tuple((float(a), int(i), int(o)) for a, i, o in df[cols].itertuples(index=False))
     lens_in = Lengths(int(df.input_tokens.min()), int(df.input_tokens.max()))
     lens_out = Lengths(int(df.output_tokens.min()), int(df.output_tokens.max()))
-    return Workload("trace", lens_in, lens_out, trace=rows, trace_path=str(p), num_requests=len(rows), seed=seed)
+    return Workload(
+        "trace", lens_in, lens_out, trace=rows, trace_path=str(p), num_requests=len(rows), seed=seed
+    )

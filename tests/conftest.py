@@ -20,7 +20,7 @@ from pipesim.simulation import Simulation
 
 PROFILE_NAME = "rtx-pro-6000-sglang-healthy"
 BOX_NAME = "rtx-pro-6000-server-8x"
-VLLM_PROFILE_NAME = "rtx-pro-6000-vllm"   # the same box measured with vLLM: a vLLM run needs vLLM's tables
+VLLM_PROFILE_NAME = "rtx-pro-6000-vllm"  # the same box measured with vLLM: a vLLM run needs vLLM's tables
 REPO = Path(__file__).resolve().parent.parent
 RAW_DIR = REPO.parent / "shared" / "reference-data" / "aiconfigurator" / "rtx_pro_6000_server"
 
@@ -74,8 +74,14 @@ def simulate(scenario, warmup_requests: int, measure_requests: int, setup=None, 
     Simulation itself so a test can read the recorder and the requests. `setup(sim)`
     runs after construction and before the first event (to wrap methods)."""
     costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
-    sim = Simulation(costs, scenario.workload, scenario.settings.scheduler, scenario.settings,
-                     warmup_requests, measure_requests)
+    sim = Simulation(
+        costs,
+        scenario.workload,
+        scenario.settings.scheduler,
+        scenario.settings,
+        warmup_requests,
+        measure_requests,
+    )
     if setup is not None:
         setup(sim)
     sim.run(max_sim_s)
@@ -124,7 +130,7 @@ def tiny_config(tmp_path):
     return make
 
 
-SMALL_SWEEP = dict(input_len="64", output_len="40")   # short requests: a quick sweep
+SMALL_SWEEP = dict(input_len="64", output_len="40")  # short requests: a quick sweep
 SMALL_SWEEP_CONC = [1, 8]
 
 
@@ -135,4 +141,3 @@ def serial(profile):
     from pipesim.sweep import sweep
 
     return sweep(8, SMALL_SWEEP_CONC, profile=profile, workers=1, **SMALL_SWEEP)
-

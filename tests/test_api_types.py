@@ -29,13 +29,31 @@ REFUSED = [
     (dict(concurrency=1, seed=False), "seed must be a whole number >= 0"),
     (dict(concurrency=1, input_len=16.5), "input length 16.5 is not a token count"),
     (dict(concurrency=1, output_len=True), "output length True is not a token count"),
-    (dict(concurrency=1, disable_cuda_graph="false"), "--disable-cuda-graph must be True or False, got 'false'"),
+    (
+        dict(concurrency=1, disable_cuda_graph="false"),
+        "--disable-cuda-graph must be True or False, got 'false'",
+    ),
     (dict(concurrency=1, disable_cuda_graph=1), "--disable-cuda-graph must be True or False, got 1"),
-    (dict(concurrency=1, engine="vllm", async_scheduling="no"), "--async-scheduling must be True or False, got 'no'"),
-    (dict(concurrency=1, max_running_requests=8.0), "--max-running-requests must be a whole number >= 1, got 8.0"),
-    (dict(concurrency=1, max_running_requests=True), "--max-running-requests must be a whole number >= 1, got True"),
-    (dict(concurrency=1, pp=2, layers=(16.0, 16.0)), "--layers (16.0, 16.0) must be comma-separated whole numbers"),
-    (dict(concurrency=1, mem_fraction_static="0.8"), "--mem-fraction-static must be a finite number > 0, got '0.8'"),
+    (
+        dict(concurrency=1, engine="vllm", async_scheduling="no"),
+        "--async-scheduling must be True or False, got 'no'",
+    ),
+    (
+        dict(concurrency=1, max_running_requests=8.0),
+        "--max-running-requests must be a whole number >= 1, got 8.0",
+    ),
+    (
+        dict(concurrency=1, max_running_requests=True),
+        "--max-running-requests must be a whole number >= 1, got True",
+    ),
+    (
+        dict(concurrency=1, pp=2, layers=(16.0, 16.0)),
+        "--layers (16.0, 16.0) must be comma-separated whole numbers",
+    ),
+    (
+        dict(concurrency=1, mem_fraction_static="0.8"),
+        "--mem-fraction-static must be a finite number > 0, got '0.8'",
+    ),
     (dict(concurrency=1, nodes=True), "--nodes must be a whole number >= 1, got True"),
     (dict(trace=5), "trace must be the path of a CSV file, got 5"),
 ]
@@ -54,8 +72,16 @@ def test_predict_refuses_fractional_tp():
 
 
 def test_numpy_integers_are_whole_numbers():
-    sc = build_scenario(tp=np.int64(2), pp=np.int32(1), concurrency=np.int64(3), seed=np.uint8(1),
-                        max_running_requests=np.int64(16), input_len=np.int64(16), output_len=8, model="llama-3.1-8b")
+    sc = build_scenario(
+        tp=np.int64(2),
+        pp=np.int32(1),
+        concurrency=np.int64(3),
+        seed=np.uint8(1),
+        max_running_requests=np.int64(16),
+        input_len=np.int64(16),
+        output_len=8,
+        model="llama-3.1-8b",
+    )
     assert (sc.plan.tp, sc.plan.pp, sc.workload.concurrency, sc.workload.seed) == (2, 1, 3, 1)
     assert type(sc.workload.concurrency) is int and sc.settings.max_running_requests == 16
 

@@ -26,13 +26,30 @@ def files(tmp_path):
     t = tmp_path
     (t / "bad.json").write_text("{not json")
     (t / "nonnum").mkdir()
-    (t / "nonnum" / "config.json").write_text(json.dumps(
-        {"num_hidden_layers": "many", "hidden_size": 1024, "num_attention_heads": 8, "intermediate_size": 4096,
-         "vocab_size": 1000}))
+    (t / "nonnum" / "config.json").write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": "many",
+                "hidden_size": 1024,
+                "num_attention_heads": 8,
+                "intermediate_size": 4096,
+                "vocab_size": 1000,
+            }
+        )
+    )
     (t / "tiny").mkdir()
-    (t / "tiny" / "config.json").write_text(json.dumps(
-        {"num_hidden_layers": 4, "hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 8,
-         "intermediate_size": 4096, "vocab_size": 1000}))
+    (t / "tiny" / "config.json").write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 4,
+                "hidden_size": 1024,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 8,
+                "intermediate_size": 4096,
+                "vocab_size": 1000,
+            }
+        )
+    )
     (t / "trace_cols.csv").write_text("arrival,input_tokens,output_tokens\n0,10,10\n")
     (t / "trace_neg.csv").write_text("arrival_s,input_tokens,output_tokens\n0,10,10\n-1,5,5\n")
     (t / "trace_zero.csv").write_text("arrival_s,input_tokens,output_tokens\n0,0,10\n")
@@ -45,14 +62,30 @@ def files(tmp_path):
             fh.write(text)
         return d
 
-    broken("trunc", "collectives", "op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,0.02\nall_reduce,nccl,8")
+    broken(
+        "trunc",
+        "collectives",
+        "op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,0.02\nall_reduce,nccl,8",
+    )
     broken("nocol", "collectives", "op,impl,gpus,latency_ms\nall_reduce,nccl,8,0.02\n")
     broken("nan", "collectives", "op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,nan\n")
     broken("neg", "collectives", "op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,-0.02\n")
-    broken("dup", "collectives", "op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,0.02\nall_reduce,nccl,8,256,0.03\n")
-    broken("seconds", "collectives", "op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,2e-5\nall_reduce,nccl,8,512,3e-5\n")
+    broken(
+        "dup",
+        "collectives",
+        "op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,0.02\nall_reduce,nccl,8,256,0.03\n",
+    )
+    broken(
+        "seconds",
+        "collectives",
+        "op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,2e-5\nall_reduce,nccl,8,512,3e-5\n",
+    )
     shutil.copytree(src, t / "badparam")
-    toml = (t / "badparam" / "profile.toml").read_text().replace('"cpu_iteration_ms" = 0', '"cpu_iteration_ms" = -0', 1)
+    toml = (
+        (t / "badparam" / "profile.toml")
+        .read_text()
+        .replace('"cpu_iteration_ms" = 0', '"cpu_iteration_ms" = -0', 1)
+    )
     (t / "badparam" / "profile.toml").write_text(toml)
     shutil.copytree(src, t / "nopoints")
     (t / "empty").mkdir()
@@ -60,8 +93,12 @@ def files(tmp_path):
     gpu = '[gpu]\nname = "g"\ncount = COUNT\nmemory_bytes = 1e10\nmem_bw_bytes_s = BW\nflops_bf16 = 1e14\n'
 
     def box(name, links, count="2", bw="1e12"):
-        body = ",\n".join(f'{{ child = "{c}", parent = "{p}", bw_gb_s = {b}, latency_us = 1 }}' for c, p, b in links)
-        (t / f"{name}.toml").write_text(gpu.replace("COUNT", count).replace("BW", bw) + f"[topology]\nlinks = [\n{body}\n]\n")
+        body = ",\n".join(
+            f'{{ child = "{c}", parent = "{p}", bw_gb_s = {b}, latency_us = 1 }}' for c, p, b in links
+        )
+        (t / f"{name}.toml").write_text(
+            gpu.replace("COUNT", count).replace("BW", bw) + f"[topology]\nlinks = [\n{body}\n]\n"
+        )
 
     box("cycle", [("gpu0", "a", 1), ("gpu1", "a", 1), ("a", "b", 1), ("b", "a", 1)])
     box("twoparents", [("gpu0", "a", 1), ("gpu1", "a", 1), ("gpu1", "b", 1)])
@@ -70,10 +107,12 @@ def files(tmp_path):
     box("strcount", [("gpu0", "a", 1), ("gpu1", "a", 1)], count='"two"')
     box("infbw", [("gpu0", "a", 1), ("gpu1", "a", 1)], bw="inf")
     box("gpu9", [("gpu0", "a", 1), ("gpu1", "a", 1), ("gpu9", "a", 1)])
-    (t / "badnet.toml").write_text((t / "cycle.toml").read_text().split("[topology]")[0]
-                                   + '[topology]\nlinks = [{ child = "gpu0", parent = "a", bw_gb_s = 1, latency_us = 1 }, '
-                                   '{ child = "gpu1", parent = "a", bw_gb_s = 1, latency_us = 1 }]\n'
-                                   '[network]\nname = "n"\nnic_gb_s = 0\nlatency_us = 2\n')
+    (t / "badnet.toml").write_text(
+        (t / "cycle.toml").read_text().split("[topology]")[0]
+        + '[topology]\nlinks = [{ child = "gpu0", parent = "a", bw_gb_s = 1, latency_us = 1 }, '
+        '{ child = "gpu1", parent = "a", bw_gb_s = 1, latency_us = 1 }]\n'
+        '[network]\nname = "n"\nnic_gb_s = 0\nlatency_us = 2\n'
+    )
     return t
 
 
@@ -84,15 +123,27 @@ CASES = [
     (["predict", "--pp", "-2", "--conc", "1"], "pp must be a whole number >= 1", None),
     (["predict", "--tp", "x", "--conc", "1"], "'x' is not a valid integer", None),
     (["predict", "--tp", "3", "--conc", "1", *FAST], "tp=3 does not divide", None),
-    (["predict", "--pp", "8", "--conc", "1", "--model", "{t}/tiny/config.json"], "pp=8 is more stages than the model's 4 layers", None),
+    (
+        ["predict", "--pp", "8", "--conc", "1", "--model", "{t}/tiny/config.json"],
+        "pp=8 is more stages than the model's 4 layers",
+        None,
+    ),
     (["predict", "--tp", "1", "--conc", "1"], "does not fit at tp=1 pp=1", None),
     (["predict", "--conc", "0", *FAST], "concurrency must be a whole number >= 1", None),
     (["predict", "--conc", "-4", *FAST], "concurrency must be a whole number >= 1", None),
     (["predict", "--conc", "1", "--model", "gpt-9"], "unknown model 'gpt-9'; known presets", None),
-    (["predict", "--conc", "1", *FAST, "--kv-cache-dtype", "fp4"], "--kv-cache-dtype 'fp4' is not known", None),
+    (
+        ["predict", "--conc", "1", *FAST, "--kv-cache-dtype", "fp4"],
+        "--kv-cache-dtype 'fp4' is not known",
+        None,
+    ),
     (["predict", "--conc", "1", "--model", "{t}/missing/config.json"], "model config not found", None),
     (["predict", "--conc", "1", "--model", "{t}/bad.json"], "cannot read model config", None),
-    (["predict", "--conc", "1", "--model", "{t}/nonnum/config.json"], "'num_hidden_layers' = 'many' must be a whole number", None),
+    (
+        ["predict", "--conc", "1", "--model", "{t}/nonnum/config.json"],
+        "'num_hidden_layers' = 'many' must be a whole number",
+        None,
+    ),
     (["predict", "--conc", "1", "--profile", "nope"], "unknown profile 'nope'; known:", None),
     (["predict", "--conc", "1", "--profile", "{t}/empty"], "unknown profile", None),
     (["predict", "--tp", "8", "--conc", "1", "--input-len", "100000000"], "the KV cache holds", None),
@@ -107,12 +158,28 @@ CASES = [
     (["predict", "--trace", "{t}/trace_cols.csv", *FAST[:2]], "missing column(s) arrival_s", None),
     (["predict", "--trace", "{t}/trace_neg.csv", *FAST[:2]], "line 3, column arrival_s", None),
     (["predict", "--trace", "{t}/trace_zero.csv", *FAST[:2]], "line 2, column input_tokens", None),
-    (["predict", "--pp", "2", "--conc", "1", "--layers", "10,10", *FAST], "sums to 20, the model has 32 layers", None),
-    (["predict", "--pp", "2", "--conc", "1", "--layers", "a,b", *FAST], "must be comma-separated whole numbers", None),
+    (
+        ["predict", "--pp", "2", "--conc", "1", "--layers", "10,10", *FAST],
+        "sums to 20, the model has 32 layers",
+        None,
+    ),
+    (
+        ["predict", "--pp", "2", "--conc", "1", "--layers", "a,b", *FAST],
+        "must be comma-separated whole numbers",
+        None,
+    ),
     (["predict", "--conc", "1", "--engine", "tensorrt", *FAST], "'tensorrt' is not one of", None),
     (["predict", "--conc", "1", "--max-num-seqs", "8", *FAST], "max_num_seqs is not a sglang knob", None),
-    (["predict", "--conc", "1", "--pp-async-batch-depth", "-1", *FAST], "--pp-async-batch-depth must be a whole number >= 0", None),
-    (["predict", "--conc", "1", "--max-running-requests", "0", *FAST], "--max-running-requests must be a whole number >= 1", None),
+    (
+        ["predict", "--conc", "1", "--pp-async-batch-depth", "-1", *FAST],
+        "--pp-async-batch-depth must be a whole number >= 0",
+        None,
+    ),
+    (
+        ["predict", "--conc", "1", "--max-running-requests", "0", *FAST],
+        "--max-running-requests must be a whole number >= 1",
+        None,
+    ),
     (["predict", "--conc", "1", "--profile", "{t}/trunc", *FAST], "collectives.csv.gz", None),
     (["predict", "--conc", "1", "--profile", "{t}/nocol", *FAST], "missing column(s) nbytes", None),
     (["predict", "--conc", "1", "--profile", "{t}/nan", *FAST], "line 2, column latency_ms", None),
@@ -122,18 +189,85 @@ CASES = [
     (["predict", "--conc", "1", "--profile", "{t}/badparam", *FAST], "cpu_iteration_ms", None),
     (["profiles", "show", "nope"], "unknown profile 'nope'", None),
     (["validate", "--profile", "{t}/nopoints"], "has no measured points", None),
-    (["calibrate", "fit", "--profile", "{t}/nopoints", "--params", "cpu_iteration_ms"], "no measured points to fit", None),
-    (["calibrate", "fit", "--profile", "rtx-pro-6000-sglang-deployment", "--params", "warp_speed", "--out", "{t}/fitted"],
-     "cannot fit warp_speed", "{t}/fitted"),
-    (["calibrate", "import", "nccl-tests", "{t}/nothere.txt", "--profile", "{t}/nopoints"], "nccl-tests output not found", None),
-    (["calibrate", "import", "nccl-tests", "{t}/unreadable.txt", "--profile", "{t}/nopoints", "--gpus", "8",
-      "--out", "{t}/out1"], "no data rows found", "{t}/out1"),
-    (["calibrate", "import", "bench", "{t}/bad.json", "--profile", "{t}/nopoints", "--format", "vllm", "--tp", "8",
-      "--pp", "1", "--out", "{t}/out2"], "not JSON", "{t}/out2"),
-    (["calibrate", "import", "aiconfigurator", "{t}/empty", "--box", "rtx-pro-6000-server-8x", "--out", "{t}/out3"],
-     "missing AIConfigurator table", "{t}/out3"),
-    (["calibrate", "import", "aiconfigurator", "{t}/empty", "--box", "nobox", "--out", "{t}/out4"], "unknown box 'nobox'",
-     "{t}/out4"),
+    (
+        ["calibrate", "fit", "--profile", "{t}/nopoints", "--params", "cpu_iteration_ms"],
+        "no measured points to fit",
+        None,
+    ),
+    (
+        [
+            "calibrate",
+            "fit",
+            "--profile",
+            "rtx-pro-6000-sglang-deployment",
+            "--params",
+            "warp_speed",
+            "--out",
+            "{t}/fitted",
+        ],
+        "cannot fit warp_speed",
+        "{t}/fitted",
+    ),
+    (
+        ["calibrate", "import", "nccl-tests", "{t}/nothere.txt", "--profile", "{t}/nopoints"],
+        "nccl-tests output not found",
+        None,
+    ),
+    (
+        [
+            "calibrate",
+            "import",
+            "nccl-tests",
+            "{t}/unreadable.txt",
+            "--profile",
+            "{t}/nopoints",
+            "--gpus",
+            "8",
+            "--out",
+            "{t}/out1",
+        ],
+        "no data rows found",
+        "{t}/out1",
+    ),
+    (
+        [
+            "calibrate",
+            "import",
+            "bench",
+            "{t}/bad.json",
+            "--profile",
+            "{t}/nopoints",
+            "--format",
+            "vllm",
+            "--tp",
+            "8",
+            "--pp",
+            "1",
+            "--out",
+            "{t}/out2",
+        ],
+        "not JSON",
+        "{t}/out2",
+    ),
+    (
+        [
+            "calibrate",
+            "import",
+            "aiconfigurator",
+            "{t}/empty",
+            "--box",
+            "rtx-pro-6000-server-8x",
+            "--out",
+            "{t}/out3",
+        ],
+        "missing AIConfigurator table",
+        "{t}/out3",
+    ),
+    (
+        ["calibrate", "import", "aiconfigurator", "{t}/empty", "--box", "nobox", "--out", "{t}/out4"],
+        "unknown box 'nobox'",
+        "{t}/out4",
+    ),
     (["boxes", "show", "nobox"], "unknown box 'nobox'; known presets", None),
     (["boxes", "show", "{t}/cycle.toml"], "the links form a cycle (a -> b -> a)", None),
     (["boxes", "show", "{t}/twoparents.toml"], "gpu1 has two parents (a and b)", None),
@@ -143,27 +277,60 @@ CASES = [
     (["boxes", "show", "{t}/infbw.toml"], "gpu.mem_bw_bytes_s = inf must be a finite number > 0", None),
     (["boxes", "show", "{t}/gpu9.toml"], "link names gpu9, but gpu.count = 2", None),
     (["boxes", "show", "{t}/badnet.toml"], "network.nic_gb_s = 0 must be a finite number > 0", None),
-    (["predict", "--conc", "1", "--kernel-scale", "0", *FAST], "--kernel-scale must be a finite number > 0, got 0.0", None),
-    (["predict", "--conc", "1", "--cpu-iteration-ms", "-1", *FAST], "--cpu-iteration-ms must be a finite number >= 0, got -1.0", None),
+    (
+        ["predict", "--conc", "1", "--kernel-scale", "0", *FAST],
+        "--kernel-scale must be a finite number > 0, got 0.0",
+        None,
+    ),
+    (
+        ["predict", "--conc", "1", "--cpu-iteration-ms", "-1", *FAST],
+        "--cpu-iteration-ms must be a finite number >= 0, got -1.0",
+        None,
+    ),
     (["search", "--splits", "2by4"], "--splits '2by4': '2by4' is not TPxPP", None),
     (["search", "--rate", "0,1"], "--rate: 0 is not a number > 0", None),
     (["search", "--rate", "1", "--conc", "8"], "give --conc or --rate, not both", None),
     (["sweep", "--rate", "fast"], "--rate 'fast' must be comma-separated numbers > 0", None),
     (["search", "--plot", "{t}/pareto.jpg"], "figure file '{t}/pareto.jpg' must end in .png or .svg", None),
-    (["plot", "{t}/nothere.csv", "--out-dir", "{t}/bad.json/figures"],
-     "cannot make the figure folder '{t}/bad.json/figures': '{t}/bad.json' is a file, not a folder", None),
+    (
+        ["plot", "{t}/nothere.csv", "--out-dir", "{t}/bad.json/figures"],
+        "cannot make the figure folder '{t}/bad.json/figures': '{t}/bad.json' is a file, not a folder",
+        None,
+    ),
     (["validate", "--corpus", "{t}/no-corpus"], "corpus folder not found: {t}/no-corpus", None),
-    (["predict", "--conc", "1", "--plot", "{t}/t.png", *FAST], "--plot draws the sensitivity tornado: give --sensitivity with it", None),
-    (["predict", "--conc", "1", "--sensitivity", "--step", "1.5", *FAST], "sensitivity step must be between 0 and 1", None),
+    (
+        ["predict", "--conc", "1", "--plot", "{t}/t.png", *FAST],
+        "--plot draws the sensitivity tornado: give --sensitivity with it",
+        None,
+    ),
+    (
+        ["predict", "--conc", "1", "--sensitivity", "--step", "1.5", *FAST],
+        "sensitivity step must be between 0 and 1",
+        None,
+    ),
     (["predict", "--conc", "1", "--nodes", "0", *FAST], "--nodes must be a whole number >= 1, got 0", None),
-    (["predict", "--conc", "1", "--nodes", "2", "--network", "carrier-pigeon", *FAST], "unknown network 'carrier-pigeon'", None),
-    (["predict", "--conc", "1", "--nodes", "2", "--box", "h200-1x", *FAST], "box h200-1x has no [network] section", None),
-    (["predict", "--conc", "1", "--profile", "rtx-pro-6000-sglang-healthy", "--box", "h100-sxm-8x", *FAST],
-     "profile rtx-pro-6000-sglang-healthy was measured on rtx-pro-6000-server-8x with sglang, not this run's "
-     "h100-sxm-8x with sglang (GPU NVIDIA RTX PRO 6000 Blackwell Server Edition vs NVIDIA H100 80GB HBM3; "
-     "box rtx-pro-6000-server-8x vs h100-sxm-8x)", None),
-    (["predict", "--conc", "1", "--profile", "rtx-pro-6000-sglang-healthy", "--engine", "vllm", *FAST],
-     "(engine sglang vs vllm); leave out --profile to use this box's own tables, or pass --allow-foreign-profile", None),
+    (
+        ["predict", "--conc", "1", "--nodes", "2", "--network", "carrier-pigeon", *FAST],
+        "unknown network 'carrier-pigeon'",
+        None,
+    ),
+    (
+        ["predict", "--conc", "1", "--nodes", "2", "--box", "h200-1x", *FAST],
+        "box h200-1x has no [network] section",
+        None,
+    ),
+    (
+        ["predict", "--conc", "1", "--profile", "rtx-pro-6000-sglang-healthy", "--box", "h100-sxm-8x", *FAST],
+        "profile rtx-pro-6000-sglang-healthy was measured on rtx-pro-6000-server-8x with sglang, not this run's "
+        "h100-sxm-8x with sglang (GPU NVIDIA RTX PRO 6000 Blackwell Server Edition vs NVIDIA H100 80GB HBM3; "
+        "box rtx-pro-6000-server-8x vs h100-sxm-8x)",
+        None,
+    ),
+    (
+        ["predict", "--conc", "1", "--profile", "rtx-pro-6000-sglang-healthy", "--engine", "vllm", *FAST],
+        "(engine sglang vs vllm); leave out --profile to use this box's own tables, or pass --allow-foreign-profile",
+        None,
+    ),
 ]
 
 
@@ -185,7 +352,7 @@ def test_bad_input(args, message, leftover, files, capsys):
     if leftover:
         path = Path(_fill(leftover, files))
         assert not path.exists()
-        assert not list(path.parent.glob(f".{path.name}.*"))   # no half-written temporary either
+        assert not list(path.parent.glob(f".{path.name}.*"))  # no half-written temporary either
 
 
 def test_at_least_thirty_bad_inputs():
@@ -208,7 +375,9 @@ def test_catalogue_without_the_extra_names_it(monkeypatch, capsys):
         main(["predict", "--conc", "1", "--box", "h100-sxm-8x", *FAST])
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1
-    message = "box h100-sxm-8x is costed from AIConfigurator's measured h100_sxm tables, which are not installed: " \
-              "pip install 'pipesim[catalogue]'"
+    message = (
+        "box h100-sxm-8x is costed from AIConfigurator's measured h100_sxm tables, which are not installed: "
+        "pip install 'pipesim[catalogue]'"
+    )
     assert message in err
     assert message in DOC.read_text()

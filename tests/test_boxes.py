@@ -1,10 +1,10 @@
 """The box catalogue against datasheet figures (written here from the documents, not
 copied from the files), the multi-node path by hand formula, and boxes list/show."""
 
-import tomllib
 from importlib import resources
 
 import pytest
+import tomllib
 
 from pipesim.cli import main
 from pipesim.costs import NCCL_BASE_S, NCCL_STEP_S, CostModel
@@ -48,7 +48,9 @@ DATASHEET = {
 
 
 def raw(name):
-    return tomllib.loads(resources.files("pipesim.data").joinpath("boxes").joinpath(f"{name}.toml").read_text())
+    return tomllib.loads(
+        resources.files("pipesim.data").joinpath("boxes").joinpath(f"{name}.toml").read_text()
+    )
 
 
 @pytest.mark.parametrize("name", sorted(DATASHEET))
@@ -61,14 +63,14 @@ def test_preset_matches_its_datasheet(name):
     assert box.gpu.mem_bw_bytes_s == pytest.approx(bw_tb * TB, rel=1e-3)
     assert box.gpu.flops_bf16 == pytest.approx(bf16 * TF, rel=2e-3)
     assert box.gpu.flops_fp8 == pytest.approx(fp8 * TF, rel=2e-3)
-    first_links = [l.bw_bytes_s for l in box.links if l.child.startswith("gpu")]
+    first_links = [lk.bw_bytes_s for lk in box.links if lk.child.startswith("gpu")]
     assert len(first_links) == gpus and all(bw == pytest.approx(link_gb * GB, rel=1e-3) for bw in first_links)
 
 
 def test_every_preset_is_named_for_its_file_and_cites_its_numbers():
     for name in box_names():
         data = raw(name)
-        assert data["name"] == name                       # names are unique: one file each
+        assert data["name"] == name  # names are unique: one file each
         box = load_box(name)
         cited = dict(box.sources)
         for field in ("memory_bytes", "mem_bw_bytes_s", "flops"):
@@ -103,6 +105,7 @@ def test_hopper_and_ada_have_no_fp4_and_ampere_no_fp8():
 
 # ---- a cluster ------------------------------------------------------------------------------
 
+
 def test_one_node_cluster_is_the_box():
     box = load_box("rtx-pro-6000-server-8x")
     assert cluster(box, 1) is box
@@ -136,7 +139,7 @@ def profile():
 
 
 def test_pp_hop_across_nodes_pays_the_nic(llama70b, profile):
-    c = load_box("a100-sxm-8x", nodes=2)            # HDR 200 Gb/s: 25 GB/s per GPU, 2 us
+    c = load_box("a100-sxm-8x", nodes=2)  # HDR 200 Gb/s: 25 GB/s per GPU, 2 us
     plan = make_plan(4, 4, llama70b.num_layers, c.gpu_count, "sglang")
     cm = CostModel(c, llama70b, plan, profile)
     # stage 1 (GPUs 4-7) -> stage 2 (GPUs 8-11) crosses nodes: each rank sends 1/4 over its own NIC
@@ -149,7 +152,7 @@ def test_pp_hop_across_nodes_pays_the_nic(llama70b, profile):
 
 
 def test_tp_across_nodes_is_a_ring_over_the_network(llama70b, profile):
-    c = load_box("l4-8x", nodes=2, network="eth-100")   # 12.5 GB/s per GPU, 10 us
+    c = load_box("l4-8x", nodes=2, network="eth-100")  # 12.5 GB/s per GPU, 10 us
     plan = make_plan(16, 1, llama70b.num_layers, c.gpu_count, "sglang")
     cm = CostModel(c, llama70b, plan, profile)
     gpus, nbytes, n = plan.stage_gpus(0), 8192 * 2 * 64, 16
@@ -169,9 +172,12 @@ def test_cluster_needs_a_network():
 
 # ---- validation -----------------------------------------------------------------------------
 
+
 def _box(links, count=2):
-    return {"gpu": {"name": "g", "count": count, "memory_bytes": 1e9, "mem_bw_bytes_s": 1e12, "flops_bf16": 1e14},
-            "topology": {"links": [{"child": c, "parent": p, "bw_gb_s": 1, "latency_us": 1} for c, p in links]}}
+    return {
+        "gpu": {"name": "g", "count": count, "memory_bytes": 1e9, "mem_bw_bytes_s": 1e12, "flops_bf16": 1e14},
+        "topology": {"links": [{"child": c, "parent": p, "bw_gb_s": 1, "latency_us": 1} for c, p in links]},
+    }
 
 
 def test_cycle_is_rejected():
@@ -188,6 +194,7 @@ def test_self_parent_and_bool_count_are_rejected():
 
 # ---- the commands ---------------------------------------------------------------------------
 
+
 def test_boxes_list_one_line_per_preset(capsys):
     main(["boxes", "list"])
     lines = capsys.readouterr().out.strip().splitlines()
@@ -200,8 +207,13 @@ def test_boxes_list_one_line_per_preset(capsys):
 def test_boxes_show_fields_sources_and_tree(capsys):
     main(["boxes", "show", "rtx-5090-8x"])
     out = capsys.readouterr().out
-    for text in ("mem_bw_bytes_s           1.792 TB/s", "aikitoria/open-gpu-kernel-modules/issues/9",
-                 "gpu4 -> host1: 28.3 GB/s per direction, 7.2 us", "host1 -> host0", "100 GbE"):
+    for text in (
+        "mem_bw_bytes_s           1.792 TB/s",
+        "aikitoria/open-gpu-kernel-modules/issues/9",
+        "gpu4 -> host1: 28.3 GB/s per direction, 7.2 us",
+        "host1 -> host0",
+        "100 GbE",
+    ):
         assert text in out, text
 
 

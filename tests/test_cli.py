@@ -10,15 +10,29 @@ from pipesim.cli import cli, main, parse_ints
 from pipesim.errors import UserError
 from pipesim.files import read_table
 
-JSON_KEYS = {"output_throughput_tok_s", "request_throughput_req_s", "per_request_tok_s", "ttft_ms_mean",
-             "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p50", "tpot_ms_p99", "bubble_fraction",
-             "stage_busy_fraction", "allreduce_share", "sim_events", "sim_wall_s", "scenario"}
+JSON_KEYS = {
+    "output_throughput_tok_s",
+    "request_throughput_req_s",
+    "per_request_tok_s",
+    "ttft_ms_mean",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "tpot_ms_mean",
+    "tpot_ms_p50",
+    "tpot_ms_p99",
+    "bubble_fraction",
+    "stage_busy_fraction",
+    "allreduce_share",
+    "sim_events",
+    "sim_wall_s",
+    "scenario",
+}
 
 SMALL = ["--model", "llama-3.1-8b", "--conc", "2", "--output-len", "12", "--input-len", "64"]
 
 
 def run_ok(capsys, args):
-    main(args)          # success returns normally (no SystemExit)
+    main(args)  # success returns normally (no SystemExit)
     out, err = capsys.readouterr()
     return out, err
 
@@ -26,7 +40,7 @@ def run_ok(capsys, args):
 @pytest.mark.parametrize("tp,pp", [(2, 2), (8, 1), (1, 4)])
 def test_predict_json(capsys, tp, pp):
     out, err = run_ok(capsys, ["predict", "--tp", str(tp), "--pp", str(pp), *SMALL, "--json"])
-    d = json.loads(out)                  # exactly one JSON object, nothing else on stdout
+    d = json.loads(out)  # exactly one JSON object, nothing else on stdout
     assert isinstance(d, dict)
     assert JSON_KEYS <= set(d)
     assert isinstance(d["stage_busy_fraction"], list) and len(d["stage_busy_fraction"]) == pp
@@ -57,8 +71,15 @@ def test_vllm_engine_json(capsys):
 
 @pytest.fixture
 def two_layer_config(tmp_path):
-    cfg = {"num_hidden_layers": 2, "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16,
-           "num_key_value_heads": 4, "vocab_size": 32000, "torch_dtype": "bfloat16"}
+    cfg = {
+        "num_hidden_layers": 2,
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "vocab_size": 32000,
+        "torch_dtype": "bfloat16",
+    }
     path = tmp_path / "two" / "config.json"
     path.parent.mkdir()
     path.write_text(json.dumps(cfg))
@@ -72,7 +93,10 @@ BAD = {
     "conc_zero": (["--tp", "8", "--conc", "0"], "concurrency"),
     "no_load": (["--tp", "8"], "--conc"),
     "unknown_model": (["--model", "no-such-model", "--tp", "8", "--conc", "1"], "kimi-k2.6"),
-    "unknown_profile": (["--profile", "no-such-profile", "--tp", "8", "--conc", "1"], "rtx-pro-6000-sglang-healthy"),
+    "unknown_profile": (
+        ["--profile", "no-such-profile", "--tp", "8", "--conc", "1"],
+        "rtx-pro-6000-sglang-healthy",
+    ),
     "non_numeric_tp": (["--tp", "two", "--conc", "1"], "--tp"),
     "bad_layers": (["--tp", "1", "--pp", "8", "--layers", "7,7,7,8,8,8,8,7", "--conc", "1"], "61"),
     "bad_output_len": (["--tp", "8", "--conc", "1", "--output-len", "x"], "output length"),
@@ -115,20 +139,47 @@ def test_unknown_model_lists_presets(capsys):
 def test_non_numeric_config_value(capsys, tmp_path):
     path = tmp_path / "m" / "config.json"
     path.parent.mkdir()
-    path.write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": "abc", "intermediate_size": 4096,
-                                "num_attention_heads": 16, "vocab_size": 32000}))
+    path.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 2,
+                "hidden_size": "abc",
+                "intermediate_size": 4096,
+                "num_attention_heads": 16,
+                "vocab_size": 32000,
+            }
+        )
+    )
     expect_bad_input(capsys, ["predict", "--model", str(path), "--conc", "1"], "hidden_size")
 
 
 def test_rate_with_zero_requests(capsys):
-    expect_bad_input(capsys, ["predict", "--model", "llama-3.1-8b", "--rate", "2", "--num-requests", "0",
-                              "--output-len", "5"], "number of requests")
+    expect_bad_input(
+        capsys,
+        ["predict", "--model", "llama-3.1-8b", "--rate", "2", "--num-requests", "0", "--output-len", "5"],
+        "number of requests",
+    )
 
 
 def test_console_script_exit_code():
     # the real process: exit status 2, one line on stderr, no traceback
-    proc = subprocess.run([sys.executable, "-c", "from pipesim.cli import main; main()", "predict",
-                           "--tp", "4", "--pp", "4", "--conc", "1"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from pipesim.cli import main; main()",
+            "predict",
+            "--tp",
+            "4",
+            "--pp",
+            "4",
+            "--conc",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "Traceback" not in proc.stderr
@@ -138,14 +189,31 @@ def test_console_script_exit_code():
 
 # ---- the command line ---------------------------------------------------------------------
 
+
 def test_cli_sweep_writes_a_table_and_search_reads_it(tmp_path, capsys):
     out = tmp_path / "r.csv"
-    main(["sweep", "--gpus", "8", "--conc", "1,8", "--input-len", "64", "--output-len", "40", "--workers", "2",
-          "--out", str(out), "--progress"])
+    main(
+        [
+            "sweep",
+            "--gpus",
+            "8",
+            "--conc",
+            "1,8",
+            "--input-len",
+            "64",
+            "--output-len",
+            "40",
+            "--workers",
+            "2",
+            "--out",
+            str(out),
+            "--progress",
+        ]
+    )
     cap = capsys.readouterr()
     assert "TP1 x PP8" in cap.out and "TP8 x PP1" in cap.out and "*" in cap.out
     assert "8 points in" in cap.out
-    assert "8/8" in cap.err                                # the progress bar went to stderr
+    assert "8/8" in cap.err  # the progress bar went to stderr
     df = read_table(out)
     assert len(df) == 8
     main(["search", "--from", str(out), "--objective", "throughput", "--max-ttft-p99-ms", "100000"])
@@ -153,27 +221,48 @@ def test_cli_sweep_writes_a_table_and_search_reads_it(tmp_path, capsys):
     assert "best:" in text and "why:" in text and "ranked" in text
     # the SLO flags, max-load, a subset of splits and the Pareto figure (its folder made)
     fig = tmp_path / "figs" / "pareto.png"
-    limit = str(float(df.tpot_ms_p99.max()) + 1)          # every point meets it: each split carries C=8
-    main(["search", "--from", str(out), "--objective", "max-load", "--max-tpot-p99-ms", limit, "--splits", "2x4,8x1",
-          "--plot", str(fig)])
+    limit = str(float(df.tpot_ms_p99.max()) + 1)  # every point meets it: each split carries C=8
+    main(
+        [
+            "search",
+            "--from",
+            str(out),
+            "--objective",
+            "max-load",
+            "--max-tpot-p99-ms",
+            limit,
+            "--splits",
+            "2x4,8x1",
+            "--plot",
+            str(fig),
+        ]
+    )
     text = capsys.readouterr().out
     ranked = [line.split() for line in text.splitlines() if line.strip()[:2] in ("1 ", "2 ")]
-    assert {" ".join(r[1:4]) for r in ranked} == {"TP2 x PP4", "TP8 x PP1"} and all(r[4] == "C=8" for r in ranked)
+    assert {" ".join(r[1:4]) for r in ranked} == {"TP2 x PP4", "TP8 x PP1"} and all(
+        r[4] == "C=8" for r in ranked
+    )
     assert "every load swept qualifies" in text and fig.is_file()
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["sweep", "--gpus", "4"], "no valid TP x PP split for 4 GPUs"),
-    (["sweep", "--conc", ""], "--conc is empty"),
-    (["sweep", "--conc", "1,two"], "--conc '1,two'"),
-    (["sweep", "--out", "/nonexistent-dir/r.csv"], "does not exist"),
-    (["sweep", "--out", "r.xlsx"], "must end in .csv or .parquet"),
-    (["sweep", "--seed", "x"], "'--seed': 'x' is not a valid integer"),
-    (["sweep", "--max-running-requests", "many"], "'--max-running-requests': 'many' is not a valid integer"),
-    (["search", "--objective", "fastest"], "unknown objective 'fastest'"),
-    (["search", "--min-per-request-tok-s", "fast"], "--min-per-request-tok-s 'fast' is not a number"),
-    (["search", "--from", "/nonexistent-dir/r.csv"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["sweep", "--gpus", "4"], "no valid TP x PP split for 4 GPUs"),
+        (["sweep", "--conc", ""], "--conc is empty"),
+        (["sweep", "--conc", "1,two"], "--conc '1,two'"),
+        (["sweep", "--out", "/nonexistent-dir/r.csv"], "does not exist"),
+        (["sweep", "--out", "r.xlsx"], "must end in .csv or .parquet"),
+        (["sweep", "--seed", "x"], "'--seed': 'x' is not a valid integer"),
+        (
+            ["sweep", "--max-running-requests", "many"],
+            "'--max-running-requests': 'many' is not a valid integer",
+        ),
+        (["search", "--objective", "fastest"], "unknown objective 'fastest'"),
+        (["search", "--min-per-request-tok-s", "fast"], "--min-per-request-tok-s 'fast' is not a number"),
+        (["search", "--from", "/nonexistent-dir/r.csv"], "does not exist"),
+    ],
+)
 def test_cli_bad_input_is_one_line_exit_2(capsys, args, needle):
     with pytest.raises(SystemExit) as exc:
         main([*args, "--output-len", "20"] if args[0] == "sweep" else args)
@@ -184,8 +273,11 @@ def test_cli_bad_input_is_one_line_exit_2(capsys, args, needle):
 
 def test_parse_ints():
     assert parse_ints("8, 2,8 ,4", "--gpus") == [2, 4, 8]
-    for text, needle in [("", "--gpus is empty"), ("2,x", "--gpus '2,x' must be comma-separated"),
-                         ("0", "--gpus: 0 is not a whole number >= 1")]:
+    for text, needle in [
+        ("", "--gpus is empty"),
+        ("2,x", "--gpus '2,x' must be comma-separated"),
+        ("0", "--gpus: 0 is not a whole number >= 1"),
+    ]:
         with pytest.raises(UserError, match=needle):
             parse_ints(text, "--gpus")
 
@@ -198,7 +290,11 @@ def test_defaults_shown_come_from_their_modules():
     from pipesim.workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
 
     text = " ".join(CliRunner().invoke(cli, ["sweep", "--help"], terminal_width=200).output.split())
-    for value in (DEFAULT_MODEL, DEFAULT_PROFILE, DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN,
-                  ",".join(map(str, DEFAULT_CONC))):
+    for value in (
+        DEFAULT_MODEL,
+        DEFAULT_PROFILE,
+        DEFAULT_INPUT_LEN,
+        DEFAULT_OUTPUT_LEN,
+        ",".join(map(str, DEFAULT_CONC)),
+    ):
         assert f"default: {value}]" in text
-

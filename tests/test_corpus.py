@@ -18,8 +18,18 @@ from pipesim.errors import UserError
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "validation" / "README.md"
 BAD_INPUT_DOC = REPO / "docs" / "bad-input.md"
-SPLIT_KEYS = ["source_id", "engine", "engine_version", "model", "quantization", "kv_cache_dtype", "workload",
-              "num_prompts", "concurrency", "request_rate"]
+SPLIT_KEYS = [
+    "source_id",
+    "engine",
+    "engine_version",
+    "model",
+    "quantization",
+    "kv_cache_dtype",
+    "workload",
+    "num_prompts",
+    "concurrency",
+    "request_rate",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +62,23 @@ def test_gpu_count_follows_the_engine_rule(corpus):
     assert (others["gpus"] == others["tp"] * others["pp"] * others["dp"]).all()
 
 
-@pytest.mark.parametrize("source, where, metric, value", [
-    # gpt-oss-120b on H100, vLLM -pp 2 (GPUStack performance lab page, "3. Parallelism in vLLM")
-    ("gpustack-perflab-gpt-oss-120b-h100", "#L278", "output_tok_s", 5337.65),
-    # Llama-3.3-70B TP4 x PP2 over two nodes without InfiniBand at inf rate (cumulative_results.md row)
-    ("llm-k8s-llama33-70b-a100-tp8-vs-tp4pp2", "02_tp4_pp2_no_IB", "total_tok_s", 1818.37),
-    # SGLang 0.3.0, Llama 3.1 70B on 4 x H100, online RPS 8: median TTFT 58.11 ms
-    ("sglang-bench-vs-vllm060", "RPS 8 SGLang", "ttft_ms_p50", 58.11),
-])
+@pytest.mark.parametrize(
+    "source, where, metric, value",
+    [
+        # gpt-oss-120b on H100, vLLM -pp 2 (GPUStack performance lab page, "3. Parallelism in vLLM")
+        ("gpustack-perflab-gpt-oss-120b-h100", "#L278", "output_tok_s", 5337.65),
+        # Llama-3.3-70B TP4 x PP2 over two nodes without InfiniBand at inf rate (cumulative_results.md row)
+        ("llm-k8s-llama33-70b-a100-tp8-vs-tp4pp2", "02_tp4_pp2_no_IB", "total_tok_s", 1818.37),
+        # SGLang 0.3.0, Llama 3.1 70B on 4 x H100, online RPS 8: median TTFT 58.11 ms
+        ("sglang-bench-vs-vllm060", "RPS 8 SGLang", "ttft_ms_p50", 58.11),
+    ],
+)
 def test_values_read_back_as_the_source_prints_them(corpus, source, where, metric, value):
-    rows = corpus[(corpus["source_id"] == source) & corpus["citation"].str.contains(where, regex=False)
-                  & (corpus["metric"] == metric)]
+    rows = corpus[
+        (corpus["source_id"] == source)
+        & corpus["citation"].str.contains(where, regex=False)
+        & (corpus["metric"] == metric)
+    ]
     assert len(rows) >= 1
     # cumulative tables round to 6 significant digits; JSON files keep full precision
     assert any(abs(v - value) <= 0.006 for v in rows["value"]), rows["value"].tolist()
@@ -72,16 +88,29 @@ def test_readme_totals_match_the_files(corpus):
     text = README.read_text()
     runs = corpus.drop_duplicates("run_id")
     split = runs.assign(split=list(zip(runs.tp, runs.pp, runs.dp, runs.ep))).fillna(
-        {"num_prompts": -1, "concurrency": -1, "request_rate": -1})
+        {"num_prompts": -1, "concurrency": -1, "request_rate": -1}
+    )
     groups = split.groupby(SPLIT_KEYS, dropna=False)["split"].nunique()
     multi = {key[0] for key, n in groups.items() if n > 1}
-    stated = [len(corpus), len(runs), corpus["source_id"].nunique(), int((corpus["pp"] > 1).sum()),
-              int((runs["pp"] > 1).sum()), len(multi)]
-    m = re.search(r"rows: (\d+), runs: (\d+), sources: (\d+), rows with PP > 1: (\d+) \(runs: (\d+)\), "
-                  r"sources with several splits under one condition: (\d+)", text)
+    stated = [
+        len(corpus),
+        len(runs),
+        corpus["source_id"].nunique(),
+        int((corpus["pp"] > 1).sum()),
+        int((runs["pp"] > 1).sum()),
+        len(multi),
+    ]
+    m = re.search(
+        r"rows: (\d+), runs: (\d+), sources: (\d+), rows with PP > 1: (\d+) \(runs: (\d+)\), "
+        r"sources with several splits under one condition: (\d+)",
+        text,
+    )
     assert m, "validation/README.md lost its totals line"
     assert [int(g) for g in m.groups()] == stated
-    assert f"{stated[0]} numbers from {stated[1]} runs in {stated[2]} sources" in (REPO / "README.md").read_text()
+    assert (
+        f"{stated[0]} numbers from {stated[1]} runs in {stated[2]} sources"
+        in (REPO / "README.md").read_text()
+    )
     for source in corpus["source_id"].unique():
         prefix = "gpustack-perflab-" if source.startswith("gpustack-perflab-") else source
         assert prefix in text, f"{source} has no paragraph in validation/README.md"
@@ -173,6 +202,10 @@ def test_every_rejection_is_documented():
     doc = re.sub(r"\s+", " ", BAD_INPUT_DOC.read_text())
     for _, _, _, message in CASES:
         assert message in doc, message
-    for message in ("no corpus CSV files in", "corpus folder not found", "missing column(s)",
-                    "appears twice in the corpus"):
+    for message in (
+        "no corpus CSV files in",
+        "corpus folder not found",
+        "missing column(s)",
+        "appears twice in the corpus",
+    ):
         assert message in doc, message

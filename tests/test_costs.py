@@ -40,20 +40,22 @@ def test_profile_is_neutral_for_collectives(profile):
 
 # ---- measured tables ----------------------------------------------------------------
 
+
 def test_gemm_at_grid_point_is_the_measurement(profile, kimi, box):
     cm = cost_model(box, kimi, profile, 1, 1)
     t, source = cm.gemm(1, 7168, 7168, "bf16")
-    assert source == "measured"   # read at a measured point
+    assert source == "measured"  # read at a measured point
     # physics.md §5 / brief: sglang_torch_linear bfloat16 m=1 n=7168 k=7168: 0.0702071 ms
     assert t == pytest.approx(0.0702071e-3, rel=1e-5)
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 7168, 7168), (8, 7168, 7168), (64, 7168, 7168)])
 def test_gemm_matches_raw_table(profile, kimi, box, raw_dir, m, n, k):
-    expected_ms = raw_mean(raw_dir, "gemm_perf", kernel_source="sglang_torch_linear", gemm_dtype="bfloat16",
-                           m=m, n=n, k=k)
+    expected_ms = raw_mean(
+        raw_dir, "gemm_perf", kernel_source="sglang_torch_linear", gemm_dtype="bfloat16", m=m, n=n, k=k
+    )
     t, source = cost_model(box, kimi, profile, 1, 1).gemm(m, n, k, "bf16")
-    assert source == "measured"   # read at a measured point
+    assert source == "measured"  # read at a measured point
     assert t == pytest.approx(expected_ms * 1e-3, rel=1e-5)
 
 
@@ -64,28 +66,46 @@ def test_gemm_between_grid_points_is_bracketed(profile, kimi, box):
     assert min(lo, hi) <= mid <= max(lo, hi)
     assert cm.gemm(1.5, 7168, 7168, "bf16")[1] == "interpolated"
     m_max = max(c.xs[-1] for c in profile.gemm["bf16"][2].values())
-    assert cm.gemm(2 * m_max, 7168, 7168, "bf16")[1] == "extrapolated"   # beyond the largest measured m
+    assert cm.gemm(2 * m_max, 7168, 7168, "bf16")[1] == "extrapolated"  # beyond the largest measured m
 
 
-@pytest.mark.parametrize("tp", [1, 8])   # a whole layer on one GPU (PP), and TP8
+@pytest.mark.parametrize("tp", [1, 8])  # a whole layer on one GPU (PP), and TP8
 def test_moe_int4_kimi_one_token_matches_raw(profile, kimi, box, raw_dir, tp):
     dist = profile.params.moe_distribution
-    expected_ms = raw_mean(raw_dir, "moe_perf", kernel_source="sglang_marlin_moe", moe_dtype="int4_wo",
-                           num_tokens=1, hidden_size=7168, inter_size=2048, topk=8, num_experts=384,
-                           moe_tp_size=tp, moe_ep_size=1, distribution=dist)
+    expected_ms = raw_mean(
+        raw_dir,
+        "moe_perf",
+        kernel_source="sglang_marlin_moe",
+        moe_dtype="int4_wo",
+        num_tokens=1,
+        hidden_size=7168,
+        inter_size=2048,
+        topk=8,
+        num_experts=384,
+        moe_tp_size=tp,
+        moe_ep_size=1,
+        distribution=dist,
+    )
     t, source = cost_model(box, kimi, profile, tp, 1).moe(1, tp)
-    assert source == "measured"   # read at a measured point
+    assert source == "measured"  # read at a measured point
     assert t == pytest.approx(expected_ms * 1e-3, rel=1e-5)
 
 
 @pytest.mark.parametrize("elements", [8192, 65536, 262144, 1048576])
 def test_nccl_allreduce_8_gpus_matches_raw(profile, kimi, box, raw_dir, elements):
     # message_size counts elements of half (2 bytes) (physics.md §4)
-    expected_ms = raw_mean(raw_dir, "nccl_perf", op_name="all_reduce", kernel_source="NCCL", nccl_dtype="half",
-                           num_gpus=8, message_size=elements)
+    expected_ms = raw_mean(
+        raw_dir,
+        "nccl_perf",
+        op_name="all_reduce",
+        kernel_source="NCCL",
+        nccl_dtype="half",
+        num_gpus=8,
+        message_size=elements,
+    )
     cm = cost_model(box, kimi, profile, 8, 1)
     t, source = cm.collective("all_reduce", tuple(range(8)), elements * 2)
-    assert source == "measured"   # read at a measured point
+    assert source == "measured"  # read at a measured point
     p = profile.params
     assert t == pytest.approx(expected_ms * 1e-3 * p.allreduce_scale + p.allreduce_offset_us * 1e-6, rel=1e-5)
 
@@ -106,6 +126,7 @@ def test_collective_on_one_gpu_is_free(profile, kimi, box):
 
 # ---- distinct experts and the MoE roofline ---------------------------------------------
 
+
 @pytest.mark.parametrize("tokens,expected", [(1, 8), (8, 60), (32, 188), (64, 284)])
 def test_distinct_experts_reference(tokens, expected):
     # physics.md §2: E x (1 - (1 - k/E)^B) = 8, 60, 188, 284 at B = 1, 8, 32, 64
@@ -122,8 +143,15 @@ def test_distinct_experts_bounded():
 def no_moe_profile(profile):
     """The shipped profile without its MoE table (a new object: lookups are cached)."""
     tables = Tables({k: v for k, v in profile.tables.items() if k != "moe"})
-    return Profile(profile.name, profile.box, profile.engine, profile.engine_version, profile.params,
-                   profile.meta, tables)
+    return Profile(
+        profile.name,
+        profile.box,
+        profile.engine,
+        profile.engine_version,
+        profile.params,
+        profile.meta,
+        tables,
+    )
 
 
 def test_roofline_moe_by_hand(no_moe_profile, kimi, box):
@@ -134,7 +162,7 @@ def test_roofline_moe_by_hand(no_moe_profile, kimi, box):
         t, source = cm.moe(tokens, 1)
         assert source == "roofline"
         touched = 384 * (1 - (1 - 8 / 384) ** tokens)
-        nbytes = touched * expert_bytes + 2 * tokens * 7168 * 2          # weights + activations in/out
+        nbytes = touched * expert_bytes + 2 * tokens * 7168 * 2  # weights + activations in/out
         flops = 2 * tokens * 8 * 3 * 7168 * 2048
         expected = max(nbytes / box.gpu.mem_bw_bytes_s, flops / box.gpu.flops_bf16) + floor
         assert t == pytest.approx(expected, rel=1e-9)
@@ -162,6 +190,7 @@ def test_roofline_moe_split_over_tp(no_moe_profile, kimi, box):
 
 # ---- a stage -------------------------------------------------------------------------
 
+
 def test_tp8_stage_allreduces(profile, kimi, box):
     cm = cost_model(box, kimi, profile, 8, 1)
     shape = Shape(decode=1, decode_ctx=300)
@@ -170,7 +199,7 @@ def test_tp8_stage_allreduces(profile, kimi, box):
     # physics.md §4: 2 all-reduces per layer (after o_proj, after MoE + shared expert),
     # 122 for Kimi's 61 layers, plus one at the embedding
     assert sum(o.count for o in ar) == 2 * 61 + 1
-    per_ar = cm.allreduce_time(tuple(range(8)), 1 * 7168 * 2)   # one token's hidden state, bf16
+    per_ar = cm.allreduce_time(tuple(range(8)), 1 * 7168 * 2)  # one token's hidden state, bf16
     assert per_ar > 0
     assert all(o.seconds == pytest.approx(per_ar) for o in ar)
     compute, comm = cm.stage_time(0, shape)
@@ -220,7 +249,7 @@ def test_stage_time_grows_with_batch(profile, kimi, box):
 def test_hop_time_tp1_is_p2p(profile, kimi, box):
     # TP1: one rank sends the whole activation along the PCIe path; no all-gather
     cm = cost_model(box, kimi, profile, 1, 8)
-    nbytes = 2 * 7168 * 2          # hidden + residual, one token, bf16 (physics.md §2: 28 KiB)
+    nbytes = 2 * 7168 * 2  # hidden + residual, one token, bf16 (physics.md §2: 28 KiB)
     hop_cpu = profile.params.cpu_hop_ms * 1e-3
     assert cm.hop_time(0, 1, nbytes) == pytest.approx(box.p2p_time_s(0, 1, nbytes) + hop_cpu)
     assert cm.hop_time(3, 4, nbytes) == pytest.approx(box.p2p_time_s(3, 4, nbytes) + hop_cpu)
@@ -238,8 +267,15 @@ def test_replaced_tables_are_indexed_afresh(profile):
 def no_collective_profile(profile):
     """The shipped profile without its collective table: TP collectives by the ring model."""
     tables = Tables({k: v for k, v in profile.tables.items() if k != "collectives"})
-    return Profile(profile.name, profile.box, profile.engine, profile.engine_version, profile.params,
-                   profile.meta, tables)
+    return Profile(
+        profile.name,
+        profile.box,
+        profile.engine,
+        profile.engine_version,
+        profile.params,
+        profile.meta,
+        tables,
+    )
 
 
 @pytest.mark.parametrize("slow_bw", [20e9, None])
@@ -249,11 +285,20 @@ def test_stage_time_cache_keeps_rings_apart(no_collective_profile, llama8, box, 
     ring model their collectives take longer; the cached stage time must be the one
     composed from the stage's own operations, whichever stage asked first. With
     equal links the two stages take equal times."""
-    b = box if slow_bw is None else dataclasses.replace(box, links=tuple(
-        dataclasses.replace(ln, bw_bytes_s=slow_bw) if ln.child in ("gpu2", "gpu3") else ln for ln in box.links))
+    b = (
+        box
+        if slow_bw is None
+        else dataclasses.replace(
+            box,
+            links=tuple(
+                dataclasses.replace(ln, bw_bytes_s=slow_bw) if ln.child in ("gpu2", "gpu3") else ln
+                for ln in box.links
+            ),
+        )
+    )
     cm = cost_model(b, llama8, no_collective_profile, 2, 4)
     shape = Shape(decode=8, decode_ctx=512)
-    t2, t1 = cm.stage_time(2, shape), cm.stage_time(1, shape)      # stage 2 fills the cache first
+    t2, t1 = cm.stage_time(2, shape), cm.stage_time(1, shape)  # stage 2 fills the cache first
     for s, t in ((1, t1), (2, t2)):
         ops = cm.stage_ops(s, shape)
         assert t[1] == pytest.approx(sum(o.seconds * o.count for o in ops if o.kind == "tp_comm"), rel=1e-12)

@@ -27,7 +27,7 @@ def test_boxes_by_gpu_name():
     assert X.box_for("NVIDIA H100 SXM x2") == "h100-sxm-8x"
     assert X.box_for("NVIDIA A100 SXM 80GB x8") == "a100-sxm-8x"
     with pytest.raises(X.Skip, match="no box preset"):
-        X.box_for("NVIDIA A100 40GB SXM x8")   # the preset is the 80 GB part
+        X.box_for("NVIDIA A100 40GB SXM x8")  # the preset is the 80 GB part
 
 
 def test_models_by_architecture_and_weight_format():
@@ -42,15 +42,19 @@ def test_models_by_architecture_and_weight_format():
 def test_lengths_from_the_workload_text():
     assert X.lengths_for("random, input 4000 tokens, output 200 tokens, seed 42") == ("4000", "200")
     # sglang.bench_serving with random_range_ratio 0 draws uniform [1, L]
-    assert X.lengths_for("random, --random-input 1024 --random-output 512, random_range_ratio 0.0 (as recorded), "
-                         "sglang.bench_serving --backend sglang") == ("1:1024", "1:512")
+    assert X.lengths_for(
+        "random, --random-input 1024 --random-output 512, random_range_ratio 0.0 (as recorded), "
+        "sglang.bench_serving --backend sglang"
+    ) == ("1:1024", "1:512")
     with pytest.raises(X.Skip, match="ShareGPT"):
         X.lengths_for("ShareGPT (sharegpt.json), 200 prompts")
 
 
 def test_engine_flags_become_knobs():
     assert X.knobs_for("vllm", "vllm serve m -tp 2 --max-num-seqs 64 --max-num-batched-tokens 8192") == {
-        "max_num_seqs": 64, "max_num_batched_tokens": 8192}
+        "max_num_seqs": 64,
+        "max_num_batched_tokens": 8192,
+    }
     with pytest.raises(X.Skip, match="--enable-dp-attention"):
         X.knobs_for("sglang", "python3 -m sglang.launch_server --tp 8 --enable-dp-attention")
 
@@ -62,8 +66,14 @@ def test_pairwise_agreement_and_kendall_by_hand():
 
 
 def test_fixture_corpus_as_the_check_sees_it(chk):
-    assert chk.corpus == {"rows": 8, "runs": 4, "sources": 1, "rows_pp_gt_1": 0, "runs_pp_gt_1": 0,
-                          "sources_with_several_splits": 1}
+    assert chk.corpus == {
+        "rows": 8,
+        "runs": 4,
+        "sources": 1,
+        "rows_pp_gt_1": 0,
+        "runs_pp_gt_1": 0,
+        "sources_with_several_splits": 1,
+    }
     reasons = dict(zip(chk.skipped.run_id, chk.skipped.reason))
     assert "ShareGPT" in reasons["fixture-h100-llama8b-r03"]
     assert "no model preset for Qwen/Qwen3-14B" in reasons["fixture-h100-llama8b-r04"]
@@ -71,11 +81,15 @@ def test_fixture_corpus_as_the_check_sees_it(chk):
 
 def test_each_number_compared_once_with_its_error_and_band(chk):
     rows = chk.rows.set_index("row_id")
-    assert sorted(rows.index) == ["fixture-h100-llama8b-001", "fixture-h100-llama8b-002", "fixture-h100-llama8b-004"]
-    for r in rows.itertuples():     # itl_ms_mean (row 003) is not a pipesim metric: left out
+    assert sorted(rows.index) == [
+        "fixture-h100-llama8b-001",
+        "fixture-h100-llama8b-002",
+        "fixture-h100-llama8b-004",
+    ]
+    for r in rows.itertuples():  # itl_ms_mean (row 003) is not a pipesim metric: left out
         assert r.error_pct == pytest.approx((r.predicted - r.measured) / r.measured * 100)
         assert r.lo < r.predicted < r.hi and r.inside == (r.lo <= r.measured <= r.hi)
-    assert set(rows.profile) == {"roofline-vllm"}     # no shipped profile was measured on an H100
+    assert set(rows.profile) == {"roofline-vllm"}  # no shipped profile was measured on an H100
 
 
 def test_ranking_over_the_two_splits(chk):

@@ -11,6 +11,7 @@ DEPLOYMENT = "rtx-pro-6000-sglang-deployment"
 
 # ---- diagnosis ------------------------------------------------------------------------
 
+
 def test_diagnosis_of_the_reference_deployment():
     """TP8 C=1 ran at 26.3 tok/s where the tables give ~100: charged to all-reduce alone,
     each of the 123 per step must cost (1/26.3 - 1/tables) / 123 more than the table;
@@ -22,7 +23,7 @@ def test_diagnosis_of_the_reference_deployment():
     assert tp8.allreduces_per_step == 2 * 61 + 1
     extra_us = (1 / 26.3 - 1 / tp8.tables_only) / tp8.allreduces_per_step * 1e6
     assert tp8.needed["allreduce_offset_us"] == pytest.approx(extra_us, rel=0.05)
-    assert (tp8.allreduce_table_us + extra_us) / tp8.allreduce_table_us > 5   # far slower than the NCCL table
+    assert (tp8.allreduce_table_us + extra_us) / tp8.allreduce_table_us > 5  # far slower than the NCCL table
     assert d.consistency["eager_launch_us_per_layer"][1] <= 10
     assert d.consistency["allreduce_offset_us"][1] > 10
     assert "ruled out" in d.text() and "NCCL table" in d.text()

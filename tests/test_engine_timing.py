@@ -2,15 +2,14 @@
 closed-loop client, every PP rank's CPU loop, and the async batch depth."""
 
 import pytest
+from conftest import fast_run, record_launches, simulate
 
 import pipesim
 from pipesim.engines.sglang import capture_sizes, padded_size
 from pipesim.engines.vllm import capture_sizes as vllm_capture_sizes
 
-from conftest import fast_run, record_launches, simulate
-
-
 # ---- §5 CUDA graphs ----------------------------------------------------------------
+
 
 def test_sglang_capture_sizes_follow_server_args():
     # server_args.py _generate_cuda_graph_batch_sizes: [1,2,4,8,12] + range(16,257,8) + range(272,512,16) + ...
@@ -23,7 +22,17 @@ def test_sglang_capture_sizes_follow_server_args():
 def test_padding_is_to_the_next_captured_size():
     # CudaGraphRunner.replay: bisect_left over capture_bs
     sizes = capture_sizes(256)
-    assert [padded_size(sizes, n) for n in (1, 3, 5, 9, 13, 17, 250, 256, 257)] == [1, 4, 8, 12, 16, 24, 256, 256, 0]
+    assert [padded_size(sizes, n) for n in (1, 3, 5, 9, 13, 17, 250, 256, 257)] == [
+        1,
+        4,
+        8,
+        12,
+        16,
+        24,
+        256,
+        256,
+        0,
+    ]
 
 
 def test_vllm_capture_sizes_follow_vllm_config():
@@ -37,12 +46,14 @@ def test_vllm_capture_sizes_follow_vllm_config():
 def test_a_graphed_decode_batch_costs_its_padded_size(profile):
     sc = pipesim.build_scenario(tp=8, pp=1, concurrency=13, output_len="4", profile=profile)
     st = sc.settings
-    assert st.graph_tokens(13, 0) == 16 and st.graph_tokens(13, 100) == 0     # prefill runs eagerly
+    assert st.graph_tokens(13, 0) == 16 and st.graph_tokens(13, 100) == 0  # prefill runs eagerly
     log = []
     sim = simulate(sc, 13, 13, setup=lambda s: log.append(record_launches(s)))
     shapes = [mb.shape for *_, mb in log[0] if mb.decode]
-    assert shapes and all(sh.decode == padded_size(capture_sizes(st.cuda_graph_max_bs), len(mb.decode))
-                          for sh, (*_, mb) in zip(shapes, [e for e in log[0] if e[4].decode]))
+    assert shapes and all(
+        sh.decode == padded_size(capture_sizes(st.cuda_graph_max_bs), len(mb.decode))
+        for sh, (*_, mb) in zip(shapes, [e for e in log[0] if e[4].decode])
+    )
     assert sim.completed >= 13
 
 
@@ -52,6 +63,7 @@ def test_disabled_graphs_do_not_pad(profile):
 
 
 # ---- §1 front end and client loop ---------------------------------------------------
+
 
 def test_closed_loop_client_waits_for_the_output_path_and_the_front_end(profile):
     # bench_serving: the next request is sent once the response has arrived; the
@@ -89,13 +101,22 @@ def test_front_end_serves_one_request_at_a_time(profile):
 
 # ---- §2 every PP rank runs the loop -------------------------------------------------
 
+
 def test_every_rank_spends_cpu_per_slot_iteration(profile):
     # event_loop_pp runs on every rank: a rank cannot launch two batches less than one
     # iteration's CPU apart, nor more batches than its slot iterations allow
-    cpu_ms = 30.0                     # far above a stage's compute: the ranks are CPU-bound
+    cpu_ms = 30.0  # far above a stage's compute: the ranks are CPU-bound
     prof = profile.with_params(cpu_iteration_ms=cpu_ms)
-    sc = pipesim.build_scenario(tp=2, pp=4, concurrency=8, model="llama-3.1-8b", input_len="64", output_len="20",
-                                pp_max_micro_batch_size=2, profile=prof)
+    sc = pipesim.build_scenario(
+        tp=2,
+        pp=4,
+        concurrency=8,
+        model="llama-3.1-8b",
+        input_len="64",
+        output_len="20",
+        pp_max_micro_batch_size=2,
+        profile=prof,
+    )
     sim = simulate(sc, 8, 8)
     rec = sim.record()
     for s in range(1, 4):
@@ -108,8 +129,16 @@ def test_rank_cpu_waits_for_the_previous_rank(profile):
     # the metadata of a slot's batch leaves rank r-1 when its CPU launched it; rank r
     # launches after that plus the pickled relay (cpu_hop_ms) and its own iteration
     prof = profile.with_params(cpu_iteration_ms=5.0, cpu_hop_ms=2.0)
-    sc = pipesim.build_scenario(tp=2, pp=4, concurrency=4, model="llama-3.1-8b", input_len="64", output_len="6",
-                                pp_max_micro_batch_size=1, profile=prof)
+    sc = pipesim.build_scenario(
+        tp=2,
+        pp=4,
+        concurrency=4,
+        model="llama-3.1-8b",
+        input_len="64",
+        output_len="6",
+        pp_max_micro_batch_size=1,
+        profile=prof,
+    )
     rec = simulate(sc, 4, 4).record()
     first = [rec.compute[s][0][0] for s in range(4)]
     for s in range(1, 4):
@@ -118,10 +147,20 @@ def test_rank_cpu_waits_for_the_previous_rank(profile):
 
 # ---- §3 async batch depth -------------------------------------------------------------
 
+
 def _pp_run(profile, depth, cpu_ms, conc):
     prof = profile.with_params(cpu_iteration_ms=cpu_ms)
-    sc = pipesim.build_scenario(tp=2, pp=4, concurrency=conc, model="llama-3.1-8b", input_len="128",
-                                output_len="60", pp_max_micro_batch_size=4, pp_async_batch_depth=depth, profile=prof)
+    sc = pipesim.build_scenario(
+        tp=2,
+        pp=4,
+        concurrency=conc,
+        model="llama-3.1-8b",
+        input_len="128",
+        output_len="60",
+        pp_max_micro_batch_size=4,
+        pp_async_batch_depth=depth,
+        profile=prof,
+    )
     return fast_run(sc, warmup_requests=conc, measure_requests=3 * conc)
 
 

@@ -4,14 +4,13 @@ prefill-first, prefill and decode never mixed, chunked prefill."""
 from collections import defaultdict
 
 import pytest
+from conftest import record_launches, simulate
 
 import pipesim
 from pipesim.engines.sglang import SGLangConfig
 
-from conftest import record_launches, simulate
-
-
 # ---- resolved knobs ---------------------------------------------------------------------
+
 
 def test_per_slot_cap_is_mrr_over_pp(profile):
     # physics.md §1, §6: --max-running-requests 64 --pp-size 8 gives 64 // 8 = 8 per slot
@@ -23,8 +22,9 @@ def test_per_slot_cap_is_mrr_over_pp(profile):
 
 def test_explicit_cap_wins(profile):
     # the deployment's fix: --pp-max-micro-batch-size 64
-    sc = pipesim.build_scenario(tp=1, pp=8, concurrency=64, max_running_requests=64,
-                                pp_max_micro_batch_size=64, profile=profile)
+    sc = pipesim.build_scenario(
+        tp=1, pp=8, concurrency=64, max_running_requests=64, pp_max_micro_batch_size=64, profile=profile
+    )
     assert sc.settings.pp_max_micro_batch_size == 64
 
 
@@ -44,8 +44,9 @@ def test_tiny_mrr_cap_at_least_one(profile):
 @pytest.mark.parametrize("pp,depth,slots", [(2, 0, 2), (4, 0, 4), (4, 3, 7), (8, 0, 8), (8, 8, 16)])
 def test_slots_are_pp_plus_async_depth(profile, pp, depth, slots):
     # physics.md §6: pp_loop_size = pp_size + pp_async_batch_depth (16 slots on PP8 = depth 8)
-    sc = pipesim.build_scenario(tp=1, pp=pp, concurrency=4, pp_async_batch_depth=depth, model="llama-3.1-8b",
-                                profile=profile)
+    sc = pipesim.build_scenario(
+        tp=1, pp=pp, concurrency=4, pp_async_batch_depth=depth, model="llama-3.1-8b", profile=profile
+    )
     assert sc.settings.slots == slots
     assert sc.settings.pp_async_batch_depth == depth
 
@@ -61,6 +62,7 @@ def test_chunk_size_default_by_memory(profile):
 
 
 # ---- the scheduler in a simulation ----------------------------------------------------------
+
 
 def run_checked(scenario, warm, measure):
     """Run a simulation recording every launch and every turn that formed a decode
@@ -91,7 +93,8 @@ def run_checked(scenario, warm, measure):
                 head is not None
                 and sim.running < st.max_running_requests
                 and sim.kv_free >= head.input_len + head.output_len
-                and len(sched.slot_running[slot]) < st.pp_max_micro_batch_size)
+                and len(sched.slot_running[slot]) < st.pp_max_micro_batch_size
+            )
             out = orig_form(slot)
             if out is not None and out[0]:
                 turns.append((slot, admissible, bool(sim.waiting)))
@@ -110,7 +113,7 @@ def check_rules(sim, log, snaps, turns):
     assert log, "nothing launched"
     prefill_slot = {}
     decode_slots = defaultdict(set)
-    for _, slot, decode, prefill, mb in log:
+    for _, slot, decode, prefill, _mb in log:
         # prefill and decode never mixed under PP
         assert not (decode and prefill)
         # no decode micro-batch exceeds the per-slot cap
@@ -127,7 +130,7 @@ def check_rules(sim, log, snaps, turns):
         assert slots == {prefill_slot[rid]}, f"request {rid} decoded in slots {slots}"
         assert sim.requests[rid].slot == prefill_slot[rid]
     # admission respects the slot cap and max_running_requests (no chunking here)
-    for slot, in_slot, running, n_decode, n_prefill in snaps:
+    for _slot, in_slot, running, _n_decode, n_prefill in snaps:
         assert in_slot + n_prefill <= cap
         assert running <= mrr
     # prefill-first: a turn that formed a decode batch had nobody admissible waiting
@@ -138,21 +141,31 @@ def check_rules(sim, log, snaps, turns):
 
 def test_kimi_pp8_lockstep_cap(profile):
     # the reference deployment's pathology: C=64, mrr 64, PP8 -> 8 requests per slot
-    sc = pipesim.build_scenario(tp=1, pp=8, concurrency=64, max_running_requests=64, output_len="12",
-                                profile=profile)
+    sc = pipesim.build_scenario(
+        tp=1, pp=8, concurrency=64, max_running_requests=64, output_len="12", profile=profile
+    )
     sim, log, snaps, turns = run_checked(sc, 64, 64)
     check_rules(sim, log, snaps, turns)
     sizes = [len(d) for _, _, d, _, _ in log if d]
-    assert max(sizes) == 8      # the cap is reached (and never exceeded, checked above)
+    assert max(sizes) == 8  # the cap is reached (and never exceeded, checked above)
 
 
 @pytest.mark.parametrize("depth", [0, 2])
 def test_llama_pp4_rules_under_pressure(profile, depth):
     # more clients than max_running_requests, varied lengths: requests wait, slots fill
     # and drain at different times
-    sc = pipesim.build_scenario(tp=1, pp=4, concurrency=24, max_running_requests=16, model="llama-3.1-8b",
-                                input_len="64:256", output_len="3:40", pp_async_batch_depth=depth, seed=3,
-                                profile=profile)
+    sc = pipesim.build_scenario(
+        tp=1,
+        pp=4,
+        concurrency=24,
+        max_running_requests=16,
+        model="llama-3.1-8b",
+        input_len="64:256",
+        output_len="3:40",
+        pp_async_batch_depth=depth,
+        seed=3,
+        profile=profile,
+    )
     assert sc.settings.pp_max_micro_batch_size == 4
     sim, log, snaps, turns = run_checked(sc, 24, 60)
     check_rules(sim, log, snaps, turns)
@@ -163,8 +176,9 @@ def test_llama_pp4_rules_under_pressure(profile, depth):
 
 
 def test_pp1_runs_one_batch_at_a_time(profile):
-    sc = pipesim.build_scenario(tp=2, pp=1, concurrency=8, model="llama-3.1-8b", output_len="10",
-                                profile=profile)
+    sc = pipesim.build_scenario(
+        tp=2, pp=1, concurrency=8, model="llama-3.1-8b", output_len="10", profile=profile
+    )
     assert sc.settings.slots == 1
     inflight = []
     peak = [0]
@@ -190,9 +204,18 @@ def test_pp1_runs_one_batch_at_a_time(profile):
 
 # ---- chunked prefill ---------------------------------------------------------------------
 
+
 def chunk_run(profile, pp):
-    sc = pipesim.build_scenario(tp=1, pp=pp, concurrency=2, model="llama-3.1-8b", input_len="300",
-                                output_len="10", chunked_prefill_size=128, profile=profile)
+    sc = pipesim.build_scenario(
+        tp=1,
+        pp=pp,
+        concurrency=2,
+        model="llama-3.1-8b",
+        input_len="300",
+        output_len="10",
+        chunked_prefill_size=128,
+        profile=profile,
+    )
     sim = None
     logs = []
 
@@ -234,11 +257,13 @@ def test_chunked_prefill_pp4(profile):
 
 # ---- SGLangScheduler.form on a hand-built state ----------------------------------------------
 
+
 class FakeSim:
     """The few things the scheduler reads and calls on a Simulation (EngineSimulation)."""
 
     def __init__(self, kv_tokens=100_000):
         from collections import deque
+
         self.waiting = deque()
         self.running = 0
         self.kv_free = kv_tokens
@@ -252,15 +277,25 @@ class FakeSim:
 
 def make_scheduler(mrr=16, cap=4, slots=4, chunk=8192, kv=100_000):
     from pipesim.engines.sglang import SGLangScheduler, SGLangSettings
-    st = SGLangSettings(max_running_requests=mrr, pp_max_micro_batch_size=cap, pp_async_batch_depth=0,
-                        slots=slots, chunked_prefill_size=chunk, max_prefill_tokens=16384, kv_tokens=kv,
-                        mem_fraction_static=0.9, cuda_graph_max_bs=256)
+
+    st = SGLangSettings(
+        max_running_requests=mrr,
+        pp_max_micro_batch_size=cap,
+        pp_async_batch_depth=0,
+        slots=slots,
+        chunked_prefill_size=chunk,
+        max_prefill_tokens=16384,
+        kv_tokens=kv,
+        mem_fraction_static=0.9,
+        cuda_graph_max_bs=256,
+    )
     sim = FakeSim(kv)
     return SGLangScheduler(sim, st), sim
 
 
 def req(rid, n_in=256, n_out=100):
     from pipesim.simulation import Request
+
     return Request(rid, 0.0, n_in, n_out)
 
 
@@ -279,7 +314,7 @@ def test_form_prefill_first():
     w = req(1)
     sim.waiting.append(w)
     decode, prefill = sched.form(1)
-    assert decode == [] and prefill == [(w, 256, 0)]       # prefill instead of the decode batch
+    assert decode == [] and prefill == [(w, 256, 0)]  # prefill instead of the decode batch
     assert not sim.waiting and sim.running == 3
 
 
@@ -306,8 +341,8 @@ def test_form_decodes_at_max_running_requests():
 
 def test_form_decodes_when_kv_short():
     sched, sim = make_scheduler(kv=500)
-    seat(sched, sim, 0, 1)                 # 356 tokens reserved, 144 free
-    sim.waiting.append(req(1))             # needs 356
+    seat(sched, sim, 0, 1)  # 356 tokens reserved, 144 free
+    sim.waiting.append(req(1))  # needs 356
     decode, prefill = sched.form(0)
     assert prefill == [] and len(decode) == 1
 
@@ -318,7 +353,7 @@ def test_form_prefill_fills_only_to_cap():
     for i in range(6):
         sim.waiting.append(req(i))
     decode, prefill = sched.form(2)
-    assert decode == [] and len(prefill) == 3          # 1 running + 3 new = cap 4
+    assert decode == [] and len(prefill) == 3  # 1 running + 3 new = cap 4
     assert len(sim.waiting) == 3
 
 
@@ -333,4 +368,4 @@ def test_form_chunks_long_prompt():
     sim.waiting.append(w)
     decode, prefill = sched.form(0)
     assert prefill == [(w, 8192, 0)]
-    assert sched.chunked is w          # the rest continues in the next turns
+    assert sched.chunked is w  # the rest continues in the next turns

@@ -4,10 +4,9 @@ max_num_seqs caps the total, chunked prefill mixed with decode."""
 from collections import defaultdict
 
 import pytest
+from conftest import simulate
 
 import pipesim
-
-from conftest import simulate
 
 
 def scenario(profile, pp, **kw):
@@ -34,9 +33,15 @@ def test_defaults_on_big_gpus(vllm_profile):
 
 def run_tracked(sc, warm, measure):
     """Track in-flight batches (launch -> return) and what was in them."""
-    events = {"violations": [], "peak_batches": 0, "peak_running": 0, "mixed": 0, "launches": 0,
-              "groups": defaultdict(set)}
-    inflight = {}                     # micro-batch seq -> decode request ids
+    events = {
+        "violations": [],
+        "peak_batches": 0,
+        "peak_running": 0,
+        "mixed": 0,
+        "launches": 0,
+        "groups": defaultdict(set),
+    }
+    inflight = {}  # micro-batch seq -> decode request ids
 
     def setup(sim):
         sched = sim.scheduler
@@ -79,8 +84,17 @@ def test_queue_invariants_under_pressure(vllm_profile, async_scheduling):
     # more clients than max_num_seqs; a small token budget spreads prompts over several
     # batches (chunks advance at schedule time), so several batches are in flight and
     # decode requests split into several implicit groups
-    sc = scenario(vllm_profile, 4, concurrency=24, max_num_seqs=12, max_num_batched_tokens=48,
-                  input_len="64:256", output_len="3:40", async_scheduling=async_scheduling, seed=5)
+    sc = scenario(
+        vllm_profile,
+        4,
+        concurrency=24,
+        max_num_seqs=12,
+        max_num_batched_tokens=48,
+        input_len="64:256",
+        output_len="3:40",
+        async_scheduling=async_scheduling,
+        seed=5,
+    )
     sim, ev = run_tracked(sc, 24, 60)
     st = sc.settings
     assert sim.completed >= 84
@@ -94,8 +108,15 @@ def test_queue_invariants_under_pressure(vllm_profile, async_scheduling):
 
 def test_chunked_prefill_mixed_and_conserved(vllm_profile):
     # physics.md §6: chunked prefill is mixed with decode in one batch under a token budget
-    sc = scenario(vllm_profile, 2, concurrency=6, input_len="100:300", output_len="5:30", max_num_batched_tokens=64,
-                  seed=2)
+    sc = scenario(
+        vllm_profile,
+        2,
+        concurrency=6,
+        input_len="100:300",
+        output_len="5:30",
+        max_num_batched_tokens=64,
+        seed=2,
+    )
     chunks = defaultdict(list)
     budget_ok = []
 

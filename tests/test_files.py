@@ -18,11 +18,11 @@ def test_write_and_read_csv_and_parquet(serial, tmp_path):
         write_table(serial, tmp_path / name)
         back = read_table(tmp_path / name)
         pd.testing.assert_frame_equal(back, serial, check_dtype=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.csv", "r.parquet"]     # no temporary files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.csv", "r.parquet"]  # no temporary files
 
 
 def test_parquet_without_pyarrow_is_one_line(serial, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "pyarrow", None)      # import pyarrow -> ImportError
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow -> ImportError
     with pytest.raises(pipesim.UserError, match="needs pyarrow"):
         write_table(serial, tmp_path / "r.parquet")
     assert not list(tmp_path.iterdir())
@@ -38,8 +38,10 @@ def test_a_table_read_back_needs_the_sweep_key(serial, tmp_path):
         read_table(tmp_path / "r.csv")
 
 
-@pytest.mark.parametrize("name, needle", [("r.xlsx", "must end in .csv or .parquet"),
-                                          ("no-such-dir/r.csv", "of the output file does not exist")])
+@pytest.mark.parametrize(
+    "name, needle",
+    [("r.xlsx", "must end in .csv or .parquet"), ("no-such-dir/r.csv", "of the output file does not exist")],
+)
 def test_output_path_checked(tmp_path, name, needle):
     with pytest.raises(pipesim.UserError, match=needle):
         check_out_path(tmp_path / name, (".csv", ".parquet"), "output")

@@ -25,17 +25,65 @@ from pipesim.cli import main
 from pipesim.profile import _profile_dir, load_profile, write_profile
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-NUMBER_TEXT = st.sampled_from(["0", "1", "-1", "2", "8", "16", "1.5", "nan", "inf", "-inf", "1e300", "10000000000",
-                               "abc", "", "0x10", "1e3", "True", "3:1", "1:4"])
-JSON_VALUE = st.one_of(st.integers(-3, 10**12), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
-                       st.text(max_size=4), st.none(), st.lists(st.integers(0, 4), max_size=2),
-                       st.dictionaries(st.text(max_size=3), st.integers(0, 4), max_size=2))
-CONFIG_KEYS = ["num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-               "intermediate_size", "vocab_size", "max_position_embeddings", "num_experts", "num_experts_per_tok",
-               "moe_intermediate_size", "text_config", "quantization_config", "architectures", "torch_dtype",
-               "kv_lora_rank"]
-TINY = {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 4096}
+NUMBER_TEXT = st.sampled_from(
+    [
+        "0",
+        "1",
+        "-1",
+        "2",
+        "8",
+        "16",
+        "1.5",
+        "nan",
+        "inf",
+        "-inf",
+        "1e300",
+        "10000000000",
+        "abc",
+        "",
+        "0x10",
+        "1e3",
+        "True",
+        "3:1",
+        "1:4",
+    ]
+)
+JSON_VALUE = st.one_of(
+    st.integers(-3, 10**12),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.text(max_size=4),
+    st.none(),
+    st.lists(st.integers(0, 4), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(0, 4), max_size=2),
+)
+CONFIG_KEYS = [
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "text_config",
+    "quantization_config",
+    "architectures",
+    "torch_dtype",
+    "kv_lora_rank",
+]
+TINY = {
+    "num_hidden_layers": 2,
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+}
 SMALL = ["--input-len", "8", "--output-len", "4"]
 
 
@@ -58,10 +106,32 @@ def assert_clean(code, err, argv):
 
 
 @FUZZ
-@given(flags=st.lists(st.tuples(st.sampled_from(["--tp", "--pp", "--conc", "--rate", "--num-requests", "--seed",
-                                                 "--nodes", "--max-running-requests", "--pp-async-batch-depth",
-                                                 "--chunked-prefill-size", "--layers", "--input-len",
-                                                 "--output-len"]), NUMBER_TEXT), min_size=1, max_size=4))
+@given(
+    flags=st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    "--tp",
+                    "--pp",
+                    "--conc",
+                    "--rate",
+                    "--num-requests",
+                    "--seed",
+                    "--nodes",
+                    "--max-running-requests",
+                    "--pp-async-batch-depth",
+                    "--chunked-prefill-size",
+                    "--layers",
+                    "--input-len",
+                    "--output-len",
+                ]
+            ),
+            NUMBER_TEXT,
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_fuzz_predict_flags(flags, capsys):
     argv = ["predict", "--model", "llama-3.1-8b", "--tp", "8", *SMALL]
     for flag, value in flags:
@@ -73,8 +143,12 @@ def test_fuzz_predict_flags(flags, capsys):
 
 
 @FUZZ
-@given(cmd=st.sampled_from(["sweep", "search"]), gpus=NUMBER_TEXT, conc=NUMBER_TEXT,
-       workers=st.sampled_from(["0", "-1", "1", "100000", "x"]))
+@given(
+    cmd=st.sampled_from(["sweep", "search"]),
+    gpus=NUMBER_TEXT,
+    conc=NUMBER_TEXT,
+    workers=st.sampled_from(["0", "-1", "1", "100000", "x"]),
+)
 def test_fuzz_sweep_flags(cmd, gpus, conc, workers, capsys):
     argv = [cmd, "--model", "llama-3.1-8b", *SMALL, "--gpus", gpus, "--conc", conc, "--workers", workers]
     code, err = run_cli(argv, capsys)
@@ -91,8 +165,10 @@ def test_fuzz_model_config(changes, tmp_path_factory, capsys):
 
 
 @FUZZ
-@given(rows=st.lists(st.tuples(NUMBER_TEXT, NUMBER_TEXT, NUMBER_TEXT), min_size=0, max_size=4),
-       header=st.sampled_from(["arrival_s,input_tokens,output_tokens", "arrival_s,input_tokens", ""]))
+@given(
+    rows=st.lists(st.tuples(NUMBER_TEXT, NUMBER_TEXT, NUMBER_TEXT), min_size=0, max_size=4),
+    header=st.sampled_from(["arrival_s,input_tokens,output_tokens", "arrival_s,input_tokens", ""]),
+)
 def test_fuzz_trace(rows, header, tmp_path_factory, capsys):
     path = tmp_path_factory.mktemp("trace") / "t.csv"
     path.write_text(header + "\n" + "".join(",".join(r) + "\n" for r in rows))
@@ -101,9 +177,23 @@ def test_fuzz_trace(rows, header, tmp_path_factory, capsys):
 
 
 @FUZZ
-@given(key=st.sampled_from(["name", "box", "engine", "engine_version", "params", "deployment", "sources"]),
-       value=st.sampled_from(['5', '"x"', 'true', 'nan', 'inf', '[1, 2]', '{ a = 1 }', '{ max_running_requests = -1 }',
-                              '{ cpu_iteration_ms = inf }', '{ max_running_requests = "x" }']))
+@given(
+    key=st.sampled_from(["name", "box", "engine", "engine_version", "params", "deployment", "sources"]),
+    value=st.sampled_from(
+        [
+            "5",
+            '"x"',
+            "true",
+            "nan",
+            "inf",
+            "[1, 2]",
+            "{ a = 1 }",
+            "{ max_running_requests = -1 }",
+            "{ cpu_iteration_ms = inf }",
+            '{ max_running_requests = "x" }',
+        ]
+    ),
+)
 def test_fuzz_profile_toml(key, value, tmp_path_factory, capsys):
     d = tmp_path_factory.mktemp("prof") / "p"
     shutil.copytree(Path(str(_profile_dir("rtx-pro-6000-sglang-healthy"))), d)
@@ -120,17 +210,23 @@ def test_fuzz_box_file(count, bw, mem, parent, tmp_path_factory, capsys):
     path = tmp_path_factory.mktemp("box") / "b.toml"
 
     def toml(v):
-        return v if v.replace(".", "").replace("-", "").replace("e", "").isdigit() or v in ("nan", "inf", "-inf") \
+        return (
+            v
+            if v.replace(".", "").replace("-", "").replace("e", "").isdigit() or v in ("nan", "inf", "-inf")
             else json.dumps(v)
+        )
 
-    path.write_text(f'[gpu]\nname = "g"\ncount = {toml(count)}\nmemory_bytes = {toml(mem)}\nmem_bw_bytes_s = 1e12\n'
-                    f'flops_bf16 = 1e14\n[topology]\nlinks = [{{ child = "gpu0", parent = "a", bw_gb_s = {toml(bw)}, '
-                    f'latency_us = 1 }}, {{ child = "gpu1", parent = "{parent}", bw_gb_s = 1, latency_us = 1 }}]\n')
+    path.write_text(
+        f'[gpu]\nname = "g"\ncount = {toml(count)}\nmemory_bytes = {toml(mem)}\nmem_bw_bytes_s = 1e12\n'
+        f'flops_bf16 = 1e14\n[topology]\nlinks = [{{ child = "gpu0", parent = "a", bw_gb_s = {toml(bw)}, '
+        f'latency_us = 1 }}, {{ child = "gpu1", parent = "{parent}", bw_gb_s = 1, latency_us = 1 }}]\n'
+    )
     argv = ["boxes", "show", str(path)]
     assert_clean(*run_cli(argv, capsys), argv)
 
 
 # ---- killing profile writes -----------------------------------------------------------
+
 
 def _versions(tmp_path):
     """An old profile at tmp/p and the meta of a new one (a different description)."""
@@ -141,7 +237,7 @@ def _versions(tmp_path):
 
 
 def _state(out: Path) -> str:
-    prof = load_profile(out)          # recovers a half-done write first
+    prof = load_profile(out)  # recovers a half-done write first
     left = [p.name for p in out.parent.iterdir() if p.name.startswith(".")]
     assert not left, left
     return prof.meta["description"]
@@ -155,7 +251,7 @@ def test_write_killed_at_each_rename_leaves_old_or_new(k, tmp_path, monkeypatch)
     def rename(a, b):
         calls.append(1)
         if len(calls) == k + 1:
-            raise KeyboardInterrupt   # stands for a kill: nothing after this point runs
+            raise KeyboardInterrupt  # stands for a kill: nothing after this point runs
         return real(a, b)
 
     monkeypatch.setattr(os, "rename", rename)
@@ -169,7 +265,7 @@ def test_write_killed_at_each_rename_leaves_old_or_new(k, tmp_path, monkeypatch)
 
 def test_write_killed_between_the_renames_is_recovered_on_load(tmp_path):
     out, _, _ = _versions(tmp_path)
-    os.rename(out, out.with_name(".p.old"))                 # the state a kill there leaves
+    os.rename(out, out.with_name(".p.old"))  # the state a kill there leaves
     (tmp_path / ".p.new-x").mkdir()
     assert _state(out) == "old"
 
@@ -178,13 +274,17 @@ def test_write_killed_by_sigkill_at_random_points(tmp_path):
     """A real kill: a child process writes the new profile and is SIGKILLed after a
     delay that sweeps the write; after each the profile is the old or the new one."""
     out, _, _ = _versions(tmp_path)
-    code = ("import sys; from pipesim.profile import load_profile, write_profile\n"
-            "src = load_profile('rtx-pro-6000-sglang-healthy')\n"
-            "print('ready', flush=True); sys.stdin.readline()\n"
-            f"write_profile({str(out)!r}, {{**src.meta, 'description': 'new'}}, dict(src.tables))\n")
+    code = (
+        "import sys; from pipesim.profile import load_profile, write_profile\n"
+        "src = load_profile('rtx-pro-6000-sglang-healthy')\n"
+        "print('ready', flush=True); sys.stdin.readline()\n"
+        f"write_profile({str(out)!r}, {{**src.meta, 'description': 'new'}}, dict(src.tables))\n"
+    )
     seen = set()
     for delay_s in (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.3):
-        child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert child.stdout.readline().strip() == "ready"
         child.stdin.write("go\n")
         child.stdin.flush()
@@ -210,9 +310,9 @@ def test_out_that_is_a_file_is_refused_and_kept(tmp_path):
 
 def test_plot_writes_all_figures_or_none(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
+    from test_plot import table
 
     from pipesim import plot
-    from test_plot import table
 
     real, calls = Figure.savefig, []
 

@@ -1,9 +1,9 @@
 """The box and its PCIe tree: paths and first-principles P2P cost, against the TOML."""
 
-import tomllib
 from importlib import resources
 
 import pytest
+import tomllib
 
 from pipesim.errors import UserError
 from pipesim.hardware import box_from_dict, box_names, load_box
@@ -21,7 +21,10 @@ def toml_links():
     """The box file's links, read independently of pipesim: child -> (parent, B/s, s)."""
     text = resources.files("pipesim.data").joinpath("boxes").joinpath(f"{BOX}.toml").read_text()
     data = tomllib.loads(text)
-    return {l["child"]: (l["parent"], l["bw_gb_s"] * 1e9, l["latency_us"] * 1e-6) for l in data["topology"]["links"]}
+    return {
+        lk["child"]: (lk["parent"], lk["bw_gb_s"] * 1e9, lk["latency_us"] * 1e-6)
+        for lk in data["topology"]["links"]
+    }
 
 
 def test_default_box_is_a_preset(box):
@@ -81,9 +84,15 @@ def test_ring_links_of_a_socket_stay_in_it(box):
 
 
 def test_disconnected_box_is_user_error():
-    data = {"gpu": {"name": "g", "count": 2, "memory_bytes": 1e9, "mem_bw_bytes_s": 1e12, "flops_bf16": 1e14},
-            "topology": {"links": [{"child": "gpu0", "parent": "a", "bw_gb_s": 1, "latency_us": 1},
-                                   {"child": "gpu1", "parent": "b", "bw_gb_s": 1, "latency_us": 1}]}}
+    data = {
+        "gpu": {"name": "g", "count": 2, "memory_bytes": 1e9, "mem_bw_bytes_s": 1e12, "flops_bf16": 1e14},
+        "topology": {
+            "links": [
+                {"child": "gpu0", "parent": "a", "bw_gb_s": 1, "latency_us": 1},
+                {"child": "gpu1", "parent": "b", "bw_gb_s": 1, "latency_us": 1},
+            ]
+        },
+    }
     with pytest.raises(UserError):
         box_from_dict(data)
 

@@ -18,51 +18,100 @@ from pipesim.cli import main
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bad-input.md"
 FAST = ["--model", "llama-3.1-8b", "--output-len", "8", "--input-len", "16"]
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 1024,
-        "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 4096, "vocab_size": 1000,
-        "max_position_embeddings": 4096}
-MOE = {**TINY, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8,
-       "num_experts_per_tok": 2, "moe_intermediate_size": 512}
+TINY = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": 4,
+    "hidden_size": 1024,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "intermediate_size": 4096,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+}
+MOE = {
+    **TINY,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 512,
+}
 HEADER = "arrival_s,input_tokens,output_tokens\n"
 
 # HF config variants: name -> the config's JSON text
 CONFIGS: dict[str, str] = {}
-SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-         "intermediate_size", "vocab_size", "max_position_embeddings")
+SIZES = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
 for _key in SIZES:
-    for _tag, _value in (("inf", "Infinity"), ("nan", "NaN"), ("zero", "0"), ("str", '"12"'), ("huge", "1e30")):
-        CONFIGS[f"{_key}-{_tag}"] = json.dumps({**TINY, _key: 7}).replace(f'"{_key}": 7', f'"{_key}": {_value}')
-CONFIGS.update({
-    "neginf": json.dumps(TINY).replace('"hidden_size": 1024', '"hidden_size": -Infinity'),
-    "kv16": json.dumps({**TINY, "num_key_value_heads": 16}),
-    "kv3": json.dumps({**TINY, "num_key_value_heads": 3}),
-    "textcfg-num": json.dumps({**TINY, "text_config": 5}),
-    "textcfg-list": json.dumps({**TINY, "text_config": [1, 2]}),
-    "textcfg-nan": json.dumps({"architectures": ["LlamaForCausalLM"], "text_config": {**TINY, "hidden_size": 7}})
-    .replace('"hidden_size": 7', '"hidden_size": NaN'),
-    "quant-list": json.dumps({**TINY, "quantization_config": [1, 2]}),
-    "quant-str": json.dumps({**TINY, "quantization_config": "fp8"}),
-    "quant-groups": json.dumps({**TINY, "quantization_config": {"quant_method": "compressed-tensors",
-                                                                  "config_groups": [1]}}),
-    "quant-bits": json.dumps({**TINY, "quantization_config": {"quant_method": "compressed-tensors",
-                                                                "config_groups": {"g": {"weights": {"num_bits": "x"}}}}}),
-    "quant-ignore": json.dumps({**TINY, "quantization_config": {"quant_method": "compressed-tensors", "ignore": 5,
-                                                                  "config_groups": {"g": {"weights": {"num_bits": 4}}}}}),
-    "deep": "[" * 100_000 + "]" * 100_000,
-    "deepobj": '{"a":' * 50_000 + "1" + "}" * 50_000,
-    "topk-over": json.dumps({**MOE, "num_experts_per_tok": 9}),
-    "topk-zero": json.dumps({**MOE, "num_experts_per_tok": 0}),
-    "moe-inter-zero": json.dumps({**MOE, "moe_intermediate_size": 0}),
-    "arch-mamba": json.dumps({**TINY, "architectures": ["MambaForCausalLM"], "model_type": "mamba"}),
-    "arch-bert": json.dumps({**TINY, "architectures": ["BertModel"], "model_type": "bert"}),
-    "arch-num": json.dumps({**TINY, "architectures": 5}),
-    "float64": json.dumps({**TINY, "torch_dtype": "float64"}),
-    "dtype-num": json.dumps({**TINY, "torch_dtype": 16}),
-    "layers-huge": json.dumps({**TINY, "num_hidden_layers": 10**7}),
-    "heads-bool": json.dumps({**TINY, "num_attention_heads": True}),
-    "cfg-null": "null",
-    "cfg-str": '"llama"',
-})
+    for _tag, _value in (
+        ("inf", "Infinity"),
+        ("nan", "NaN"),
+        ("zero", "0"),
+        ("str", '"12"'),
+        ("huge", "1e30"),
+    ):
+        CONFIGS[f"{_key}-{_tag}"] = json.dumps({**TINY, _key: 7}).replace(
+            f'"{_key}": 7', f'"{_key}": {_value}'
+        )
+CONFIGS.update(
+    {
+        "neginf": json.dumps(TINY).replace('"hidden_size": 1024', '"hidden_size": -Infinity'),
+        "kv16": json.dumps({**TINY, "num_key_value_heads": 16}),
+        "kv3": json.dumps({**TINY, "num_key_value_heads": 3}),
+        "textcfg-num": json.dumps({**TINY, "text_config": 5}),
+        "textcfg-list": json.dumps({**TINY, "text_config": [1, 2]}),
+        "textcfg-nan": json.dumps(
+            {"architectures": ["LlamaForCausalLM"], "text_config": {**TINY, "hidden_size": 7}}
+        ).replace('"hidden_size": 7', '"hidden_size": NaN'),
+        "quant-list": json.dumps({**TINY, "quantization_config": [1, 2]}),
+        "quant-str": json.dumps({**TINY, "quantization_config": "fp8"}),
+        "quant-groups": json.dumps(
+            {**TINY, "quantization_config": {"quant_method": "compressed-tensors", "config_groups": [1]}}
+        ),
+        "quant-bits": json.dumps(
+            {
+                **TINY,
+                "quantization_config": {
+                    "quant_method": "compressed-tensors",
+                    "config_groups": {"g": {"weights": {"num_bits": "x"}}},
+                },
+            }
+        ),
+        "quant-ignore": json.dumps(
+            {
+                **TINY,
+                "quantization_config": {
+                    "quant_method": "compressed-tensors",
+                    "ignore": 5,
+                    "config_groups": {"g": {"weights": {"num_bits": 4}}},
+                },
+            }
+        ),
+        "deep": "[" * 100_000 + "]" * 100_000,
+        "deepobj": '{"a":' * 50_000 + "1" + "}" * 50_000,
+        "topk-over": json.dumps({**MOE, "num_experts_per_tok": 9}),
+        "topk-zero": json.dumps({**MOE, "num_experts_per_tok": 0}),
+        "moe-inter-zero": json.dumps({**MOE, "moe_intermediate_size": 0}),
+        "arch-mamba": json.dumps({**TINY, "architectures": ["MambaForCausalLM"], "model_type": "mamba"}),
+        "arch-bert": json.dumps({**TINY, "architectures": ["BertModel"], "model_type": "bert"}),
+        "arch-num": json.dumps({**TINY, "architectures": 5}),
+        "float64": json.dumps({**TINY, "torch_dtype": "float64"}),
+        "dtype-num": json.dumps({**TINY, "torch_dtype": 16}),
+        "layers-huge": json.dumps({**TINY, "num_hidden_layers": 10**7}),
+        "heads-bool": json.dumps({**TINY, "num_attention_heads": True}),
+        "cfg-null": "null",
+        "cfg-str": '"llama"',
+    }
+)
 
 
 def hostile_files(t: Path) -> Path:
@@ -75,10 +124,18 @@ def hostile_files(t: Path) -> Path:
     (t / "tiny.json").write_text(json.dumps(TINY))
     (t / "short-ctx.json").write_text(json.dumps({**TINY, "max_position_embeddings": 64}))
     traces = {
-        "inf-arrival": "0,10,10\ninf,10,10\n", "nan-tokens": "0,nan,10\n", "inf-tokens": "0,10,inf\n",
-        "frac-tokens": "0,10.5,10\n", "huge-tokens": "0,1e30,10\n", "text-arrival": "soon,10,10\n",
-        "past-horizon": "5e6,10,10\n", "all-past": "1e300,10,10\n2e300,10,10\n", "neg-output": "0,10,-3\n",
-        "bool": "0,True,10\n", "blank-cell": "0,,10\n", "ninf-arrival": "-inf,10,10\n",
+        "inf-arrival": "0,10,10\ninf,10,10\n",
+        "nan-tokens": "0,nan,10\n",
+        "inf-tokens": "0,10,inf\n",
+        "frac-tokens": "0,10.5,10\n",
+        "huge-tokens": "0,1e30,10\n",
+        "text-arrival": "soon,10,10\n",
+        "past-horizon": "5e6,10,10\n",
+        "all-past": "1e300,10,10\n2e300,10,10\n",
+        "neg-output": "0,10,-3\n",
+        "bool": "0,True,10\n",
+        "blank-cell": "0,,10\n",
+        "ninf-arrival": "-inf,10,10\n",
     }
     for name, rows in traces.items():
         (t / f"trace-{name}.csv").write_text(HEADER + rows)
@@ -118,47 +175,68 @@ def hostile_files(t: Path) -> Path:
     profile("p-deploy-float", top="deployment = { max_running_requests = 2.5 }")
     profile("p-sources-num", "[sources]", "[sources_moved]", top="sources = 5")
     profile("p-binary", raw=b"\xff\xfe\x00name = 1")
-    profile("t-inf-lat", table="collectives", text="op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,inf\n")
-    profile("t-inf-size", table="collectives", text="op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,inf,0.02\n")
-    profile("t-ninf-lat", table="collectives", text="op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,-inf\n")
-    profile("t-frac-gpus", table="collectives", text="op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,2.5,256,0.02\n")
-    profile("t-text-lat", table="collectives", text="op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,fast\n")
+    profile(
+        "t-inf-lat", table="collectives", text="op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,inf\n"
+    )
+    profile(
+        "t-inf-size", table="collectives", text="op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,inf,0.02\n"
+    )
+    profile(
+        "t-ninf-lat", table="collectives", text="op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,-inf\n"
+    )
+    profile(
+        "t-frac-gpus",
+        table="collectives",
+        text="op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,2.5,256,0.02\n",
+    )
+    profile(
+        "t-text-lat", table="collectives", text="op,impl,gpus,nbytes,latency_ms\nall_reduce,nccl,8,256,fast\n"
+    )
     profile("t-empty", table="collectives", text="op,impl,gpus,nbytes,latency_ms\n")
     profile("t-binary", table="collectives", text="\x00\x01\x02" * 50)
 
     gpu = '[gpu]\nname = "g"\ncount = 2\nmemory_bytes = MEM\nmem_bw_bytes_s = 1e12\nflops_bf16 = 1e14\n'
-    links = ('[topology]\nlinks = [{ child = "gpu0", parent = "a", bw_gb_s = 1, latency_us = LAT },'
-             ' { child = "gpu1", parent = "a", bw_gb_s = 1, latency_us = 1 }]\n')
+    links = (
+        '[topology]\nlinks = [{ child = "gpu0", parent = "a", bw_gb_s = 1, latency_us = LAT },'
+        ' { child = "gpu1", parent = "a", bw_gb_s = 1, latency_us = 1 }]\n'
+    )
     boxes = {
         "nan-lat": gpu.replace("MEM", "1e10") + links.replace("LAT", "nan"),
         "inf-mem": gpu.replace("MEM", "inf") + links.replace("LAT", "1"),
         "str-mem": gpu.replace("MEM", '"big"') + links.replace("LAT", "1"),
         "no-gpu": links.replace("LAT", "1"),
         "links-str": gpu.replace("MEM", "1e10") + '[topology]\nlinks = "all"\n',
-        "count-huge": gpu.replace("MEM", "1e10").replace("count = 2", "count = 100000000000") + links.replace("LAT", "1"),
+        "count-huge": gpu.replace("MEM", "1e10").replace("count = 2", "count = 100000000000")
+        + links.replace("LAT", "1"),
     }
     for name, text in boxes.items():
         (t / f"box-{name}.toml").write_text(text)
     (t / "box-binary.toml").write_bytes(b"\xff\xfe\x00\x01")
     (t / "box-deep.toml").write_text("x = " + "[" * 50_000 + "]" * 50_000 + "\n")
 
-    sweep_cols = ("box,gpu,model,profile,engine,input_len,output_len,seed,gpus,tp,pp,conc,split,"
-                  "output_throughput_tok_s,output_tok_s_per_gpu,per_request_tok_s,ttft_ms_p99,tpot_ms_p50,"
-                  "compute_share,allreduce_share,bubble_fraction,idle_p2p_share,idle_cpu_share,idle_bubble_share,"
-                  "p2p_share,cpu_share\n")
+    sweep_cols = (
+        "box,gpu,model,profile,engine,input_len,output_len,seed,gpus,tp,pp,conc,split,"
+        "output_throughput_tok_s,output_tok_s_per_gpu,per_request_tok_s,ttft_ms_p99,tpot_ms_p50,"
+        "compute_share,allreduce_share,bubble_fraction,idle_p2p_share,idle_cpu_share,idle_bubble_share,"
+        "p2p_share,cpu_share\n"
+    )
     row = "b,g,m,p,sglang,16,8,0,8,8,1,1,TP8 x PP1,{thr},{thr},50,20,10,0.5,0.1,0.1,0.1,0.1,0.1,0.1,0.1\n"
     (t / "sw-text.csv").write_text(sweep_cols + row.format(thr="fast"))
     (t / "sw-nan.csv").write_text(sweep_cols + row.format(thr="nan"))
     (t / "sw-inf.csv").write_text(sweep_cols + row.format(thr="inf"))
     (t / "sw-empty.csv").write_text(sweep_cols)
     (t / "sw-ok.csv").write_text(sweep_cols + row.format(thr="100"))
-    (t / "sw-conc-text.csv").write_text(sweep_cols + row.format(thr="100").replace(",8,1,1,TP8", ",8,1,x,TP8"))
+    (t / "sw-conc-text.csv").write_text(
+        sweep_cols + row.format(thr="100").replace(",8,1,1,TP8", ",8,1,x,TP8")
+    )
     (t / "sw-binary.csv").write_bytes(b"\x00\xff" * 100)
     (t / "sw-nocols.csv").write_text("a,b\n1,2\n")
     (t / "sw-parquet.parquet").write_text("not parquet")
 
     bench = {"max_concurrency": 4, "output_throughput": 100.0, "completed": 10}
-    (t / "bench-inf.json").write_text(json.dumps({**bench, "output_throughput": 7}).replace(": 7", ": Infinity"))
+    (t / "bench-inf.json").write_text(
+        json.dumps({**bench, "output_throughput": 7}).replace(": 7", ": Infinity")
+    )
     (t / "bench-nan.json").write_text(json.dumps({**bench, "output_throughput": 7}).replace(": 7", ": NaN"))
     (t / "bench-str.json").write_text(json.dumps({**bench, "output_throughput": "100"}))
     (t / "bench-conc-str.json").write_text(json.dumps({**bench, "max_concurrency": "4"}))
@@ -179,88 +257,261 @@ P = "rtx-pro-6000-sglang-healthy"
 CASES: list[tuple[list[str], str]] = []
 # --- HF configs: every size field x non-finite, zero, text and absurd values
 for _key in SIZES:
-    for _tag, _msg in (("inf", f"'{_key}' = inf must be a finite"), ("nan", f"'{_key}' = nan must be a finite"),
-                       ("zero", f"'{_key}' = 0 must be a whole number >= 1"), ("str", f"'{_key}' = '12' must be a whole number"),
-                       ("huge", f"'{_key}' = 1e+30 is above")):
+    for _tag, _msg in (
+        ("inf", f"'{_key}' = inf must be a finite"),
+        ("nan", f"'{_key}' = nan must be a finite"),
+        ("zero", f"'{_key}' = 0 must be a whole number >= 1"),
+        ("str", f"'{_key}' = '12' must be a whole number"),
+        ("huge", f"'{_key}' = 1e+30 is above"),
+    ):
         CASES.append((["predict", "--conc", "1", "--model", f"{D}/cfg-{_key}-{_tag}.json"], _msg))
 CASES += [
     (["predict", "--conc", "1", "--model", f"{D}/cfg-neginf.json"], "'hidden_size' = -inf must be a finite"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-kv16.json"], "num_key_value_heads = 16 must divide num_attention_heads = 8"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-kv3.json"], "num_key_value_heads = 3 must divide num_attention_heads = 8"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-textcfg-num.json"], "'text_config' must be a JSON object, got int"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-textcfg-list.json"], "'text_config' must be a JSON object, got list"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-textcfg-nan.json"], "'hidden_size' = nan must be a finite"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-quant-list.json"], "'quantization_config' must be a JSON object, got list"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-quant-str.json"], "'quantization_config' must be a JSON object, got str"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-quant-groups.json"], "compressed-tensors quantization_config has no config_groups"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-quant-bits.json"], "num_bits = 'x' must be a whole number"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-quant-ignore.json"], "list of unquantized modules must be a list"),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-kv16.json"],
+        "num_key_value_heads = 16 must divide num_attention_heads = 8",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-kv3.json"],
+        "num_key_value_heads = 3 must divide num_attention_heads = 8",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-textcfg-num.json"],
+        "'text_config' must be a JSON object, got int",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-textcfg-list.json"],
+        "'text_config' must be a JSON object, got list",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-textcfg-nan.json"],
+        "'hidden_size' = nan must be a finite",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-quant-list.json"],
+        "'quantization_config' must be a JSON object, got list",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-quant-str.json"],
+        "'quantization_config' must be a JSON object, got str",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-quant-groups.json"],
+        "compressed-tensors quantization_config has no config_groups",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-quant-bits.json"],
+        "num_bits = 'x' must be a whole number",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-quant-ignore.json"],
+        "list of unquantized modules must be a list",
+    ),
     (["predict", "--conc", "1", "--model", f"{D}/cfg-deep.json"], "nested too deeply"),
     (["predict", "--conc", "1", "--model", f"{D}/cfg-deepobj.json"], "nested too deeply"),
     (["predict", "--conc", "1", "--model", f"{D}/cfg-binary.json"], "is not UTF-8 text"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-topk-over.json"], "num_experts_per_tok = 9 is more than the 8 experts"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-topk-zero.json"], "'num_experts_per_tok' = 0 must be a whole number >= 1"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-moe-inter-zero.json"], "'moe_intermediate_size' = 0 must be a whole number >= 1"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-arch-mamba.json"], "architecture MambaForCausalLM is not modelled"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-arch-bert.json"], "architecture BertModel is not modelled"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-arch-num.json"], "'architectures' must be a list of names"),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-topk-over.json"],
+        "num_experts_per_tok = 9 is more than the 8 experts",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-topk-zero.json"],
+        "'num_experts_per_tok' = 0 must be a whole number >= 1",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-moe-inter-zero.json"],
+        "'moe_intermediate_size' = 0 must be a whole number >= 1",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-arch-mamba.json"],
+        "architecture MambaForCausalLM is not modelled",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-arch-bert.json"],
+        "architecture BertModel is not modelled",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-arch-num.json"],
+        "'architectures' must be a list of names",
+    ),
     (["predict", "--conc", "1", "--model", f"{D}/cfg-float64.json"], "torch_dtype 'float64' is not modelled"),
     (["predict", "--conc", "1", "--model", f"{D}/cfg-dtype-num.json"], "torch_dtype 16 is not modelled"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-layers-huge.json"], "'num_hidden_layers' = 10000000 is above"),
-    (["predict", "--conc", "1", "--model", f"{D}/cfg-heads-bool.json"], "'num_attention_heads' = True must be a whole number"),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-layers-huge.json"],
+        "'num_hidden_layers' = 10000000 is above",
+    ),
+    (
+        ["predict", "--conc", "1", "--model", f"{D}/cfg-heads-bool.json"],
+        "'num_attention_heads' = True must be a whole number",
+    ),
     (["predict", "--conc", "1", "--model", f"{D}/cfg-cfg-null.json"], "is not a JSON object"),
     (["predict", "--conc", "1", "--model", f"{D}/cfg-cfg-str.json"], "is not a JSON object"),
-    (["predict", "--conc", "1", "--model", f"{D}/short-ctx.json", "--input-len", "60", "--output-len", "8"],
-     "needs 68 tokens (input + output), above the model's context of 64"),
-    (["predict", "--conc", "1", "--model", "llama-3.1-8b", "--tp", "8", "--input-len", "131000", "--output-len", "100"],
-     "above the model's context of 131072"),
+    (
+        [
+            "predict",
+            "--conc",
+            "1",
+            "--model",
+            f"{D}/short-ctx.json",
+            "--input-len",
+            "60",
+            "--output-len",
+            "8",
+        ],
+        "needs 68 tokens (input + output), above the model's context of 64",
+    ),
+    (
+        [
+            "predict",
+            "--conc",
+            "1",
+            "--model",
+            "llama-3.1-8b",
+            "--tp",
+            "8",
+            "--input-len",
+            "131000",
+            "--output-len",
+            "100",
+        ],
+        "above the model's context of 131072",
+    ),
 ]
 # --- traces
 CASES += [
-    (["predict", "--trace", f"{D}/trace-inf-arrival.csv", *FAST[:2]], "column arrival_s: 'inf' is not allowed"),
-    (["predict", "--trace", f"{D}/trace-ninf-arrival.csv", *FAST[:2]], "column arrival_s: '-inf' is not allowed"),
-    (["predict", "--trace", f"{D}/trace-nan-tokens.csv", *FAST[:2]], "column input_tokens: 'nan' is not allowed"),
-    (["predict", "--trace", f"{D}/trace-inf-tokens.csv", *FAST[:2]], "column output_tokens: 'inf' is not allowed"),
-    (["predict", "--trace", f"{D}/trace-frac-tokens.csv", *FAST[:2]], "column input_tokens: '10.5' is not allowed"),
-    (["predict", "--trace", f"{D}/trace-huge-tokens.csv", *FAST[:2]], "column input_tokens: '1e30' is not allowed"),
-    (["predict", "--trace", f"{D}/trace-text-arrival.csv", *FAST[:2]], "column arrival_s: 'soon' is not allowed"),
+    (
+        ["predict", "--trace", f"{D}/trace-inf-arrival.csv", *FAST[:2]],
+        "column arrival_s: 'inf' is not allowed",
+    ),
+    (
+        ["predict", "--trace", f"{D}/trace-ninf-arrival.csv", *FAST[:2]],
+        "column arrival_s: '-inf' is not allowed",
+    ),
+    (
+        ["predict", "--trace", f"{D}/trace-nan-tokens.csv", *FAST[:2]],
+        "column input_tokens: 'nan' is not allowed",
+    ),
+    (
+        ["predict", "--trace", f"{D}/trace-inf-tokens.csv", *FAST[:2]],
+        "column output_tokens: 'inf' is not allowed",
+    ),
+    (
+        ["predict", "--trace", f"{D}/trace-frac-tokens.csv", *FAST[:2]],
+        "column input_tokens: '10.5' is not allowed",
+    ),
+    (
+        ["predict", "--trace", f"{D}/trace-huge-tokens.csv", *FAST[:2]],
+        "column input_tokens: '1e30' is not allowed",
+    ),
+    (
+        ["predict", "--trace", f"{D}/trace-text-arrival.csv", *FAST[:2]],
+        "column arrival_s: 'soon' is not allowed",
+    ),
     (["predict", "--trace", f"{D}/trace-past-horizon.csv", *FAST[:2]], "past the simulated horizon"),
     (["predict", "--trace", f"{D}/trace-all-past.csv", *FAST[:2]], "past the simulated horizon"),
-    (["predict", "--trace", f"{D}/trace-neg-output.csv", *FAST[:2]], "column output_tokens: '-3' is not allowed"),
+    (
+        ["predict", "--trace", f"{D}/trace-neg-output.csv", *FAST[:2]],
+        "column output_tokens: '-3' is not allowed",
+    ),
     (["predict", "--trace", f"{D}/trace-bool.csv", *FAST[:2]], "column input_tokens: 'True' is not allowed"),
-    (["predict", "--trace", f"{D}/trace-blank-cell.csv", *FAST[:2]], "column input_tokens: '' is not allowed"),
+    (
+        ["predict", "--trace", f"{D}/trace-blank-cell.csv", *FAST[:2]],
+        "column input_tokens: '' is not allowed",
+    ),
     (["predict", "--trace", f"{D}/trace-header.csv", *FAST[:2]], "has no requests"),
     (["predict", "--trace", f"{D}/trace-empty.csv", *FAST[:2]], "cannot read as CSV"),
     (["predict", "--trace", f"{D}/trace-binary.csv", *FAST[:2]], "cannot read as CSV"),
     (["predict", "--trace", f"{D}/trace-long.csv", *FAST[:2]], "rows, above the limit of 1000000"),
     (["predict", "--trace", f"{D}/trace-work.csv", *FAST[:2]], "above the limit of"),
-    (["predict", "--trace", f"{D}/trace-ok.csv", "--num-requests", "5", *FAST[:2]], "--num-requests 5 asks for more than the trace's 2 rows"),
-    (["predict", "--trace", f"{D}/trace-unsorted.csv", *FAST[:2], "--num-requests", "0"], "number of requests must be >= 1"),
+    (
+        ["predict", "--trace", f"{D}/trace-ok.csv", "--num-requests", "5", *FAST[:2]],
+        "--num-requests 5 asks for more than the trace's 2 rows",
+    ),
+    (
+        ["predict", "--trace", f"{D}/trace-unsorted.csv", *FAST[:2], "--num-requests", "0"],
+        "number of requests must be >= 1",
+    ),
     (["predict", "--trace", f"{D}", *FAST[:2]], "is a directory"),
 ]
 # --- command-line numbers: bounds before any work
 CASES += [
     (["predict", "--conc", "10000000", *FAST], "concurrency 10000000 is above the limit of 65536"),
-    (["predict", "--conc", "1", "--pp", "2", "--pp-async-batch-depth", "1000000000", *FAST], "--pp-async-batch-depth 1000000000 is above the limit of 64"),
-    (["predict", "--conc", "1", "--num-requests", "5", *FAST], "--num-requests counts requests of --rate or --trace"),
-    (["predict", "--rate", "1", "--num-requests", "1000000000", *FAST], "number of requests must be >= 1 and at most 1000000"),
+    (
+        ["predict", "--conc", "1", "--pp", "2", "--pp-async-batch-depth", "1000000000", *FAST],
+        "--pp-async-batch-depth 1000000000 is above the limit of 64",
+    ),
+    (
+        ["predict", "--conc", "1", "--num-requests", "5", *FAST],
+        "--num-requests counts requests of --rate or --trace",
+    ),
+    (
+        ["predict", "--rate", "1", "--num-requests", "1000000000", *FAST],
+        "number of requests must be >= 1 and at most 1000000",
+    ),
     (["predict", "--rate", "1e-300", "--num-requests", "1", *FAST], "past the simulated horizon"),
     (["predict", "--rate", "inf", *FAST], "arrival rate must be > 0 requests/s and finite"),
     (["predict", "--rate", "-inf", *FAST], "arrival rate must be > 0 requests/s and finite"),
     (["predict", "--rate", "nan", *FAST], "arrival rate must be > 0 requests/s and finite"),
-    (["predict", "--conc", "1", "--output-len", "120000", "--model", "llama-3.1-8b", "--input-len", "16", "--tp", "8"],
-     "above the limit of"),
-    (["predict", "--conc", "1", "--nodes", "100000000", *FAST], "--nodes 100000000 makes 800000000 GPUs, above the limit of 65536"),
-    (["predict", "--conc", "1", "--tp", "100000000000", *FAST], "tp 100000000000 is above the limit of 65536"),
-    (["predict", "--conc", "1", "--pp", "100000000000", *FAST], "pp 100000000000 is above the limit of 65536"),
-    (["predict", "--conc", "1", "--max-running-requests", "10000000000", *FAST], "--max-running-requests 10000000000 is above the limit of 65536"),
-    (["predict", "--conc", "1", "--chunked-prefill-size", "100000000000", *FAST], "--chunked-prefill-size 100000000000 is above the limit of"),
-    (["predict", "--conc", "1", "--engine", "vllm", "--max-num-batched-tokens", "100000000000", *FAST], "--max-num-batched-tokens 100000000000 is above the limit of"),
-    (["predict", "--conc", "1", "--engine", "vllm", "--max-num-seqs", "10000000000", *FAST], "--max-num-seqs 10000000000 is above the limit of 65536"),
-    (["predict", "--conc", "1", "--seed", "100000000000000000000000", *FAST], "seed must be a whole number >= 0 and < 2**63"),
-    (["predict", "--conc", "1", "--pp", "2", "--layers", "0,32", *FAST], "every stage needs at least one layer"),
-    (["predict", "--conc", "1", "--pp", "2", "--layers", "-1,33", *FAST], "every stage needs at least one layer"),
-    (["predict", "--conc", "1", "--pp", "2", "--layers", "16.0,16", *FAST], "must be comma-separated whole numbers"),
+    (
+        [
+            "predict",
+            "--conc",
+            "1",
+            "--output-len",
+            "120000",
+            "--model",
+            "llama-3.1-8b",
+            "--input-len",
+            "16",
+            "--tp",
+            "8",
+        ],
+        "above the limit of",
+    ),
+    (
+        ["predict", "--conc", "1", "--nodes", "100000000", *FAST],
+        "--nodes 100000000 makes 800000000 GPUs, above the limit of 65536",
+    ),
+    (
+        ["predict", "--conc", "1", "--tp", "100000000000", *FAST],
+        "tp 100000000000 is above the limit of 65536",
+    ),
+    (
+        ["predict", "--conc", "1", "--pp", "100000000000", *FAST],
+        "pp 100000000000 is above the limit of 65536",
+    ),
+    (
+        ["predict", "--conc", "1", "--max-running-requests", "10000000000", *FAST],
+        "--max-running-requests 10000000000 is above the limit of 65536",
+    ),
+    (
+        ["predict", "--conc", "1", "--chunked-prefill-size", "100000000000", *FAST],
+        "--chunked-prefill-size 100000000000 is above the limit of",
+    ),
+    (
+        ["predict", "--conc", "1", "--engine", "vllm", "--max-num-batched-tokens", "100000000000", *FAST],
+        "--max-num-batched-tokens 100000000000 is above the limit of",
+    ),
+    (
+        ["predict", "--conc", "1", "--engine", "vllm", "--max-num-seqs", "10000000000", *FAST],
+        "--max-num-seqs 10000000000 is above the limit of 65536",
+    ),
+    (
+        ["predict", "--conc", "1", "--seed", "100000000000000000000000", *FAST],
+        "seed must be a whole number >= 0 and < 2**63",
+    ),
+    (
+        ["predict", "--conc", "1", "--pp", "2", "--layers", "0,32", *FAST],
+        "every stage needs at least one layer",
+    ),
+    (
+        ["predict", "--conc", "1", "--pp", "2", "--layers", "-1,33", *FAST],
+        "every stage needs at least one layer",
+    ),
+    (
+        ["predict", "--conc", "1", "--pp", "2", "--layers", "16.0,16", *FAST],
+        "must be comma-separated whole numbers",
+    ),
     (["predict", "--conc", "1", "--input-len", "16.5", *FAST[:2]], "is not a token count"),
     (["predict", "--conc", "1", "--input-len", "inf", *FAST[:2]], "is not a token count"),
     (["predict", "--conc", "1", "--output-len", "1:", *FAST[:2]], "is not a token count"),
@@ -284,10 +535,22 @@ CASES += [
     (["search", "--from", f"{D}/sw-binary.csv"], "cannot read as CSV"),
     (["search", "--from", f"{D}/sw-nocols.csv"], "is not a pipesim sweep table"),
     (["search", "--from", f"{D}/sw-parquet.parquet"], "cannot read as Parquet"),
-    (["search", "--from", f"{D}/sw-ok.csv", "--min-per-request-tok-s", "inf"], "--min-per-request-tok-s must be a finite number >= 0"),
-    (["search", "--from", f"{D}/sw-ok.csv", "--max-ttft-p99-ms", "-inf"], "--max-ttft-p99-ms must be a finite number >= 0"),
-    (["plot", f"{D}/sw-text.csv", "--out-dir", f"{D}"], "column output_throughput_tok_s: 'fast' is not a number"),
-    (["plot", f"{D}/sw-inf.csv", "--out-dir", f"{D}"], "column output_throughput_tok_s: inf is not a finite number"),
+    (
+        ["search", "--from", f"{D}/sw-ok.csv", "--min-per-request-tok-s", "inf"],
+        "--min-per-request-tok-s must be a finite number >= 0",
+    ),
+    (
+        ["search", "--from", f"{D}/sw-ok.csv", "--max-ttft-p99-ms", "-inf"],
+        "--max-ttft-p99-ms must be a finite number >= 0",
+    ),
+    (
+        ["plot", f"{D}/sw-text.csv", "--out-dir", f"{D}"],
+        "column output_throughput_tok_s: 'fast' is not a number",
+    ),
+    (
+        ["plot", f"{D}/sw-inf.csv", "--out-dir", f"{D}"],
+        "column output_throughput_tok_s: inf is not a finite number",
+    ),
     (["plot", f"{D}/sw-empty.csv", "--out-dir", f"{D}"], "has no rows"),
     (["plot", f"{D}/sw-binary.csv", "--out-dir", f"{D}"], "cannot read as CSV"),
     (["plot", f"{D}/trace-ok.csv", "--out-dir", f"{D}"], "is not a pipesim sweep table"),
@@ -295,29 +558,65 @@ CASES += [
     (["validate", "--max-error", "-1"], "--max-error must be a finite number > 0"),
     (["validate", "--max-error", "inf"], "--max-error must be a finite number > 0"),
     (["trace", "--conc", "1", "--out", f"{D}/t.csv", *FAST], "must end in .json"),
-    (["trace", "--conc", "10000000", "--out", f"{D}/t.json", *FAST], "concurrency 10000000 is above the limit of 65536"),
+    (
+        ["trace", "--conc", "10000000", "--out", f"{D}/t.json", *FAST],
+        "concurrency 10000000 is above the limit of 65536",
+    ),
 ]
 # --- profiles: every key's type, non-finite parameters and table cells
 CASES += [
-    (["predict", "--conc", "1", "--profile", f"{D}/p-inf-param", *FAST], "cpu_iteration_ms = inf must be a finite number >= 0"),
-    (["predict", "--conc", "1", "--profile", f"{D}/p-nan-param", *FAST], "cpu_iteration_ms = nan must be a finite number >= 0"),
+    (
+        ["predict", "--conc", "1", "--profile", f"{D}/p-inf-param", *FAST],
+        "cpu_iteration_ms = inf must be a finite number >= 0",
+    ),
+    (
+        ["predict", "--conc", "1", "--profile", f"{D}/p-nan-param", *FAST],
+        "cpu_iteration_ms = nan must be a finite number >= 0",
+    ),
     (["predict", "--conc", "1", "--profile", f"{D}/p-params-num", *FAST], "'params' must be a table"),
     (["predict", "--conc", "1", "--profile", f"{D}/p-name-num", *FAST], "'name' must be a string"),
     (["predict", "--conc", "1", "--profile", f"{D}/p-engine-list", *FAST], "'engine' must be a string"),
     (["predict", "--conc", "1", "--profile", f"{D}/p-box-num", *FAST], "'box' must be a string"),
-    (["predict", "--conc", "1", "--profile", f"{D}/p-version-num", *FAST], "'engine_version' must be a string"),
+    (
+        ["predict", "--conc", "1", "--profile", f"{D}/p-version-num", *FAST],
+        "'engine_version' must be a string",
+    ),
     (["predict", "--conc", "1", "--profile", f"{D}/p-deploy-str", *FAST], "'deployment' must be a table"),
-    (["predict", "--conc", "1", "--profile", f"{D}/p-deploy-knob", *FAST], "--max-running-requests must be a whole number >= 1, got 'many'"),
-    (["predict", "--conc", "1", "--profile", f"{D}/p-deploy-float", *FAST], "--max-running-requests must be a whole number >= 1, got 2.5"),
+    (
+        ["predict", "--conc", "1", "--profile", f"{D}/p-deploy-knob", *FAST],
+        "--max-running-requests must be a whole number >= 1, got 'many'",
+    ),
+    (
+        ["predict", "--conc", "1", "--profile", f"{D}/p-deploy-float", *FAST],
+        "--max-running-requests must be a whole number >= 1, got 2.5",
+    ),
     (["predict", "--conc", "1", "--profile", f"{D}/p-sources-num", *FAST], "'sources' must be a table"),
     (["predict", "--conc", "1", "--profile", f"{D}/p-binary", *FAST], "is not UTF-8 text"),
-    (["predict", "--conc", "1", "--profile", f"{D}/t-inf-lat", *FAST], "column latency_ms: value 'inf' is not allowed"),
-    (["predict", "--conc", "1", "--profile", f"{D}/t-ninf-lat", *FAST], "column latency_ms: value '-inf' is not allowed"),
-    (["predict", "--conc", "1", "--profile", f"{D}/t-inf-size", *FAST], "column nbytes: value 'inf' is not allowed"),
-    (["predict", "--conc", "1", "--profile", f"{D}/t-frac-gpus", *FAST], "column gpus: value '2.5' is not allowed"),
-    (["predict", "--conc", "1", "--profile", f"{D}/t-text-lat", *FAST], "column latency_ms: value 'fast' is not allowed"),
+    (
+        ["predict", "--conc", "1", "--profile", f"{D}/t-inf-lat", *FAST],
+        "column latency_ms: value 'inf' is not allowed",
+    ),
+    (
+        ["predict", "--conc", "1", "--profile", f"{D}/t-ninf-lat", *FAST],
+        "column latency_ms: value '-inf' is not allowed",
+    ),
+    (
+        ["predict", "--conc", "1", "--profile", f"{D}/t-inf-size", *FAST],
+        "column nbytes: value 'inf' is not allowed",
+    ),
+    (
+        ["predict", "--conc", "1", "--profile", f"{D}/t-frac-gpus", *FAST],
+        "column gpus: value '2.5' is not allowed",
+    ),
+    (
+        ["predict", "--conc", "1", "--profile", f"{D}/t-text-lat", *FAST],
+        "column latency_ms: value 'fast' is not allowed",
+    ),
     (["predict", "--conc", "1", "--profile", f"{D}/t-empty", *FAST], "collectives.csv.gz has no rows"),
-    (["predict", "--conc", "1", "--profile", f"{D}/t-binary", *FAST], "collectives.csv.gz: missing column(s) op"),
+    (
+        ["predict", "--conc", "1", "--profile", f"{D}/t-binary", *FAST],
+        "collectives.csv.gz: missing column(s) op",
+    ),
     (["profiles", "show", f"{D}/p-binary"], "is not UTF-8 text"),
     (["profiles", "show", f"{D}/p-params-num"], "'params' must be a table"),
 ]
@@ -332,10 +631,26 @@ CASES += [
     (["boxes", "show", f"{D}/box-binary.toml"], "is not UTF-8 text"),
     (["boxes", "show", f"{D}/box-deep.toml"], "nested too deeply"),
     (["boxes", "show", "rtx-pro-6000-server-8x", "--nodes", "100000000"], "above the limit of 65536"),
-    (["predict", "--conc", "1", "--box", f"{D}/box-nan-lat.toml", *FAST], "latency_us = nan must be a finite number"),
+    (
+        ["predict", "--conc", "1", "--box", f"{D}/box-nan-lat.toml", *FAST],
+        "latency_us = nan must be a finite number",
+    ),
 ]
 # --- benchmark files and writes: never a user's file lost, no import into a shipped name
-_bench = ["calibrate", "import", "bench", "--profile", P, "--format", "vllm", "--tp", "8", "--pp", "1", "--out"]
+_bench = [
+    "calibrate",
+    "import",
+    "bench",
+    "--profile",
+    P,
+    "--format",
+    "vllm",
+    "--tp",
+    "8",
+    "--pp",
+    "1",
+    "--out",
+]
 CASES += [
     ([*_bench[:3], f"{D}/bench-inf.json", *_bench[3:], f"{D}/o1"], "output_throughput = inf"),
     ([*_bench[:3], f"{D}/bench-nan.json", *_bench[3:], f"{D}/o2"], "output_throughput = nan"),
@@ -349,17 +664,78 @@ CASES += [
     ([*_bench[:3], f"{D}/tiny.json", *_bench[3:], P], "is a shipped profile"),
     ([*_bench[:3], f"{D}/tiny.json", *_bench[3:], f"{D}/notaprofile.txt"], "is a file, not a profile folder"),
     ([*_bench[:3], f"{D}/tiny.json", *_bench[3:], f"{D}/plainfolder"], "is a folder without profile.toml"),
-    (["calibrate", "import", "nccl-tests", f"{D}/tiny.json", "--profile", P, "--gpus", "8", "--out", P], "is a shipped profile"),
-    (["calibrate", "import", "nccl-tests", f"{D}/tiny.json", "--profile", P, "--gpus", "0", "--out", f"{D}/o10"],
-     "--gpus must be a whole number >= 1"),
-    (["calibrate", "import", "aiconfigurator", f"{D}", "--box", "rtx-pro-6000-server-8x", "--out", P], "is a shipped profile"),
-    (["calibrate", "import", "aiconfigurator", f"{D}", "--box", "rtx-pro-6000-server-8x", "--out", f"{D}/notaprofile.txt"],
-     "is a file"),
-    (["calibrate", "fit", "--profile", f"{D}/target", "--params", "cpu_iteration_ms", "--out", f"{D}/notaprofile.txt"],
-     "is a file"),
-    (["calibrate", "fit", "--profile", f"{D}/target", "--params", "cpu_iteration_ms", "--out", P], "is a shipped profile"),
-    (["calibrate", "import", "bench", f"{D}/bench-inf.json", "--profile", P, "--format", "vllm", "--tp", "2.5",
-      "--pp", "1", "--out", f"{D}/o11"], "'2.5' is not a valid integer"),
+    (
+        ["calibrate", "import", "nccl-tests", f"{D}/tiny.json", "--profile", P, "--gpus", "8", "--out", P],
+        "is a shipped profile",
+    ),
+    (
+        [
+            "calibrate",
+            "import",
+            "nccl-tests",
+            f"{D}/tiny.json",
+            "--profile",
+            P,
+            "--gpus",
+            "0",
+            "--out",
+            f"{D}/o10",
+        ],
+        "--gpus must be a whole number >= 1",
+    ),
+    (
+        ["calibrate", "import", "aiconfigurator", f"{D}", "--box", "rtx-pro-6000-server-8x", "--out", P],
+        "is a shipped profile",
+    ),
+    (
+        [
+            "calibrate",
+            "import",
+            "aiconfigurator",
+            f"{D}",
+            "--box",
+            "rtx-pro-6000-server-8x",
+            "--out",
+            f"{D}/notaprofile.txt",
+        ],
+        "is a file",
+    ),
+    (
+        [
+            "calibrate",
+            "fit",
+            "--profile",
+            f"{D}/target",
+            "--params",
+            "cpu_iteration_ms",
+            "--out",
+            f"{D}/notaprofile.txt",
+        ],
+        "is a file",
+    ),
+    (
+        ["calibrate", "fit", "--profile", f"{D}/target", "--params", "cpu_iteration_ms", "--out", P],
+        "is a shipped profile",
+    ),
+    (
+        [
+            "calibrate",
+            "import",
+            "bench",
+            f"{D}/bench-inf.json",
+            "--profile",
+            P,
+            "--format",
+            "vllm",
+            "--tp",
+            "2.5",
+            "--pp",
+            "1",
+            "--out",
+            f"{D}/o11",
+        ],
+        "'2.5' is not a valid integer",
+    ),
 ]
 
 
@@ -372,7 +748,9 @@ def folder(tmp_path_factory):
     return hostile_files(tmp_path_factory.mktemp("hostile"))
 
 
-@pytest.mark.parametrize("args, message", CASES, ids=[f"{i}:{' '.join(c[0][:4])[-40:]}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    "args, message", CASES, ids=[f"{i}:{' '.join(c[0][:4])[-40:]}" for i, c in enumerate(CASES)]
+)
 def test_hostile_input(args, message, folder, capsys):
     args = [_fill(a, folder) for a in args]
     before = sorted(p.name for p in folder.iterdir())
@@ -383,7 +761,7 @@ def test_hostile_input(args, message, folder, capsys):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pipesim: error: ") and "Traceback" not in err, err
     assert message in lines[0], lines[0]
-    assert sorted(p.name for p in folder.iterdir()) == before       # nothing written, moved or left behind
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing written, moved or left behind
     assert (folder / "notaprofile.txt").read_text() == "keep me"
 
 

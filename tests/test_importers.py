@@ -34,6 +34,7 @@ def cli_ok(args, capsys):
 
 # ---- nccl-tests ---------------------------------------------------------------------
 
+
 def test_nccl_tests_new_format():
     text = (DATA / "all_reduce_perf_8gpu.txt").read_text()
     df = nccl_tests.parse(text, "all_reduce_perf_8gpu.txt")
@@ -51,14 +52,19 @@ def test_nccl_tests_old_format_without_root():
     assert df[df.nbytes == 65536].latency_ms.iloc[0] == pytest.approx(14.02e-3)
 
 
-@pytest.mark.parametrize("text, msg", [
-    ("# nThread 1 nGpus 8\n", "cannot tell which collective"),
-    ("# all_reduce_perf\n# nThread 1 nGpus 8\n", "no data rows"),
-    ("# all_reduce_perf nGpus 8\n   4096 1024 float sum -1 abc 0 0 0 1 2 3 0\n", "time a number"),
-    ("# all_reduce_perf nGpus 8\n   4096 1024 float sum -1 17.0 0 0\n",
-     "bad.txt: line 2: expected 12 or 13 columns (size count type redop [root] time algbw busbw #wrong x2), got 8"),
-    ("# all_reduce_perf\n   4096 1024 float sum -1 17.8 0.2 0.4 0 17.6 0.2 0.4 0\n", "how many GPUs"),
-])
+@pytest.mark.parametrize(
+    "text, msg",
+    [
+        ("# nThread 1 nGpus 8\n", "cannot tell which collective"),
+        ("# all_reduce_perf\n# nThread 1 nGpus 8\n", "no data rows"),
+        ("# all_reduce_perf nGpus 8\n   4096 1024 float sum -1 abc 0 0 0 1 2 3 0\n", "time a number"),
+        (
+            "# all_reduce_perf nGpus 8\n   4096 1024 float sum -1 17.0 0 0\n",
+            "bad.txt: line 2: expected 12 or 13 columns (size count type redop [root] time algbw busbw #wrong x2), got 8",
+        ),
+        ("# all_reduce_perf\n   4096 1024 float sum -1 17.8 0.2 0.4 0 17.6 0.2 0.4 0\n", "how many GPUs"),
+    ],
+)
 def test_nccl_tests_malformed(text, msg):
     with pytest.raises(UserError, match=re.escape(msg)):
         nccl_tests.parse(text, "bad.txt")
@@ -66,13 +72,14 @@ def test_nccl_tests_malformed(text, msg):
 
 # ---- benchmark outputs ---------------------------------------------------------------
 
+
 def test_sglang_bench_serving_jsonl_with_infinity():
     df = bench.parse_sglang((DATA / "sglang_bench_serving.jsonl").read_text(), "s.jsonl", 8, 1)
     assert len(df) == 2
     first = df.iloc[0]
     assert first.conc == 32 and first.tok_s == 1155.2
-    assert first.input_len == 256 and first.output_len == 300      # 16384/64, 19200/64
-    assert first.ttft_ms == 598.0 and first.tpot_ms == 25.6        # medians
+    assert first.input_len == 256 and first.output_len == 300  # 16384/64, 19200/64
+    assert first.ttft_ms == 598.0 and first.tpot_ms == 25.6  # medians
     pts = read_points(io.StringIO(df.to_csv(index=False)), "s.jsonl")
     assert [p.conc for p in pts] == [32, 1] and pts[0].engine == "sglang"
 
@@ -84,18 +91,22 @@ def test_vllm_bench_serve_json_with_inf_string():
     assert row.engine == "vllm" and row.output_len == 300
 
 
-@pytest.mark.parametrize("text, msg", [
-    ('{"output_throughput": 10.0, "max_concurrency": 4}\nnot json\n', "line 2 is not JSON"),
-    ('{"max_concurrency": 4}\n', "no positive output_throughput"),
-    ('{"output_throughput": 10.0, "max_concurrency": null}\n', "no max_concurrency"),
-    ("\n", "no results"),
-])
+@pytest.mark.parametrize(
+    "text, msg",
+    [
+        ('{"output_throughput": 10.0, "max_concurrency": 4}\nnot json\n', "line 2 is not JSON"),
+        ('{"max_concurrency": 4}\n', "no positive output_throughput"),
+        ('{"output_throughput": 10.0, "max_concurrency": null}\n', "no max_concurrency"),
+        ("\n", "no results"),
+    ],
+)
 def test_sglang_bench_malformed(text, msg):
     with pytest.raises(UserError, match=msg):
         bench.parse_sglang(text, "bad.jsonl", 8, 1)
 
 
 # ---- importing into a profile through the CLI ---------------------------------------
+
 
 @pytest.fixture
 def small_profile(tmp_path):
@@ -110,8 +121,17 @@ def small_profile(tmp_path):
 
 def test_import_nccl_tests_replaces_that_group_only(small_profile, capsys):
     before = load_profile(small_profile).tables["collectives"]
-    cli_ok(["calibrate", "import", "nccl-tests", str(DATA / "all_reduce_perf_8gpu.txt"), "--profile", str(small_profile)],
-           capsys)
+    cli_ok(
+        [
+            "calibrate",
+            "import",
+            "nccl-tests",
+            str(DATA / "all_reduce_perf_8gpu.txt"),
+            "--profile",
+            str(small_profile),
+        ],
+        capsys,
+    )
     after = load_profile(small_profile).tables["collectives"]
     ar8 = after[(after.op == "all_reduce") & (after.impl == "nccl") & (after.gpus == 8)]
     assert list(ar8.nbytes) == [4096, 16384, 65536, 262144, 1048576, 4194304]
@@ -120,8 +140,23 @@ def test_import_nccl_tests_replaces_that_group_only(small_profile, capsys):
 
 
 def test_import_bench_then_validate_exit_codes(small_profile, capsys):
-    cli_ok(["calibrate", "import", "bench", str(DATA / "sglang_bench_serving.jsonl"), "--profile", str(small_profile),
-            "--format", "sglang", "--tp", "8", "--pp", "1"], capsys)
+    cli_ok(
+        [
+            "calibrate",
+            "import",
+            "bench",
+            str(DATA / "sglang_bench_serving.jsonl"),
+            "--profile",
+            str(small_profile),
+            "--format",
+            "sglang",
+            "--tp",
+            "8",
+            "--pp",
+            "1",
+        ],
+        capsys,
+    )
     assert len(load_profile(small_profile).measured) == 2
     # these invented numbers are far from the tables' prediction: validate must fail them
     with pytest.raises(SystemExit) as exc:
@@ -132,8 +167,19 @@ def test_import_bench_then_validate_exit_codes(small_profile, capsys):
 
 
 def test_import_bench_needs_the_split(small_profile, capsys):
-    code, out, err = run_cli(["calibrate", "import", "bench", str(DATA / "vllm_bench_serve.json"),
-                              "--profile", str(small_profile), "--format", "vllm"], capsys)
+    code, out, err = run_cli(
+        [
+            "calibrate",
+            "import",
+            "bench",
+            str(DATA / "vllm_bench_serve.json"),
+            "--profile",
+            str(small_profile),
+            "--format",
+            "vllm",
+        ],
+        capsys,
+    )
     assert code == 2 and "--tp and --pp" in err and len(err.strip().splitlines()) == 1
 
 
@@ -142,11 +188,26 @@ def test_rewriting_a_profile_keeps_its_other_files_and_measured_latencies(small_
     the TTFT/TPOT of earlier points must survive."""
     (small_profile / "box.toml").write_text("# a box beside the profile\n")
     (small_profile / "run.log").write_text("measured\n")
-    for _ in range(2):   # the second import rewrites the points the first one wrote
-        cli_ok(["calibrate", "import", "bench", str(DATA / "sglang_bench_serving.jsonl"), "--profile",
-                str(small_profile), "--format", "sglang", "--tp", "8", "--pp", "1"], capsys)
+    for _ in range(2):  # the second import rewrites the points the first one wrote
+        cli_ok(
+            [
+                "calibrate",
+                "import",
+                "bench",
+                str(DATA / "sglang_bench_serving.jsonl"),
+                "--profile",
+                str(small_profile),
+                "--format",
+                "sglang",
+                "--tp",
+                "8",
+                "--pp",
+                "1",
+            ],
+            capsys,
+        )
     assert (small_profile / "box.toml").read_text() == "# a box beside the profile\n"
     assert (small_profile / "run.log").is_file()
     points = load_profile(small_profile).measured
     assert len(points) == 4
-    assert [p.ttft_ms for p in points] == [598.0, 151.2, 598.0, 151.2]   # the samples' median_ttft_ms
+    assert [p.ttft_ms for p in points] == [598.0, 151.2, 598.0, 151.2]  # the samples' median_ttft_ms

@@ -76,10 +76,10 @@ def test_surface_linear_in_both_axes(surface):
 
 
 def test_surface_outside_outer_grid(surface):
-    assert surface(0.5, 5) == pytest.approx(5.0)           # clamped to the first row
-    assert surface(6, 5) == pytest.approx(15.0 * 6 / 3)    # proportional beyond the last row
+    assert surface(0.5, 5) == pytest.approx(5.0)  # clamped to the first row
+    assert surface(6, 5) == pytest.approx(15.0 * 6 / 3)  # proportional beyond the last row
 
 
 def test_surface_outside_inner_grid(surface):
-    assert surface(1, 20) == pytest.approx(20.0)           # row curve proportional above max
-    assert surface(3, 0.1) == pytest.approx(3.0)           # clamped below min
+    assert surface(1, 20) == pytest.approx(20.0)  # row curve proportional above max
+    assert surface(3, 0.1) == pytest.approx(3.0)  # clamped below min

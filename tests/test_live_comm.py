@@ -15,7 +15,9 @@ def has(module: str) -> bool:
 
 
 needs_torch = pytest.mark.skipif(not has("torch"), reason="torch is not installed (pipesim[live])")
-needs_transformers = pytest.mark.skipif(not (has("torch") and has("transformers")), reason="needs pipesim[live]")
+needs_transformers = pytest.mark.skipif(
+    not (has("torch") and has("transformers")), reason="needs pipesim[live]"
+)
 
 
 @needs_torch

@@ -14,7 +14,9 @@ def has(module: str) -> bool:
 
 
 needs_torch = pytest.mark.skipif(not has("torch"), reason="torch is not installed (pipesim[live])")
-needs_transformers = pytest.mark.skipif(not (has("torch") and has("transformers")), reason="needs pipesim[live]")
+needs_transformers = pytest.mark.skipif(
+    not (has("torch") and has("transformers")), reason="needs pipesim[live]"
+)
 
 
 @needs_torch
@@ -30,7 +32,7 @@ def test_grouped_moe_matches_per_expert_loop_and_reference():
     ids = torch.as_tensor(ids_np)
     gate = torch.rand(t, k, generator=g).bfloat16()
     ref = torch.zeros(t, h)
-    for tok in range(t):                                    # the definition, in float32
+    for tok in range(t):  # the definition, in float32
         for j in range(k):
             we = ids_np[tok, j]
             gu = w13[we].float() @ x[tok].float()
@@ -49,13 +51,17 @@ def test_split_kv_decode_attention_matches_sdpa(splits):
 
     g = torch.Generator().manual_seed(7)
     b, kv, group, d, ctx = 3, 2, 4, 32, 64
-    q, k, v = (torch.randn(*shape, generator=g) for shape in ((b, kv, group, d), (b, kv, ctx, d), (b, kv, ctx, d)))
+    q, k, v = (
+        torch.randn(*shape, generator=g) for shape in ((b, kv, group, d), (b, kv, ctx, d), (b, kv, ctx, d))
+    )
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    out = kernels.split_kv_attention(torch, q.bfloat16(), k.bfloat16(), v.bfloat16(), d ** -0.5, splits)()
+    out = kernels.split_kv_attention(torch, q.bfloat16(), k.bfloat16(), v.bfloat16(), d**-0.5, splits)()
     assert out.shape == ref.shape and ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
     # MLA: one latent KV head, values a strided view of the first columns of the cache
     cache = torch.randn(b, 1, ctx, d + 8, generator=g)
     qm = torch.randn(b, 1, 16, d + 8, generator=g)
     ref = torch.softmax(qm @ cache.transpose(-1, -2) * 0.1, -1) @ cache[..., :d]
-    out = kernels.split_kv_attention(torch, qm.bfloat16(), cache.bfloat16(), cache.bfloat16()[..., :d], 0.1, splits)()
+    out = kernels.split_kv_attention(
+        torch, qm.bfloat16(), cache.bfloat16(), cache.bfloat16()[..., :d], 0.1, splits
+    )()
     assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2

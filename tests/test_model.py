@@ -8,7 +8,7 @@ import pytest
 from pipesim.errors import UserError
 from pipesim.model import BYTES_PER_PARAM, from_hf_config, load_model, preset_names
 
-INT4_BYTES = 4.5 / 8     # int4 + one bf16 scale per group of 32 (physics.md §2)
+INT4_BYTES = 4.5 / 8  # int4 + one bf16 scale per group of 32 (physics.md §2)
 
 
 def test_presets_listed():
@@ -52,7 +52,12 @@ def test_kimi_moe_layer_bytes(kimi):
     # physics.md §2 per MoE layer: routed 9.5 GB + attention ~101 M params bf16 (0.20 GB)
     # + shared expert 44 M (0.09 GB) + a small router (hidden x experts)
     assert kimi.attention_params() / 1e6 == pytest.approx(101, rel=0.01)
-    expected = 384 * 3 * 7168 * 2048 * INT4_BYTES + kimi.attention_params() * 2 + 3 * 7168 * 2048 * 2 + 7168 * 384 * 2
+    expected = (
+        384 * 3 * 7168 * 2048 * INT4_BYTES
+        + kimi.attention_params() * 2
+        + 3 * 7168 * 2048 * 2
+        + 7168 * 384 * 2
+    )
     assert kimi.layer_weight_bytes(1) == pytest.approx(expected, rel=1e-9)
     assert kimi.layer_weight_bytes(1) / 1e9 == pytest.approx(9.5 + 0.20 + 0.09, abs=0.05)
 
@@ -70,8 +75,9 @@ def test_mla_kv_is_replicated(kimi, tp):
     assert kimi.kv_bytes_per_token_per_layer(tp) == 1152
 
 
-@pytest.mark.parametrize("tp,expected", [(1, 2 * 8 * 128 * 2), (2, 2 * 4 * 128 * 2), (4, 2 * 2 * 128 * 2),
-                                         (8, 2 * 1 * 128 * 2)])
+@pytest.mark.parametrize(
+    "tp,expected", [(1, 2 * 8 * 128 * 2), (2, 2 * 4 * 128 * 2), (4, 2 * 2 * 128 * 2), (8, 2 * 1 * 128 * 2)]
+)
 def test_gqa_kv_split_over_tp(llama8, tp, expected):
     # Llama-3.1-8B: 8 KV heads of dim 128, K and V, bf16; split over TP ranks
     assert llama8.kv_bytes_per_token_per_layer(tp) == expected
@@ -125,7 +131,9 @@ def test_head_dim_defaults_to_hidden_over_heads(tiny_config):
 
 def test_text_config_is_read():
     # multimodal configs nest the language model under text_config
-    inner = json.loads(resources.files("pipesim.data").joinpath("models").joinpath("llama-3.1-8b.json").read_text())
+    inner = json.loads(
+        resources.files("pipesim.data").joinpath("models").joinpath("llama-3.1-8b.json").read_text()
+    )
     m = from_hf_config({"architectures": ["X"], "text_config": inner})
     assert m.num_layers == 32 and m.hidden == 4096
 
@@ -162,8 +170,14 @@ def test_missing_file_and_unknown_name_are_user_errors(tmp_path):
     assert "kimi-k2.6" in str(exc.value)  # lists the presets
 
 
-@pytest.mark.parametrize("overrides", [{"num_hidden_layers": 0}, {"num_attention_heads": 0},
-                                       {"quantization_config": {"quant_method": "bitsandbytes"}}])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"num_hidden_layers": 0},
+        {"num_attention_heads": 0},
+        {"quantization_config": {"quant_method": "bitsandbytes"}},
+    ],
+)
 def test_bad_values_are_user_errors(tiny_config, overrides):
     with pytest.raises(UserError):
         load_model(tiny_config(**overrides))

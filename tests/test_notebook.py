@@ -14,9 +14,25 @@ pytest.importorskip("ipykernel")
 
 FOLDER = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOK = FOLDER / "what-if.ipynb"
-VARIANTS = ["baseline", "all-reduce x0.5", "PCIe x2", "micro-batch cap 8", "async depth 1", "GPU x1.5", "deepseek-v3"]
-INTERNALS = ("dataclasses", "load_profile", "load_box", "pipesim.profile", "pipesim.hardware", "pipesim.scenario",
-             "with_params", "._")
+VARIANTS = [
+    "baseline",
+    "all-reduce x0.5",
+    "PCIe x2",
+    "micro-batch cap 8",
+    "async depth 1",
+    "GPU x1.5",
+    "deepseek-v3",
+]
+INTERNALS = (
+    "dataclasses",
+    "load_profile",
+    "load_box",
+    "pipesim.profile",
+    "pipesim.hardware",
+    "pipesim.scenario",
+    "with_params",
+    "._",
+)
 
 
 def outputs(cell, mime: str) -> list:
@@ -26,9 +42,10 @@ def outputs(cell, mime: str) -> list:
 def run(path: Path):
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                     resources={"metadata": {"path": str(path.parent)}})
-    client.execute()          # raises CellExecutionError on the first failing cell
+    client = nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
+    client.execute()  # raises CellExecutionError on the first failing cell
     return nb
 
 
@@ -47,7 +64,7 @@ def test_stored_executed_with_small_figures():
     assert code and all(c.execution_count for c in code)
     pngs = _pngs(nb)
     assert len(pngs) >= 5 and all(p[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
-    assert max(map(len, pngs)) < 80_000                    # modest dpi: the stored file stays small
+    assert max(map(len, pngs)) < 80_000  # modest dpi: the stored file stays small
     assert NOTEBOOK.stat().st_size < 600_000
 
 
@@ -75,7 +92,7 @@ def test_notebook_runs_and_draws(executed):
     code = [c for c in executed.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code)
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]
-    assert len(_pngs(executed)) >= 5            # throughput, bubble cause, Pareto, two comparisons
+    assert len(_pngs(executed)) >= 5  # throughput, bubble cause, Pareto, two comparisons
     stderr = "".join(o.get("text", "") for c in code for o in c.outputs if o.get("name") == "stderr")
     assert "Traceback" not in stderr
 
@@ -85,10 +102,15 @@ def test_notebook_compares_every_what_if(executed):
     [summary] = outputs(last, "text/plain")
     for name in VARIANTS:
         assert name in summary
-    searched = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs
-                       if o.output_type == "stream")
-    assert "best: TP" in searched and "why:" in searched          # pipesim.search's report
-    assert "carries C=" in searched                               # the max-load answer
+    searched = "".join(
+        o.get("text", "")
+        for c in executed.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o.output_type == "stream"
+    )
+    assert "best: TP" in searched and "why:" in searched  # pipesim.search's report
+    assert "carries C=" in searched  # the max-load answer
     assert "skipped TP" in searched and "does not fit" in searched  # DeepSeek-V3's FP8 experts
 
 

@@ -42,16 +42,19 @@ def test_explicit_layers():
     assert list(plan.stage_layers(1)) == list(range(30, 61))
 
 
-@pytest.mark.parametrize("tp,pp,layers,explicit", [
-    (4, 4, 61, None),          # 16 GPUs on an 8-GPU box
-    (8, 2, 61, None),
-    (1, 8, 4, None),           # more stages than layers
-    (1, 2, 61, (30, 30)),      # explicit split not summing to 61
-    (1, 2, 61, (61,)),         # wrong number of stages
-    (1, 2, 61, (0, 61)),       # an empty stage
-    (0, 1, 61, None),
-    (1, 0, 61, None),
-])
+@pytest.mark.parametrize(
+    "tp,pp,layers,explicit",
+    [
+        (4, 4, 61, None),  # 16 GPUs on an 8-GPU box
+        (8, 2, 61, None),
+        (1, 8, 4, None),  # more stages than layers
+        (1, 2, 61, (30, 30)),  # explicit split not summing to 61
+        (1, 2, 61, (61,)),  # wrong number of stages
+        (1, 2, 61, (0, 61)),  # an empty stage
+        (0, 1, 61, None),
+        (1, 0, 61, None),
+    ],
+)
 def test_bad_plans_are_user_errors(tp, pp, layers, explicit):
     with pytest.raises(UserError):
         make_plan(tp, pp, layers, 8, "sglang", layers=explicit)
@@ -61,7 +64,9 @@ def test_scenario_uses_engine_rule(profile):
     # Llama-3.1-8B, 32 layers on PP3: SGLang gives the extra layers to the last stages,
     # vLLM to the first ones
     sg = pipesim.build_scenario(tp=1, pp=3, concurrency=1, model="llama-3.1-8b", profile=profile)
-    vl = pipesim.build_scenario(tp=1, pp=3, concurrency=1, model="llama-3.1-8b", profile="rtx-pro-6000-vllm", engine="vllm")
+    vl = pipesim.build_scenario(
+        tp=1, pp=3, concurrency=1, model="llama-3.1-8b", profile="rtx-pro-6000-vllm", engine="vllm"
+    )
     assert sg.plan.layers_per_stage == (10, 11, 11)
     assert vl.plan.layers_per_stage == (11, 11, 10)
     kimi = pipesim.build_scenario(tp=1, pp=8, concurrency=1, profile=profile)

@@ -23,16 +23,34 @@ def table(model: str = "kimi-k2.6") -> pd.DataFrame:
         for c in CONC:
             bubble = 1 - 1 / pp if c < pp else 0.1
             allreduce = 0.05 * tp / 8 * 4
-            rows.append({
-                "box": "rtx-pro-6000-server-8x", "gpu": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-                "model": model, "profile": "rtx-pro-6000-sglang-healthy", "engine": "sglang",
-                "input_len": "256", "output_len": "300", "seed": 0, "gpus": 8, "tp": tp, "pp": pp, "conc": c,
-                "split": f"TP{tp} x PP{pp}", "output_throughput_tok_s": 10.0 * c * tp + pp,
-                "output_throughput_ci_tok_s": 1.0, "per_request_tok_s": 100.0 / c + tp,
-                "ttft_ms_p99": 100.0 * c, "compute_share": 1 - bubble - allreduce, "allreduce_share": allreduce,
-                "bubble_fraction": bubble, "idle_p2p_share": 0.02 * bubble, "idle_cpu_share": 0.01 * bubble,
-                "idle_bubble_share": 0.97 * bubble, "sim_wall_s": 0.1,
-            })
+            rows.append(
+                {
+                    "box": "rtx-pro-6000-server-8x",
+                    "gpu": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                    "model": model,
+                    "profile": "rtx-pro-6000-sglang-healthy",
+                    "engine": "sglang",
+                    "input_len": "256",
+                    "output_len": "300",
+                    "seed": 0,
+                    "gpus": 8,
+                    "tp": tp,
+                    "pp": pp,
+                    "conc": c,
+                    "split": f"TP{tp} x PP{pp}",
+                    "output_throughput_tok_s": 10.0 * c * tp + pp,
+                    "output_throughput_ci_tok_s": 1.0,
+                    "per_request_tok_s": 100.0 / c + tp,
+                    "ttft_ms_p99": 100.0 * c,
+                    "compute_share": 1 - bubble - allreduce,
+                    "allreduce_share": allreduce,
+                    "bubble_fraction": bubble,
+                    "idle_p2p_share": 0.02 * bubble,
+                    "idle_cpu_share": 0.01 * bubble,
+                    "idle_bubble_share": 0.97 * bubble,
+                    "sim_wall_s": 0.1,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -83,7 +101,7 @@ def test_breakdown_stacks_to_the_whole_gpu_time():
             tops[x] = tops.get(x, 0) + b.get_height()
         assert list(tops.values()) == pytest.approx([100.0] * len(CONC))
         # the bubble layer is the table's bubble share
-        bubble = [b.get_height() for b in bars[-len(CONC):]]
+        bubble = [b.get_height() for b in bars[-len(CONC) :]]
         assert bubble == pytest.approx((part.idle_bubble_share * 100).tolist())
         assert "%" in panels[0].get_ylabel()
     legend = fig.legends[0]
@@ -110,7 +128,7 @@ def test_save_all_png_and_svg(tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
     for p in svgs:
         assert p.name.startswith("k-") and ET.parse(p).getroot().tag.endswith("svg")
-    assert len(list(tmp_path.iterdir())) == 2 * len(plot.FIGURES)   # no temporary files left
+    assert len(list(tmp_path.iterdir())) == 2 * len(plot.FIGURES)  # no temporary files left
 
 
 def test_save_all_makes_the_folder_and_its_parents(tmp_path):
@@ -120,12 +138,18 @@ def test_save_all_makes_the_folder_and_its_parents(tmp_path):
     assert all(p.is_file() for p in paths)
 
 
-@pytest.mark.parametrize("call, needle", [
-    (lambda tmp: (tmp / "f").write_text("") or plot.save_all(table(), tmp / "f" / "figs"), "f' is a file, not a folder"),
-    (lambda tmp: plot.save_all(table(), tmp, "jpg"), "unknown figure format 'jpg'"),
-    (lambda tmp: plot.save(plot.throughput(table()), tmp / "x.pdf"), "must end in .png or .svg"),
-    (lambda tmp: plot.breakdown(table().drop(columns=["idle_cpu_share"])), "no idle_cpu_share"),
-])
+@pytest.mark.parametrize(
+    "call, needle",
+    [
+        (
+            lambda tmp: (tmp / "f").write_text("") or plot.save_all(table(), tmp / "f" / "figs"),
+            "f' is a file, not a folder",
+        ),
+        (lambda tmp: plot.save_all(table(), tmp, "jpg"), "unknown figure format 'jpg'"),
+        (lambda tmp: plot.save(plot.throughput(table()), tmp / "x.pdf"), "must end in .png or .svg"),
+        (lambda tmp: plot.breakdown(table().drop(columns=["idle_cpu_share"])), "no idle_cpu_share"),
+    ],
+)
 def test_bad_input(tmp_path, call, needle):
     with pytest.raises(pipesim.UserError) as exc:
         call(tmp_path)
@@ -143,11 +167,15 @@ def test_cli_plot_from_a_real_sweep(tmp_path, capsys, profile):
 def test_cli_plot_bad_input(tmp_path, capsys):
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     write_table(table(), tmp_path / "r.csv")
-    for args, needle in [([str(tmp_path / "nope.csv")], "does not exist"),
-                         ([str(tmp_path / "other.csv")], "not a pipesim sweep table"),
-                         ([str(tmp_path / "r.csv"), "--format", "gif"], "unknown figure format 'gif'"),
-                         ([str(tmp_path / "r.csv"), "--out-dir", str(tmp_path / "r.csv" / "figs")],
-                          "r.csv' is a file, not a folder")]:
+    for args, needle in [
+        ([str(tmp_path / "nope.csv")], "does not exist"),
+        ([str(tmp_path / "other.csv")], "not a pipesim sweep table"),
+        ([str(tmp_path / "r.csv"), "--format", "gif"], "unknown figure format 'gif'"),
+        (
+            [str(tmp_path / "r.csv"), "--out-dir", str(tmp_path / "r.csv" / "figs")],
+            "r.csv' is a file, not a folder",
+        ),
+    ]:
         with pytest.raises(SystemExit) as exc:
             main(["plot", *args])
         assert exc.value.code == 2
@@ -157,12 +185,16 @@ def test_cli_plot_bad_input(tmp_path, capsys):
 
 # ---- per-GPU view, caps, the bubble's cause, labels that do not overprint ------------------
 
+
 def capped(reason: str = "running cap", cap: int = 8) -> pd.DataFrame:
     df = table()
     slots = df.pp.where(df.pp > 1, 1)
-    per_slot = [";".join(f"{min(c, 8) / p if k < c else 0.0:.3f}" for k in range(p)) for c, p in zip(df.conc, slots)]
-    return df.assign(effective_cap=cap, cap_reason=reason, slot_cap=8 // df.pp, slots=slots,
-                     decode_batch_per_slot=per_slot)
+    per_slot = [
+        ";".join(f"{min(c, 8) / p if k < c else 0.0:.3f}" for k in range(p)) for c, p in zip(df.conc, slots)
+    ]
+    return df.assign(
+        effective_cap=cap, cap_reason=reason, slot_cap=8 // df.pp, slots=slots, decode_batch_per_slot=per_slot
+    )
 
 
 def texts(ax) -> list[str]:
@@ -177,7 +209,9 @@ def test_per_gpu_figure_divides_by_the_gpus():
     assert "per GPU" in ax.get_ylabel()
 
 
-@pytest.mark.parametrize("reason, label", [("running cap", "running cap 8"), ("KV cache", "KV cache: 8 requests")])
+@pytest.mark.parametrize(
+    "reason, label", [("running cap", "running cap 8"), ("KV cache", "KV cache: 8 requests")]
+)
 def test_caps_are_marked_where_the_curve_flattens(reason, label):
     """With a cap of 8 running requests, C=8 is the first swept load at the cap: each
     split's label points there (at C=8 and its throughput)."""
@@ -199,7 +233,10 @@ def test_bubble_cause_draws_each_slot_of_each_pp_split():
     df = capped()
     fig = plot.bubble_cause(df)
     axes = [ax for ax in fig.axes if ax.get_visible()]
-    assert [ax.get_title() for ax in axes] == ["TP1 x PP8 (8 slots)", "TP4 x PP2 (2 slots)"]   # PP1 has no slots
+    assert [ax.get_title() for ax in axes] == [
+        "TP1 x PP8 (8 slots)",
+        "TP4 x PP2 (2 slots)",
+    ]  # PP1 has no slots
     lines = lines_by_label(axes[1])
     part = df[df.pp == 2]
     assert list(lines["slot 1"].get_ydata()) == [float(v.split(";")[1]) for v in part.decode_batch_per_slot]
@@ -213,7 +250,7 @@ def _overlaps(fig) -> list[tuple[str, str]]:
     canvas.draw()
     r = canvas.get_renderer()
     boxes = [(t.get_text(), t.get_window_extent(r)) for ax in fig.axes for t in ax.texts if t.get_text()]
-    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:] if ba.overlaps(bb)]
+    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1 :] if ba.overlaps(bb)]
 
 
 def test_labels_do_not_print_over_each_other():

@@ -21,16 +21,20 @@ def cli_ok(args, capsys):
 
 # ---- profile tables ----------------------------------------------------------------
 
-@pytest.mark.parametrize("csv, msg", [
-    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,0.01\nbf16,2,32,32\n", "line 3, column latency_ms"),
-    ("dtype,m,n,k\nbf16,1,32,32\n", "missing column"),
-    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,nan\n", "line 2, column latency_ms"),
-    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,-0.5\n", "latency > 0"),
-    ("dtype,m,n,k,latency_ms\nbf16,0,32,32,0.5\n", "line 2, column m"),
-    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,0.5\nbf16,1,32,32,0.6\n", "line 3: sizes must not repeat"),
-    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,2e-6\nbf16,2,32,32,3e-6\n", "not seconds"),
-    ("dtype,m,n,k,latency_ms\nbf16,1,32,32,2000\nbf16,2,32,32,3000\n", "not microseconds"),
-])
+
+@pytest.mark.parametrize(
+    "csv, msg",
+    [
+        ("dtype,m,n,k,latency_ms\nbf16,1,32,32,0.01\nbf16,2,32,32\n", "line 3, column latency_ms"),
+        ("dtype,m,n,k\nbf16,1,32,32\n", "missing column"),
+        ("dtype,m,n,k,latency_ms\nbf16,1,32,32,nan\n", "line 2, column latency_ms"),
+        ("dtype,m,n,k,latency_ms\nbf16,1,32,32,-0.5\n", "latency > 0"),
+        ("dtype,m,n,k,latency_ms\nbf16,0,32,32,0.5\n", "line 2, column m"),
+        ("dtype,m,n,k,latency_ms\nbf16,1,32,32,0.5\nbf16,1,32,32,0.6\n", "line 3: sizes must not repeat"),
+        ("dtype,m,n,k,latency_ms\nbf16,1,32,32,2e-6\nbf16,2,32,32,3e-6\n", "not seconds"),
+        ("dtype,m,n,k,latency_ms\nbf16,1,32,32,2000\nbf16,2,32,32,3000\n", "not microseconds"),
+    ],
+)
 def test_malformed_tables_name_file_line_column(csv, msg):
     with pytest.raises(UserError, match=msg):
         read_table(io.StringIO(csv), "gemm", "gemm.csv")
@@ -41,7 +45,7 @@ def test_shipped_profiles_and_their_provenance(capsys):
     for name in (DEPLOYMENT, "rtx-pro-6000-sglang-healthy", "rtx-pro-6000-vllm"):
         assert name in out
         prof = load_profile(name)
-        assert set(prof.sources) == set(prof.tables)          # every table names its source
+        assert set(prof.sources) == set(prof.tables)  # every table names its source
     dep = load_profile(DEPLOYMENT)
     assert len(dep.measured) == 3 and dep.deployment["max_running_requests"] == 64
     healthy = load_profile("rtx-pro-6000-sglang-healthy")
@@ -59,11 +63,14 @@ def test_tables_read_without_pandas_match_pandas(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPESIM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr("pipesim.profile.CACHE_MIN_BYTES", 0)
     f = tmp_path / "moe.csv.gz"
-    f.write_bytes(_gzip.compress(
-        b"dtype,hidden,inter,topk,experts,moe_tp,distribution,tokens,latency_ms\n"
-        b"bf16,7168,2048,8,384,1,balanced,1,0.05\nbf16,7168,2048,8,384,1,balanced,16,0.25\n"))
+    f.write_bytes(
+        _gzip.compress(
+            b"dtype,hidden,inter,topk,experts,moe_tp,distribution,tokens,latency_ms\n"
+            b"bf16,7168,2048,8,384,1,balanced,1,0.05\nbf16,7168,2048,8,384,1,balanced,16,0.25\n"
+        )
+    )
     want = pd.read_csv(f)
-    for _ in range(2):   # parsed, then from the cache
+    for _ in range(2):  # parsed, then from the cache
         got = _cached_columns(f, "moe")
         assert list(got) == list(want.columns)
         for c in want.columns:
@@ -75,8 +82,10 @@ def test_predict_imports_no_pandas():
     import subprocess
     import sys
 
-    code = ("import sys; from pipesim.cli import main; sys.argv = ['pipesim', 'predict', '--tp', '8', '--conc', '1', "
-            "'--output-len', '8']\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('pandas', 'pyarrow', 'matplotlib', 'scipy', 'dask') if m in sys.modules))")
+    code = (
+        "import sys; from pipesim.cli import main; sys.argv = ['pipesim', 'predict', '--tp', '8', '--conc', '1', "
+        "'--output-len', '8']\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('pandas', 'pyarrow', 'matplotlib', 'scipy', 'dask') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"

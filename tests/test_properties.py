@@ -7,20 +7,19 @@ another run of the same code path.
 
 from __future__ import annotations
 
+import pytest
+from conftest import profile_for, simulate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import pytest
 
 import pipesim
 from pipesim.profile import load_profile
 
-from conftest import profile_for, simulate
-
 PROFILE = "rtx-pro-6000-sglang-healthy"
-SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow])
-BW_MAX = 1.792e12   # the card's datasheet memory bandwidth, the most it can read (physics.md §3)
+SETTINGS = settings(
+    max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+BW_MAX = 1.792e12  # the card's datasheet memory bandwidth, the most it can read (physics.md §3)
 
 splits = st.sampled_from([(1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (1, 4), (2, 2), (2, 4), (4, 2), (1, 8)])
 
@@ -29,9 +28,14 @@ splits = st.sampled_from([(1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (1, 4), (2, 2)
 def scenarios(draw, kind="closed"):
     tp, pp = draw(splits)
     engine = draw(st.sampled_from(["sglang", "vllm"]))
-    lens = dict(input_len=str(draw(st.integers(8, 96))), output_len=f"{draw(st.integers(2, 12))}:{draw(st.integers(12, 30))}")
+    lens = dict(
+        input_len=str(draw(st.integers(8, 96))),
+        output_len=f"{draw(st.integers(2, 12))}:{draw(st.integers(12, 30))}",
+    )
     seed = draw(st.integers(0, 10_000))
-    base = dict(tp=tp, pp=pp, model="llama-3.1-8b", profile=profile_for(engine), engine=engine, seed=seed, **lens)
+    base = dict(
+        tp=tp, pp=pp, model="llama-3.1-8b", profile=profile_for(engine), engine=engine, seed=seed, **lens
+    )
     if kind == "closed":
         return dict(base, concurrency=draw(st.integers(1, 24)))
     return dict(base, rate_rps=draw(st.floats(0.5, 50)), num_requests=draw(st.integers(1, 30)))
@@ -42,11 +46,11 @@ def scenarios(draw, kind="closed"):
 def test_every_token_requested_is_produced_once(kw):
     sc = pipesim.build_scenario(**kw)
     sim = simulate(sc, 0, sc.workload.num_requests)
-    assert all(r.finish_s >= 0 for r in sim.requests)                       # all finished
-    assert all(r.generated == r.output_len for r in sim.requests)           # each exactly its length
-    assert all(r.prefilled == r.input_len for r in sim.requests)            # every prompt token once
+    assert all(r.finish_s >= 0 for r in sim.requests)  # all finished
+    assert all(r.generated == r.output_len for r in sim.requests)  # each exactly its length
+    assert all(r.prefilled == r.input_len for r in sim.requests)  # every prompt token once
     assert sum(n for _, n in sim.record().tokens) == sum(r.output_len for r in sim.requests)
-    assert sim.kv_free == sc.settings.kv_tokens                             # all KV returned
+    assert sim.kv_free == sc.settings.kv_tokens  # all KV returned
 
 
 @SETTINGS
@@ -70,7 +74,9 @@ def test_littles_law_in_a_closed_loop(kw):
     done = [r for r in sim.requests if r.finish_s >= 0]
     t0, t1 = 0.0, sim.env.now
     # over the whole run, every request's time in the system is counted exactly once
-    in_system = sum(r.finish_s - r.arrival_s for r in done) + sum(t1 - r.arrival_s for r in sim.requests if r.finish_s < 0)
+    in_system = sum(r.finish_s - r.arrival_s for r in done) + sum(
+        t1 - r.arrival_s for r in sim.requests if r.finish_s < 0
+    )
     assert in_system / (t1 - t0) == pytest.approx(sc.workload.concurrency, rel=1e-6)
 
 
@@ -83,7 +89,7 @@ def test_littles_law_from_the_reported_metrics(kw):
     r = pipesim.predict(conc=c, **{k: v for k, v in kw.items() if k != "concurrency"})
     rel_ci = r.output_throughput_ci_tok_s / r.output_throughput_tok_s
     window_s = r.window_s[1] - r.window_s[0]
-    edge = c * (r.e2e_ms_mean / 1e3) / window_s          # requests straddling the window's ends
+    edge = c * (r.e2e_ms_mean / 1e3) / window_s  # requests straddling the window's ends
     little = r.request_throughput_req_s * r.e2e_ms_mean / 1e3
     assert little == pytest.approx(c, rel=2 * rel_ci + edge + 1e-6)
 
@@ -104,8 +110,12 @@ def test_cheaper_allreduce_never_lowers_tp_throughput(kw, factor):
 @SETTINGS
 @given(scenarios())
 def test_same_seed_same_result(kw):
-    a = pipesim.predict(conc=kw["concurrency"], **{k: v for k, v in kw.items() if k != "concurrency"}).to_dict()
-    b = pipesim.predict(conc=kw["concurrency"], **{k: v for k, v in kw.items() if k != "concurrency"}).to_dict()
+    a = pipesim.predict(
+        conc=kw["concurrency"], **{k: v for k, v in kw.items() if k != "concurrency"}
+    ).to_dict()
+    b = pipesim.predict(
+        conc=kw["concurrency"], **{k: v for k, v in kw.items() if k != "concurrency"}
+    ).to_dict()
     a.pop("sim_wall_s"), b.pop("sim_wall_s")
     assert a == b
 

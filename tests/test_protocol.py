@@ -55,20 +55,28 @@ class StubSettings:
 def test_stub_engine_runs_to_completion(profile):
     """Four requests of 5 output tokens, served one at a time: every request finishes
     with all its tokens, never two at once, and each decode batch holds one request."""
-    sc = pipesim.build_scenario(tp=1, pp=2, rate_rps=100.0, num_requests=4, model="llama-3.1-8b",
-                                input_len="32", output_len="5", profile=profile)
+    sc = pipesim.build_scenario(
+        tp=1,
+        pp=2,
+        rate_rps=100.0,
+        num_requests=4,
+        model="llama-3.1-8b",
+        input_len="32",
+        output_len="5",
+        profile=profile,
+    )
     st = StubSettings()
     sim = Simulation(CostModel(sc.box, sc.model, sc.plan, sc.profile), sc.workload, st.scheduler, st, 0, 4)
     sim.run(1e6)
     assert len(sim.finished) == 4 and all(r.generated == 5 for r in sim.finished)
     spans = sorted((r.arrival_s, r.finish_s) for r in sim.finished)
     rec = sim.record()
-    assert len(rec.batches) == 4 * 5                # a prefill and 4 decode steps each
+    assert len(rec.batches) == 4 * 5  # a prefill and 4 decode steps each
     assert all(b.requests == 1 for b in rec.batches)
     assert sum(t.tokens for t in rec.tokens) == 20
     res = collect(rec, sim.finished, {"engine": st.describe()}, 0.0)
     assert res.completed_requests == 4 and res.mean_decode_batch == 1.0
     firsts = sorted(r.first_token_s for r in sim.finished)
     finishes = sorted(r.finish_s for r in sim.finished)
-    assert all(f <= nxt for f, nxt in zip(finishes, firsts[1:]))   # never two running at once
+    assert all(f <= nxt for f, nxt in zip(finishes, firsts[1:]))  # never two running at once
     assert spans[0][0] <= spans[0][1]

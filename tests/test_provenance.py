@@ -10,12 +10,19 @@ SMALL = dict(model="llama-3.1-8b", input_len="16", output_len="8", concurrency=2
 
 
 def test_shares_cover_every_provenance_and_sum_to_one(profile):
-    r = pipesim.predict(tp=2, pp=2, profile=profile, ci_target=None, measure_requests=4, **{k: v for k, v in SMALL.items()
-                        if k != "concurrency"}, conc=2)
+    r = pipesim.predict(
+        tp=2,
+        pp=2,
+        profile=profile,
+        ci_target=None,
+        measure_requests=4,
+        **{k: v for k, v in SMALL.items() if k != "concurrency"},
+        conc=2,
+    )
     assert list(r.provenance_shares) == list(PROVENANCE)
     assert sum(r.provenance_shares.values()) == pytest.approx(1.0)
-    assert r.provenance_shares["borrowed"] == 0.0   # the profile was measured on this box with this engine
-    assert r.provenance_shares["roofline"] > 0.0     # norms, rope, activations have no table
+    assert r.provenance_shares["borrowed"] == 0.0  # the profile was measured on this box with this engine
+    assert r.provenance_shares["roofline"] > 0.0  # norms, rope, activations have no table
 
 
 def test_foreign_profile_is_refused_then_borrowed(profile, capsys):
@@ -33,8 +40,14 @@ def test_foreign_profile_is_refused_then_borrowed(profile, capsys):
 
 def test_profile_names_the_defaults():
     # the vLLM profile's own box, engine and model are the defaults (profile.toml: model = "kimi-k2.6")
-    sc = pipesim.build_scenario(profile="rtx-pro-6000-vllm", tp=8, concurrency=1, input_len="16", output_len="8")
-    assert (sc.box.name, sc.settings.describe()["engine"], sc.model.name) == ("rtx-pro-6000-server-8x", "vllm", "kimi-k2.6")
+    sc = pipesim.build_scenario(
+        profile="rtx-pro-6000-vllm", tp=8, concurrency=1, input_len="16", output_len="8"
+    )
+    assert (sc.box.name, sc.settings.describe()["engine"], sc.model.name) == (
+        "rtx-pro-6000-server-8x",
+        "vllm",
+        "kimi-k2.6",
+    )
 
 
 def test_engine_alone_picks_the_boxs_profile_for_that_engine():

@@ -52,21 +52,33 @@ def ct(weights, acts=None, ignore=()):
 
 
 def test_compressed_tensors_int4_weight_only_and_int8_w8a8():
-    w4, _ = weight_formats(ct({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True}))
+    w4, _ = weight_formats(
+        ct({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True})
+    )
     assert bits(w4) == pytest.approx(4 + 16 / 128) and w4.compute == "bf16"
-    w4a, _ = weight_formats(ct({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": False}))
+    w4a, _ = weight_formats(
+        ct({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": False})
+    )
     assert bits(w4a) == pytest.approx(4 + (16 + 4) / 128)
-    w8a8, _ = weight_formats(ct({"num_bits": 8, "type": "int", "strategy": "channel"}, {"num_bits": 8, "type": "int"}))
+    w8a8, _ = weight_formats(
+        ct({"num_bits": 8, "type": "int", "strategy": "channel"}, {"num_bits": 8, "type": "int"})
+    )
     assert bits(w8a8) == 8 and w8a8.compute == "int8" and w8a8.kernel == "int8"
     w8a16, _ = weight_formats(ct({"num_bits": 8, "type": "int", "strategy": "channel"}))
     assert w8a16.compute == "bf16"
 
 
 def test_compressed_tensors_fp8_and_nvfp4():
-    fp8, _ = weight_formats(ct({"num_bits": 8, "type": "float", "strategy": "channel"}, {"num_bits": 8, "type": "float"}))
+    fp8, _ = weight_formats(
+        ct({"num_bits": 8, "type": "float", "strategy": "channel"}, {"num_bits": 8, "type": "float"})
+    )
     assert bits(fp8) == 8 and fp8.compute == "fp8"
-    fp4, _ = weight_formats(ct({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16},
-                               {"num_bits": 4, "type": "float"}))
+    fp4, _ = weight_formats(
+        ct(
+            {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16},
+            {"num_bits": 4, "type": "float"},
+        )
+    )
     assert bits(fp4) == pytest.approx(4 + 8 / 16) and fp4.compute == "fp4"
 
 
@@ -74,25 +86,47 @@ def test_modelopt_nvfp4_and_mxfp4():
     nv, _ = weight_formats({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16})
     assert bits(nv) == pytest.approx(4.5)
     # gpt-oss: experts MXFP4 (4 bits + one e8m0 scale per 32), attention and router listed unconverted
-    attn, experts = weight_formats({"quant_method": "mxfp4", "modules_to_not_convert": [
-        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]})
+    attn, experts = weight_formats(
+        {
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn",
+                "model.layers.*.mlp.router",
+                "model.embed_tokens",
+                "lm_head",
+            ],
+        }
+    )
     assert attn == BF16 and bits(experts) == pytest.approx(4.25)
 
 
 def test_ignore_lists_keep_attention_or_experts_16_bit():
-    kimi = load_model("kimi-k2.6")      # int4 experts; attention, shared experts, dense MLP ignored
+    kimi = load_model("kimi-k2.6")  # int4 experts; attention, shared experts, dense MLP ignored
     assert kimi.attn_dtype == BF16 and bits(kimi.expert_dtype) == pytest.approx(4.5)
     # a norm named post_attention_layernorm is not attention
-    attn, _ = weight_formats({"quant_method": "fp8", "weight_block_size": [128, 128],
-                              "modules_to_not_convert": ["lm_head", "model.layers.0.post_attention_layernorm"]})
+    attn, _ = weight_formats(
+        {
+            "quant_method": "fp8",
+            "weight_block_size": [128, 128],
+            "modules_to_not_convert": ["lm_head", "model.layers.0.post_attention_layernorm"],
+        }
+    )
     assert attn != BF16
-    _, experts = weight_formats(ct({"num_bits": 4, "type": "int", "group_size": 32}, ignore=["re:.*mlp.experts.*"]))
+    _, experts = weight_formats(
+        ct({"num_bits": 4, "type": "int", "group_size": 32}, ignore=["re:.*mlp.experts.*"])
+    )
     assert experts == BF16
 
 
-@pytest.mark.parametrize("quant", [{"quant_method": "bitsandbytes"}, {"quant_method": "awq", "bits": 3},
-                                   {"quant_method": "awq", "group_size": "x"},
-                                   {"quant_method": "compressed-tensors", "config_groups": {}}])
+@pytest.mark.parametrize(
+    "quant",
+    [
+        {"quant_method": "bitsandbytes"},
+        {"quant_method": "awq", "bits": 3},
+        {"quant_method": "awq", "group_size": "x"},
+        {"quant_method": "compressed-tensors", "config_groups": {}},
+    ],
+)
 def test_unmodelled_formats_are_user_errors(quant):
     with pytest.raises(UserError):
         weight_formats(quant)
@@ -113,9 +147,11 @@ def test_awq_checkpoint_is_about_a_quarter_of_bf16():
 
 # ---- KV-cache dtype --------------------------------------------------------------------
 
+
 def test_kv_cache_dtype_names_as_the_engines_spell_them():
     from pipesim.quantization import kv_cache_dtype
-    assert kv_cache_dtype("auto") == "bf16"          # auto = the model's 16-bit dtype
+
+    assert kv_cache_dtype("auto") == "bf16"  # auto = the model's 16-bit dtype
     assert {kv_cache_dtype(n) for n in ("fp8", "fp8_e4m3", "fp8_e5m2")} == {"fp8"}
     assert kv_cache_dtype("bfloat16") == kv_cache_dtype("fp16") == "bf16"
     with pytest.raises(UserError):
@@ -124,6 +160,7 @@ def test_kv_cache_dtype_names_as_the_engines_spell_them():
 
 def test_fp8_kv_halves_bytes_per_token_and_doubles_capacity():
     from pipesim.scenario import build_scenario
+
     kw = dict(tp=1, concurrency=1, model="qwen3-30b-a3b", profile="rtx-pro-6000-vllm", engine="vllm")
     bf16, fp8 = build_scenario(**kw), build_scenario(kv_cache_dtype="fp8_e4m3", **kw)
     # Qwen3-30B-A3B: 4 KV heads x 128 x (K and V) per layer, 48 layers
@@ -137,8 +174,15 @@ def test_fp8_kv_halves_bytes_per_token_and_doubles_capacity():
 def test_fp8_kv_decode_attention_reads_one_byte_per_element():
     from pipesim.costs import CostModel
     from pipesim.scenario import build_scenario
-    sc = build_scenario(tp=1, concurrency=1, model="llama-3.1-8b", profile="rtx-pro-6000-vllm", engine="vllm",
-                        kv_cache_dtype="fp8")
+
+    sc = build_scenario(
+        tp=1,
+        concurrency=1,
+        model="llama-3.1-8b",
+        profile="rtx-pro-6000-vllm",
+        engine="vllm",
+        kv_cache_dtype="fp8",
+    )
     cm = CostModel(sc.box, sc.model, sc.plan, sc.profile)
     t, source = cm.attention_decode(64, 8192, 1)
     # the profile's decode table holds a bf16 cache: fp8 is the roofline over 1-byte elements

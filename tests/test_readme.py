@@ -25,10 +25,10 @@ SHORT = ["--input-len", "32", "--output-len", "16"]
 # command prefix -> why it is parsed, not run
 DRY = {
     "pipesim predict --tp 2 --pp 4 --conc 64 --sensitivity": "the sensitivity reruns the scenario once per input "
-                                                             "(tests/test_sensitivity.py runs it small)",
+    "(tests/test_sensitivity.py runs it small)",
     "pipesim sweep --gpus 8 --scheduler": "needs a running Dask cluster (tests/test_sweep.py starts one)",
     "pipesim calibrate import aiconfigurator path/to/system_dir": "needs AIConfigurator's raw tables "
-                                                                  "(tests/test_calibration.py imports them when present)",
+    "(tests/test_calibration.py imports them when present)",
     "pipesim calibrate fit": "a fit runs for minutes (tests/test_calibration.py fits small)",
     "pipesim validate --corpus": "simulates every corpus run, minutes (tests/test_crosscheck.py checks it small)",
     "pipesim diagnose": "fits every hypothesis to every point, tens of seconds (tests/test_calibration.py)",
@@ -37,8 +37,7 @@ DRY = {
 }
 # command prefix -> what its output must say
 EXPECT = {
-    "pipesim predict --tp 1 --pp 8 --conc 64 --profile rtx-pro-6000-sglang-healthy --max-running-requests 64":
-        "per-slot cap 8",
+    "pipesim predict --tp 1 --pp 8 --conc 64 --profile rtx-pro-6000-sglang-healthy --max-running-requests 64": "per-slot cap 8",
     "pipesim predict --tp 2 --pp 4 --rate 2": "req/s arrive",
     "pipesim predict --tensor-parallel-size 2 --pipeline-parallel-size 4 --max-concurrency 64": "TP2 x PP4",
     "pipesim search": "best:",
@@ -46,7 +45,7 @@ EXPECT = {
     "pipesim profiles show": "folder ",
     "pipesim boxes list": "h100-sxm-8x",
 }
-SLOW_KINDS = ("sweep", "search", "trace")   # given short requests
+SLOW_KINDS = ("sweep", "search", "trace")  # given short requests
 
 
 def readme_commands() -> list[str]:
@@ -75,14 +74,16 @@ def scratch(tmp_path_factory):
     t = tmp_path_factory.mktemp("readme")
     (t / "requests.csv").write_text("arrival_s,input_tokens,output_tokens\n0,32,16\n0.5,48,8\n1.0,16,24\n")
     (t / "path" / "to").mkdir(parents=True)
-    shutil.copy(REPO / "pipesim" / "data" / "models" / "llama-3.1-70b.json", t / "path" / "to" / "config.json")
+    shutil.copy(
+        REPO / "pipesim" / "data" / "models" / "llama-3.1-70b.json", t / "path" / "to" / "config.json"
+    )
     shutil.copy(DATA / "all_reduce_perf_8gpu.txt", t / "all_reduce_perf.txt")
     shutil.copy(DATA / "sglang_bench_serving.jsonl", t / "results.jsonl")
     shutil.copy(DATA / "vllm_bench_serve.json", t / "result.json")
     deployment = profile_folder("rtx-pro-6000-sglang-deployment")
     shutil.copy(deployment / "measured.csv", t / "points.csv")
-    shutil.copytree(deployment, t / "myprof")   # what `calibrate import aiconfigurator ... --out myprof` makes
-    shutil.copytree(profile_folder("rtx-pro-6000-vllm"), t / "myvllm")   # a vLLM profile for vLLM results
+    shutil.copytree(deployment, t / "myprof")  # what `calibrate import aiconfigurator ... --out myprof` makes
+    shutil.copytree(profile_folder("rtx-pro-6000-vllm"), t / "myvllm")  # a vLLM profile for vLLM results
     # a tiny sweep table, for `pipesim plot results.csv` run on its own (the README's sweep rewrites it)
     from pipesim.files import write_table
     from pipesim.sweep import sweep
@@ -127,7 +128,7 @@ def test_readme_command(command, scratch, monkeypatch, capsys):
     except SystemExit as exc:
         code = exc.code
     out, err = capsys.readouterr()
-    allowed = (0, 1) if args[0] == "validate" else (0,)       # validate: exit 1 when a point is off by more
+    allowed = (0, 1) if args[0] == "validate" else (0,)  # validate: exit 1 when a point is off by more
     assert code in allowed, f"{command}: exit {code}\n{err}"
     assert "Traceback" not in err
     want = _match(EXPECT, command)

@@ -4,8 +4,8 @@ and on simulated runs well below and well above the engine's closed-loop capacit
 import json
 
 import numpy as np
-
 from conftest import fast_predict
+
 from pipesim.saturation import GROWTH_SHARE, saturation
 
 
@@ -24,8 +24,8 @@ def test_server_at_half_the_arrival_rate_is_overloaded():
     """2 req/s into a single server that finishes one a second (first come first
     served): the queue gains 1 request per second, half of the arrival rate."""
     arr = np.arange(200) * 0.5
-    fin = 1.0 + np.arange(200) * 1.0            # the k-th finishes at 1 + k s (server never idles)
-    first = fin - 0.9                            # starts 0.1 s after the previous one finished
+    fin = 1.0 + np.arange(200) * 1.0  # the k-th finishes at 1 + k s (server never idles)
+    first = fin - 0.9  # starts 0.1 s after the previous one finished
     s = saturation(arr, first, fin)
     assert abs(s.arrival_rate_req_s - 2.0) < 1e-9
     assert abs(s.served_rate_req_s - 1.0) < 0.05
@@ -54,7 +54,7 @@ def test_simulated_runs_below_and_above_capacity(profile):
     grow = high.saturation["arrival_rate_req_s"] - high.saturation["served_rate_req_s"]
     assert grow > 0.5 * high.saturation["arrival_rate_req_s"]
     assert json.loads(json.dumps(high.to_dict()))["saturation"]["overloaded"] is True
-    assert cap.saturation is None          # a closed loop is never overloaded: clients wait
+    assert cap.saturation is None  # a closed loop is never overloaded: clients wait
 
 
 def test_table_says_overloaded(profile):

@@ -3,23 +3,43 @@ good, objectives and constraints, the reasons given, bad input as one line."""
 
 import pandas as pd
 import pytest
+from conftest import SMALL_SWEEP as SMALL
 
 import pipesim
-from conftest import SMALL_SWEEP as SMALL
 from pipesim.search import search
 
 
 def synthetic(rows) -> pd.DataFrame:
     """A sweep table from (tp, pp, conc, output tok/s, ttft ms, compute, all-reduce, bubble)."""
-    return pd.DataFrame([dict(box="b", gpu="g", model="m", profile="p", engine="sglang", gpus=tp * pp, tp=tp, pp=pp,
-                              conc=c, split=f"TP{tp} x PP{pp}", output_throughput_tok_s=tok,
-                              output_throughput_ci_tok_s=0.0, output_tok_s_per_gpu=tok / (tp * pp),
-                              per_request_tok_s=1000 / c, ttft_ms_p99=ttft, compute_share=cs, allreduce_share=ar,
-                              bubble_fraction=bu)
-                         for tp, pp, c, tok, ttft, cs, ar, bu in rows])
+    return pd.DataFrame(
+        [
+            dict(
+                box="b",
+                gpu="g",
+                model="m",
+                profile="p",
+                engine="sglang",
+                gpus=tp * pp,
+                tp=tp,
+                pp=pp,
+                conc=c,
+                split=f"TP{tp} x PP{pp}",
+                output_throughput_tok_s=tok,
+                output_throughput_ci_tok_s=0.0,
+                output_tok_s_per_gpu=tok / (tp * pp),
+                per_request_tok_s=1000 / c,
+                ttft_ms_p99=ttft,
+                compute_share=cs,
+                allreduce_share=ar,
+                bubble_fraction=bu,
+            )
+            for tp, pp, c, tok, ttft, cs, ar, bu in rows
+        ]
+    )
 
 
 # ---- search -------------------------------------------------------------------------------
+
 
 def test_search_winner_is_the_best_qualifying_point(serial):
     res = search(table=serial, objective="throughput", min_per_request_tok_s=30)
@@ -43,8 +63,14 @@ def test_search_winner_is_the_best_qualifying_point(serial):
 def test_search_prefers_the_lowest_concurrency_that_is_as_good():
     """A cap on running requests makes C=128 give what C=64 gives, with a longer queue:
     the winner is C=64, and the reason says the extra requests only queue."""
-    df = synthetic([(8, 1, 64, 800.0, 3000.0, 0.5, 0.3, 0.2), (8, 1, 128, 800.0, 24000.0, 0.5, 0.3, 0.2),
-                    (4, 2, 64, 600.0, 2500.0, 0.4, 0.1, 0.5), (4, 2, 128, 700.0, 5000.0, 0.45, 0.1, 0.45)])
+    df = synthetic(
+        [
+            (8, 1, 64, 800.0, 3000.0, 0.5, 0.3, 0.2),
+            (8, 1, 128, 800.0, 24000.0, 0.5, 0.3, 0.2),
+            (4, 2, 64, 600.0, 2500.0, 0.4, 0.1, 0.5),
+            (4, 2, 128, 700.0, 5000.0, 0.45, 0.1, 0.45),
+        ]
+    )
     res = search(table=df, objective="throughput")
     assert (res.winner.split, res.winner.conc) == ("TP8 x PP1", 64)
     assert list(res.ranked.conc) == [64, 128]
@@ -78,11 +104,14 @@ def test_search_explains_a_bubble_bound_loser(serial):
     assert "idle" in res.why and f"{w.bubble_fraction:.0%} vs {r.bubble_fraction:.0%}" in res.why
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(objective="fastest"), "unknown objective 'fastest'; allowed: throughput"),
-    (dict(min_per_request_tok_s=1e6), "no split and concurrency meets per-request >= 1e+06 tok/s"),
-    (dict(max_ttft_p99_ms=-1.0), "max_ttft_p99_ms must be a number >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(objective="fastest"), "unknown objective 'fastest'; allowed: throughput"),
+        (dict(min_per_request_tok_s=1e6), "no split and concurrency meets per-request >= 1e+06 tok/s"),
+        (dict(max_ttft_p99_ms=-1.0), "max_ttft_p99_ms must be a number >= 0"),
+    ],
+)
 def test_search_bad_input(serial, kwargs, needle):
     with pytest.raises(pipesim.UserError) as exc:
         search(table=serial, **kwargs)
@@ -90,24 +119,48 @@ def test_search_bad_input(serial, kwargs, needle):
 
 
 def test_search_runs_a_sweep(profile):
-    res = pipesim.search(gpus=8, objective="throughput", conc=[4], profile=profile, workers=1,
-                         model="llama-3.1-70b", **SMALL)
+    res = pipesim.search(
+        gpus=8, objective="throughput", conc=[4], profile=profile, workers=1, model="llama-3.1-70b", **SMALL
+    )
     assert len(res.ranked) == 4 and res.winner.model == "llama-3.1-70b"
 
 
 # ---- SLO constraints, max-load, splits, intervals, the Pareto figure -------------------------
+
 
 def slo_table(rows, rate=False) -> pd.DataFrame:
     """(tp, pp, load, tok/s, ttft p99, tpot p99[, overloaded]) -> a sweep table."""
     out = []
     for r in rows:
         tp, pp, load, tok, ttft, tpot = r[:6]
-        out.append(dict(box="b", gpu="g", model="m", profile="p", engine="sglang", gpus=tp * pp, tp=tp, pp=pp,
-                        conc=0 if rate else load, rate_rps=float(load) if rate else 0.0, split=f"TP{tp} x PP{pp}",
-                        output_throughput_tok_s=tok, output_throughput_ci_tok_s=0.0, output_tok_s_per_gpu=tok / (tp * pp),
-                        per_request_tok_s=1000 / tpot, ttft_ms_p50=ttft / 2, ttft_ms_p99=ttft, tpot_ms_p50=tpot * 0.9,
-                        tpot_ms_p99=tpot, compute_share=0.5, allreduce_share=0.2, bubble_fraction=0.3,
-                        overloaded=r[6] if len(r) > 6 else False, served_req_s=float(load)))
+        out.append(
+            dict(
+                box="b",
+                gpu="g",
+                model="m",
+                profile="p",
+                engine="sglang",
+                gpus=tp * pp,
+                tp=tp,
+                pp=pp,
+                conc=0 if rate else load,
+                rate_rps=float(load) if rate else 0.0,
+                split=f"TP{tp} x PP{pp}",
+                output_throughput_tok_s=tok,
+                output_throughput_ci_tok_s=0.0,
+                output_tok_s_per_gpu=tok / (tp * pp),
+                per_request_tok_s=1000 / tpot,
+                ttft_ms_p50=ttft / 2,
+                ttft_ms_p99=ttft,
+                tpot_ms_p50=tpot * 0.9,
+                tpot_ms_p99=tpot,
+                compute_share=0.5,
+                allreduce_share=0.2,
+                bubble_fraction=0.3,
+                overloaded=r[6] if len(r) > 6 else False,
+                served_req_s=float(load),
+            )
+        )
     return pd.DataFrame(out)
 
 
@@ -115,34 +168,66 @@ def test_max_load_is_the_largest_load_carried_with_every_smaller_one():
     """TP4 x PP2 meets TPOT p99 <= 50 at C=1, 2 and 8 but not 4: it carries C=2 (a load
     it passes above one it fails is not carried). TP8 x PP1 carries C=4. TP1 x PP8
     misses at C=1 already and is listed as carrying none."""
-    df = slo_table([(4, 2, 1, 100, 50, 30), (4, 2, 2, 180, 60, 40), (4, 2, 4, 300, 80, 60), (4, 2, 8, 500, 90, 45),
-                    (8, 1, 1, 120, 40, 20), (8, 1, 2, 220, 45, 30), (8, 1, 4, 400, 50, 40), (8, 1, 8, 700, 60, 55),
-                    (1, 8, 1, 30, 90, 70), (1, 8, 2, 50, 95, 80)])
+    df = slo_table(
+        [
+            (4, 2, 1, 100, 50, 30),
+            (4, 2, 2, 180, 60, 40),
+            (4, 2, 4, 300, 80, 60),
+            (4, 2, 8, 500, 90, 45),
+            (8, 1, 1, 120, 40, 20),
+            (8, 1, 2, 220, 45, 30),
+            (8, 1, 4, 400, 50, 40),
+            (8, 1, 8, 700, 60, 55),
+            (1, 8, 1, 30, 90, 70),
+            (1, 8, 2, 50, 95, 80),
+        ]
+    )
     res = search(table=df, objective="max-load", max_tpot_p99_ms=50)
     assert [(r.split, r.conc) for r in res.ranked.itertuples()] == [("TP8 x PP1", 4), ("TP4 x PP2", 2)]
     assert "the next load swept, C=8: TPOT p99 55.0 ms (needs TPOT p99 <= 50 ms)" in res.why
     assert "TP4 x PP2 carries C=2" in res.why and "C=4: TPOT p99 60.0 ms" in res.why
-    assert res.unqualified == ("TP1 x PP8 carries none of the swept loads: at C=1 it misses TPOT p99 70.0 ms "
-                               "(needs TPOT p99 <= 50 ms)",)
+    assert res.unqualified == (
+        "TP1 x PP8 carries none of the swept loads: at C=1 it misses TPOT p99 70.0 ms "
+        "(needs TPOT p99 <= 50 ms)",
+    )
     assert "TP1 x PP8 carries none" in res.text()
 
 
 def test_max_load_by_rate_never_counts_an_overloaded_point():
     """Open loop: a rate whose queue grows does not qualify, whatever its latencies say."""
-    df = slo_table([(8, 1, 1.0, 300, 200, 30), (8, 1, 2.0, 600, 300, 35), (8, 1, 3.0, 700, 400, 38, True),
-                    (4, 2, 1.0, 300, 300, 40), (4, 2, 2.0, 450, 40000, 45, True)], rate=True)
+    df = slo_table(
+        [
+            (8, 1, 1.0, 300, 200, 30),
+            (8, 1, 2.0, 600, 300, 35),
+            (8, 1, 3.0, 700, 400, 38, True),
+            (4, 2, 1.0, 300, 300, 40),
+            (4, 2, 2.0, 450, 40000, 45, True),
+        ],
+        rate=True,
+    )
     res = search(table=df, objective="max-load", max_tpot_p99_ms=50)
-    assert [(r.split, r.rate_rps) for r in res.ranked.itertuples()] == [("TP8 x PP1", 2.0), ("TP4 x PP2", 1.0)]
+    assert [(r.split, r.rate_rps) for r in res.ranked.itertuples()] == [
+        ("TP8 x PP1", 2.0),
+        ("TP4 x PP2", 1.0),
+    ]
     assert "overloaded" in res.why and "2 req/s" in res.text()
     assert "not overloaded" in res.text().splitlines()[1]
 
 
 def test_every_constraint_filters_its_column(serial):
-    limits = dict(max_ttft_p50_ms=serial.ttft_ms_p50.median(), max_tpot_p50_ms=serial.tpot_ms_p50.quantile(0.7),
-                  max_tpot_p99_ms=serial.tpot_ms_p99.quantile(0.8), min_per_request_tok_s=10.0)
+    limits = dict(
+        max_ttft_p50_ms=serial.ttft_ms_p50.median(),
+        max_tpot_p50_ms=serial.tpot_ms_p50.quantile(0.7),
+        max_tpot_p99_ms=serial.tpot_ms_p99.quantile(0.8),
+        min_per_request_tok_s=10.0,
+    )
     res = search(table=serial, objective="throughput", **limits)
-    ok = serial[(serial.ttft_ms_p50 <= limits["max_ttft_p50_ms"]) & (serial.tpot_ms_p50 <= limits["max_tpot_p50_ms"]) &
-                (serial.tpot_ms_p99 <= limits["max_tpot_p99_ms"]) & (serial.per_request_tok_s >= 10.0)]
+    ok = serial[
+        (serial.ttft_ms_p50 <= limits["max_ttft_p50_ms"])
+        & (serial.tpot_ms_p50 <= limits["max_tpot_p50_ms"])
+        & (serial.tpot_ms_p99 <= limits["max_tpot_p99_ms"])
+        & (serial.per_request_tok_s >= 10.0)
+    ]
     assert res.qualifying == len(ok) and 0 < len(ok) < len(serial)
     for r in res.ranked.itertuples():
         assert r.ttft_ms_p50 <= limits["max_ttft_p50_ms"] and r.tpot_ms_p99 <= limits["max_tpot_p99_ms"]
@@ -150,7 +235,9 @@ def test_every_constraint_filters_its_column(serial):
 
 
 def test_fewest_gpus_then_the_most_headroom():
-    df = slo_table([(4, 1, 2.0, 600, 1500, 40), (8, 1, 2.0, 600, 300, 20), (2, 2, 2.0, 600, 900, 45)], rate=True)
+    df = slo_table(
+        [(4, 1, 2.0, 600, 1500, 40), (8, 1, 2.0, 600, 300, 20), (2, 2, 2.0, 600, 900, 45)], rate=True
+    )
     res = search(table=df, objective="fewest-gpus", max_ttft_p99_ms=2000)
     assert [r.split for r in res.ranked.itertuples()] == ["TP2 x PP2", "TP4 x PP1", "TP8 x PP1"]
     assert "as many as the runner-up TP4 x PP1, with the lower TTFT p99 (900 ms against 1,500 ms)" in res.why
@@ -164,8 +251,10 @@ def test_splits_limit_the_search(serial):
 
 
 def test_the_answer_shows_an_interval_where_the_table_has_one(serial):
-    df = serial.assign(output_throughput_tok_s_lo=serial.output_throughput_tok_s * 0.9,
-                       output_throughput_tok_s_hi=serial.output_throughput_tok_s * 1.2)
+    df = serial.assign(
+        output_throughput_tok_s_lo=serial.output_throughput_tok_s * 0.9,
+        output_throughput_tok_s_hi=serial.output_throughput_tok_s * 1.2,
+    )
     res = search(table=df, objective="throughput")
     w = res.winner
     assert f"{w.output_throughput_tok_s:,.1f} [{w.output_throughput_tok_s * 0.9:,.1f}, " in res.text()
@@ -175,7 +264,7 @@ def test_pareto_frontier_by_hand():
     from pipesim.plot import pareto_frontier
 
     x = [1, 2, 3, 4, 2.5]
-    y = [9, 8, 5, 1, 4]          # (2.5, 4) is beaten by (3, 5) on both axes
+    y = [9, 8, 5, 1, 4]  # (2.5, 4) is beaten by (3, 5) on both axes
     assert pareto_frontier(x, y) == [0, 1, 2, 3]
     assert pareto_frontier([1, 1], [2, 3]) == [1]
 

@@ -31,7 +31,11 @@ def test_zero_parameters_move_up_by_their_fit_step(sens):
 
 def test_slower_kernels_never_raise_throughput(sens):
     k = {i.name: i for i in sens.items}["kernel_scale"]
-    assert k.high["output_throughput_tok_s"] < sens.base["output_throughput_tok_s"] < k.low["output_throughput_tok_s"]
+    assert (
+        k.high["output_throughput_tok_s"]
+        < sens.base["output_throughput_tok_s"]
+        < k.low["output_throughput_tok_s"]
+    )
 
 
 def test_eager_launch_cost_reaches_prefill_only_under_cuda_graphs(sens):
@@ -44,8 +48,26 @@ def test_eager_launch_cost_reaches_prefill_only_under_cuda_graphs(sens):
 
 def test_cli_table_and_plot(tmp_path, capsys):
     out = tmp_path / "tornado.png"
-    main(["predict", "--tp", "2", "--pp", "2", "--conc", "4", "--model", "llama-3.1-8b", "--input-len", "16",
-          "--output-len", "8", "--sensitivity", "--plot", str(out)])
+    main(
+        [
+            "predict",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--conc",
+            "4",
+            "--model",
+            "llama-3.1-8b",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--sensitivity",
+            "--plot",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert "kernel_scale" in text and "swing" in text
     assert out.stat().st_size > 1000

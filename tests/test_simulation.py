@@ -1,22 +1,19 @@
 """Simulation invariants: tokens conserved, determinism, pipeline physics, the
 memory-bandwidth bound, KV admission."""
 
-import math
-
 import pytest
+from conftest import fast_predict, fast_run, profile_for, simulate
 
 import pipesim
 from pipesim.costs import CostModel, Shape
 from pipesim.memory import stage_weight_bytes
-
-from conftest import fast_predict, fast_run, profile_for, simulate
 
 # ---- token conservation ---------------------------------------------------------------
 
 OPEN_LOOP = [
     dict(engine="sglang", tp=1, pp=4),
     dict(engine="sglang", tp=2, pp=2, pp_async_batch_depth=1),
-    dict(engine="sglang", tp=2, pp=1, chunked_prefill_size=128),       # chunked, no PP
+    dict(engine="sglang", tp=2, pp=1, chunked_prefill_size=128),  # chunked, no PP
     dict(engine="vllm", tp=1, pp=4),
     dict(engine="vllm", tp=2, pp=2, max_num_batched_tokens=96, async_scheduling=True),
 ]
@@ -25,8 +22,16 @@ OPEN_LOOP = [
 @pytest.mark.parametrize("cfg", OPEN_LOOP, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_tokens_conserved_open_loop(profile, cfg):
     cfg = dict(cfg)
-    sc = pipesim.build_scenario(model="llama-3.1-8b", rate_rps=300.0, num_requests=40, input_len="20:300",
-                                output_len="1:30", seed=11, profile=profile_for(cfg["engine"]), **cfg)
+    sc = pipesim.build_scenario(
+        model="llama-3.1-8b",
+        rate_rps=300.0,
+        num_requests=40,
+        input_len="20:300",
+        output_len="1:30",
+        seed=11,
+        profile=profile_for(cfg["engine"]),
+        **cfg,
+    )
     sim = simulate(sc, 0, 40)
     reqs = sim.requests
     assert len(reqs) == 40
@@ -41,8 +46,17 @@ def test_tokens_conserved_open_loop(profile, cfg):
 
 
 def test_result_counts_every_token_open_loop(profile):
-    sc = pipesim.build_scenario(tp=2, pp=2, model="llama-3.1-8b", rate_rps=200.0, num_requests=30,
-                                input_len="50:200", output_len="2:25", seed=4, profile=profile)
+    sc = pipesim.build_scenario(
+        tp=2,
+        pp=2,
+        model="llama-3.1-8b",
+        rate_rps=200.0,
+        num_requests=30,
+        input_len="50:200",
+        output_len="2:25",
+        seed=4,
+        profile=profile,
+    )
     r = fast_run(sc)
     t0, t1 = r.window_s
     assert t0 == 0.0 and r.completed_requests == 30
@@ -54,8 +68,9 @@ def test_result_counts_every_token_open_loop(profile):
 def test_closed_loop_keeps_concurrency(profile):
     # C clients, each sends its next request when the last finishes: never more than C
     # requests alive, each client's requests one after another
-    sc = pipesim.build_scenario(tp=1, pp=2, concurrency=5, model="llama-3.1-8b", output_len="2:20", seed=1,
-                                profile=profile)
+    sc = pipesim.build_scenario(
+        tp=1, pp=2, concurrency=5, model="llama-3.1-8b", output_len="2:20", seed=1, profile=profile
+    )
     sim = simulate(sc, 5, 20)
     by_client = {}
     for r in sim.requests:
@@ -68,6 +83,7 @@ def test_closed_loop_keeps_concurrency(profile):
 
 # ---- determinism ----------------------------------------------------------------------
 
+
 def _strip(d):
     d = dict(d)
     d.pop("sim_wall_s")
@@ -75,33 +91,45 @@ def _strip(d):
 
 
 def test_same_seed_same_result(profile):
-    kw = dict(tp=2, pp=2, conc=6, model="llama-3.1-8b", input_len="50:300", output_len="5:40",
-              warmup_requests=6, measure_requests=12)
+    kw = dict(
+        tp=2,
+        pp=2,
+        conc=6,
+        model="llama-3.1-8b",
+        input_len="50:300",
+        output_len="5:40",
+        warmup_requests=6,
+        measure_requests=12,
+    )
     a = fast_predict(profile, seed=7, **kw).to_dict()
     b = fast_predict(profile, seed=7, **kw).to_dict()
     assert _strip(a) == _strip(b)
     c = fast_predict(profile, seed=8, **kw).to_dict()
-    assert _strip(a) != _strip(c)     # the seed drives the random lengths
+    assert _strip(a) != _strip(c)  # the seed drives the random lengths
 
 
 # ---- physics ----------------------------------------------------------------------------
+
 
 def test_pp8_single_request_tpot_is_the_round_trip(profile, kimi):
     # C=1 on PP8: a token goes through the 8 stages one after another, with 7 activation
     # hops and the sampled token relayed back to stage 0; nothing overlaps it
     out_len, in_len = 40, 256
-    sc = pipesim.build_scenario(tp=1, pp=8, concurrency=1, input_len=str(in_len), output_len=str(out_len),
-                                profile=profile)
+    sc = pipesim.build_scenario(
+        tp=1, pp=8, concurrency=1, input_len=str(in_len), output_len=str(out_len), profile=profile
+    )
     sim = simulate(sc, 1, 2)
     done = [r for r in sim.requests if r.finish_s >= 0]
     assert len(done) >= 3
     costs = CostModel(sc.box, sc.model, sc.plan, sc.profile)
     # decode contexts run from in_len to in_len + out_len
-    sums = [sum(sum(costs.stage_time(s, Shape(decode=1, decode_ctx=ctx))) for s in range(8))
-            for ctx in (in_len, in_len + out_len // 2, in_len + out_len)]
+    sums = [
+        sum(sum(costs.stage_time(s, Shape(decode=1, decode_ctx=ctx))) for s in range(8))
+        for ctx in (in_len, in_len + out_len // 2, in_len + out_len)
+    ]
     stage_min, stage_max = min(sums), max(sums)
     box = sc.box
-    act = 2 * 7168 * 2                      # hidden + residual, one token, bf16 (physics.md §2)
+    act = 2 * 7168 * 2  # hidden + residual, one token, bf16 (physics.md §2)
     hops = sum(box.p2p_time_s(s, s + 1, act) for s in range(7)) + box.p2p_time_s(7, 0, 4)
     assert hops > 0
     for r in done:
@@ -135,8 +163,7 @@ def kimi_decode_bytes_per_token() -> float:
     assert attn / 1e6 == pytest.approx(101, rel=0.01)
     shared = 3 * 7168 * 2048
     expert_int4 = 3 * 7168 * 2048 * 4.5 / 8
-    return (61 * attn * 2 + 60 * shared * 2 + 60 * 8 * expert_int4 + 3 * 7168 * 18432 * 2
-            + 163840 * 7168 * 2)
+    return 61 * attn * 2 + 60 * shared * 2 + 60 * 8 * expert_int4 + 3 * 7168 * 18432 * 2 + 163840 * 7168 * 2
 
 
 # Memory bandwidth per GPU, taken at the top of physics.md §3's range (1.6-1.8 TB/s; the
@@ -148,7 +175,7 @@ BW_MAX = 1.8e12
 def test_tp8_c1_below_bandwidth_bound(profile):
     # TP8: the 8 GPUs read their shares of the weights in parallel
     bound = 8 * BW_MAX / kimi_decode_bytes_per_token()
-    assert 300 < bound < 600                    # ~32.5 GB per token -> ~440 tok/s
+    assert 300 < bound < 600  # ~32.5 GB per token -> ~440 tok/s
     r = fast_predict(profile, tp=8, pp=1, conc=1, output_len="40", warmup_requests=1, measure_requests=2)
     assert 0 < r.output_throughput_tok_s <= bound
     assert r.per_request_tok_s <= bound
@@ -168,23 +195,36 @@ def test_pp8_stages_take_turns_at_c1(profile):
     sc = pipesim.build_scenario(tp=1, pp=8, concurrency=1, output_len="10", profile=profile)
     sim = simulate(sc, 1, 1)
     intervals = sorted(iv for s in range(8) for iv in sim.record().compute[s])
-    for (a0, a1), (b0, b1) in zip(intervals, intervals[1:]):
+    for (_a0, a1), (b0, _b1) in zip(intervals, intervals[1:]):
         assert b0 >= a1 - 1e-15
 
 
 # ---- KV admission -----------------------------------------------------------------------
 
+
 def small_kv_scenario(profile, engine, tokens_wanted=1500):
     """Llama-3.1-8B on PP2 with the memory fraction set so the KV pool holds about
     `tokens_wanted` tokens (a few requests), so the KV cache decides admission."""
     profile = profile_for(engine)
-    base = pipesim.build_scenario(tp=1, pp=2, concurrency=1, model="llama-3.1-8b", engine=engine, profile=profile)
+    base = pipesim.build_scenario(
+        tp=1, pp=2, concurrency=1, model="llama-3.1-8b", engine=engine, profile=profile
+    )
     worst = max(stage_weight_bytes(base.model, base.plan, s) for s in range(2))
     per_token = max(base.memory.kv_bytes_per_token)
     frac = (worst + tokens_wanted * per_token) / base.box.gpu.memory_bytes
     knob = {"mem_fraction_static": frac} if engine == "sglang" else {"gpu_memory_utilization": frac}
-    sc = pipesim.build_scenario(tp=1, pp=2, concurrency=16, model="llama-3.1-8b", engine=engine,
-                                input_len="100:200", output_len="10:60", seed=9, profile=profile, **knob)
+    sc = pipesim.build_scenario(
+        tp=1,
+        pp=2,
+        concurrency=16,
+        model="llama-3.1-8b",
+        engine=engine,
+        input_len="100:200",
+        output_len="10:60",
+        seed=9,
+        profile=profile,
+        **knob,
+    )
     assert 1000 <= sc.memory.kv_tokens <= 2000
     return sc
 
@@ -203,7 +243,7 @@ def test_kv_admission_never_overcommits(profile, engine):
             orig(req)
             admitted.append(req)
             alive = [r for r in admitted if r.finish_s < 0]
-            reserved = sum(r.input_len + r.output_len for r in alive)   # counted by hand
+            reserved = sum(r.input_len + r.output_len for r in alive)  # counted by hand
             assert reserved <= kv, f"{reserved} tokens reserved, KV pool {kv}"
             assert sim.kv_free >= 0
             peak["reserved"] = max(peak["reserved"], reserved)
@@ -215,4 +255,4 @@ def test_kv_admission_never_overcommits(profile, engine):
     assert sim.completed >= 48
     # not vacuous: the pool was the limit (16 clients, at most a handful admitted at once)
     assert peak["alive"] < 16
-    assert peak["reserved"] > kv - 260          # another request (<= 260 tokens) did not fit
+    assert peak["reserved"] > kv - 260  # another request (<= 260 tokens) did not fit

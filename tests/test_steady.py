@@ -16,7 +16,7 @@ def test_closed_loop_ci_by_hand():
     out = np.full(100, 100.0)
     lat = np.repeat(1 + np.arange(10) / 10, 10)
     mean, half = closed_loop_ci(4, out, lat)
-    samples = 4 * 100 / (1 + np.arange(10) / 10)          # C x tokens / latency per batch
+    samples = 4 * 100 / (1 + np.arange(10) / 10)  # C x tokens / latency per batch
     assert mean == pytest.approx(4 * 100 / lat.mean())
     # Student t 97.5%, 9 dof = 2.262 (statistical tables)
     assert half == pytest.approx(2.262 * samples.std(ddof=1) / math.sqrt(10), rel=1e-3)
@@ -27,7 +27,7 @@ def test_closed_loop_ci_needs_a_sample_per_batch():
 
 
 def test_window_ci_constant_rate_has_zero_width():
-    tokens = [(t, 5.0) for t in np.arange(0.05, 10, 0.1)]   # 50 tok/s, evenly spread
+    tokens = [(t, 5.0) for t in np.arange(0.05, 10, 0.1)]  # 50 tok/s, evenly spread
     mean, half = window_ci(tokens, 0.0, 10.0)
     assert mean == pytest.approx(len(tokens) * 5 / 10.0) and half == pytest.approx(0.0, abs=1e-9)
 
@@ -37,16 +37,22 @@ def test_default_run_agrees_with_a_long_run(tp, pp, conc):
     """The stopped run's estimate and a 10x longer run agree within the stopped run's
     interval (twice the 95% half-width: batch means are approximate)."""
     short = pipesim.predict(tp, pp, conc, output_len="100:500", seed=3)
-    long = pipesim.predict(tp, pp, conc, output_len="100:500", seed=4, ci_target=None,
-                           measure_requests=20 * max(conc, 8))
+    long = pipesim.predict(
+        tp, pp, conc, output_len="100:500", seed=4, ci_target=None, measure_requests=20 * max(conc, 8)
+    )
     assert short.output_throughput_ci_tok_s > 0
-    assert abs(short.output_throughput_tok_s - long.output_throughput_tok_s) <= 2 * short.output_throughput_ci_tok_s
+    assert (
+        abs(short.output_throughput_tok_s - long.output_throughput_tok_s)
+        <= 2 * short.output_throughput_ci_tok_s
+    )
     assert short.sim_events < long.sim_events
 
 
 def test_stops_at_the_cap_when_the_target_cannot_be_met():
-    r = pipesim.predict(8, 1, 8, output_len="10:400", ci_target=1e-9, measure_requests=16, max_measure_requests=40)
-    assert r.completed_requests <= 40 + 8    # the cap, plus requests finishing in the same step
+    r = pipesim.predict(
+        8, 1, 8, output_len="10:400", ci_target=1e-9, measure_requests=16, max_measure_requests=40
+    )
+    assert r.completed_requests <= 40 + 8  # the cap, plus requests finishing in the same step
 
 
 def test_fixed_lengths_converge_at_the_minimum():

@@ -5,10 +5,10 @@ import dataclasses
 
 import pandas as pd
 import pytest
-
-import pipesim
 from conftest import SMALL_SWEEP as SMALL
 from conftest import SMALL_SWEEP_CONC as CONC
+
+import pipesim
 from pipesim.sweep import WALL_COLUMNS, best_by_conc, splits, sweep
 
 
@@ -24,11 +24,19 @@ def test_splits_of_a_gpu_count():
 
 def test_sweep_table(serial):
     df = serial
-    assert list(df[["tp", "pp", "conc"]].itertuples(index=False, name=None)) == \
-        [(1, 8, 1), (1, 8, 8), (2, 4, 1), (2, 4, 8), (4, 2, 1), (4, 2, 8), (8, 1, 1), (8, 1, 8)]
+    assert list(df[["tp", "pp", "conc"]].itertuples(index=False, name=None)) == [
+        (1, 8, 1),
+        (1, 8, 8),
+        (2, 4, 1),
+        (2, 4, 8),
+        (4, 2, 1),
+        (4, 2, 8),
+        (8, 1, 1),
+        (8, 1, 8),
+    ]
     assert (df.gpus == 8).all() and (df.model == "kimi-k2.6").all() and (df.engine == "sglang").all()
     assert df.attrs["skipped"] == []
-    assert (df.layers_per_stage[df.pp == 8] == "7,7,7,8,8,8,8,8").all()    # SGLang's split of 61 layers
+    assert (df.layers_per_stage[df.pp == 8] == "7,7,7,8,8,8,8,8").all()  # SGLang's split of 61 layers
     # GPU time: compute + all-reduce + idle = 1, idle split by cause
     total = df.compute_share + df.allreduce_share + df.bubble_fraction
     assert total.tolist() == pytest.approx([1.0] * len(df), abs=1e-9)
@@ -57,7 +65,9 @@ def test_dask_cluster_gives_the_local_table(profile):
     distributed = pytest.importorskip("distributed")
     args = dict(model="llama-3.1-8b", profile=profile, **SMALL)
     local = sweep(2, CONC, workers=2, **args)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
         remote = sweep(2, CONC, scheduler=cluster.scheduler_address, **args)
     assert list(remote[["tp", "pp"]].drop_duplicates().itertuples(index=False, name=None)) == [(1, 2), (2, 1)]
     assert len(remote) == 4
@@ -74,18 +84,28 @@ def test_invalid_splits_are_skipped_with_the_reason(profile):
 
 def test_several_gpu_counts(profile):
     df = sweep([1, 2], [2], model="llama-3.1-8b", profile=profile, workers=1, **SMALL)
-    assert list(df[["gpus", "tp", "pp"]].itertuples(index=False, name=None)) == [(1, 1, 1), (2, 1, 2), (2, 2, 1)]
+    assert list(df[["gpus", "tp", "pp"]].itertuples(index=False, name=None)) == [
+        (1, 1, 1),
+        (2, 1, 2),
+        (2, 2, 1),
+    ]
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(gpus=4), "no valid TP x PP split for 4 GPUs"),
-    (dict(conc=[]), "conc is empty"),
-    (dict(conc="1,8"), "conc '1,8' must be a whole number or a sequence of them"),   # text is the CLI's to parse
-    (dict(gpus=0), "gpus: 0 is not a whole number >= 1"),
-    (dict(gpus=[8, True]), "gpus: True is not a whole number >= 1"),
-    (dict(model="no-such-model"), "unknown model 'no-such-model'"),      # not about a split: said as is
-    (dict(rate_rps=2.0), "takes no rate_rps"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(gpus=4), "no valid TP x PP split for 4 GPUs"),
+        (dict(conc=[]), "conc is empty"),
+        (
+            dict(conc="1,8"),
+            "conc '1,8' must be a whole number or a sequence of them",
+        ),  # text is the CLI's to parse
+        (dict(gpus=0), "gpus: 0 is not a whole number >= 1"),
+        (dict(gpus=[8, True]), "gpus: True is not a whole number >= 1"),
+        (dict(model="no-such-model"), "unknown model 'no-such-model'"),  # not about a split: said as is
+        (dict(rate_rps=2.0), "takes no rate_rps"),
+    ],
+)
 def test_sweep_bad_input(profile, kwargs, needle):
     args = dict(gpus=8, conc=[1], profile=profile, workers=1, **SMALL)
     args.update(kwargs)
@@ -110,7 +130,6 @@ def test_profile_objects_travel_to_workers(profile):
     tp8 = lambda df: df[df.tp == 8].iloc[0]  # noqa: E731
     assert tp8(what_if).allreduce_share < tp8(base).allreduce_share
     assert (what_if.allreduce_share[what_if.tp == 1] == 0).all()
-
 
 
 def test_open_loop_sweep_by_rate(profile):

@@ -25,7 +25,7 @@ def validate(trace: dict) -> None:
     """The trace event format (JSON object form): what Perfetto and chrome://tracing need."""
     assert set(trace) >= {"traceEvents", "displayTimeUnit"}
     assert trace["displayTimeUnit"] in ("ms", "ns")
-    json.dumps(trace, allow_nan=False)           # plain JSON: no NaN or Infinity
+    json.dumps(trace, allow_nan=False)  # plain JSON: no NaN or Infinity
     for ev in trace["traceEvents"]:
         assert isinstance(ev["name"], str) and isinstance(ev["pid"], int) and isinstance(ev["tid"], int)
         if ev["ph"] == "X":
@@ -36,7 +36,7 @@ def validate(trace: dict) -> None:
             assert ev["name"] in META_NAMES
             key = "name" if ev["name"].endswith("_name") else "sort_index"
             assert set(ev["args"]) == {key}
-        elif ev["ph"] in ("s", "t", "f"):       # flow events: an id and a time, bound to a slice
+        elif ev["ph"] in ("s", "t", "f"):  # flow events: an id and a time, bound to a slice
             assert isinstance(ev["id"], int) and isinstance(ev["ts"], (int, float)) and ev["cat"] == "flow"
         else:
             raise AssertionError(f"unexpected event phase {ev['ph']}")
@@ -53,13 +53,18 @@ def tracks(trace: dict) -> dict:
 
 
 def names(trace: dict, kind: str) -> dict:
-    return {(ev["pid"], ev["tid"]): ev["args"]["name"] for ev in trace["traceEvents"]
-            if ev["ph"] == "M" and ev["name"] == kind}
+    return {
+        (ev["pid"], ev["tid"]): ev["args"]["name"]
+        for ev in trace["traceEvents"]
+        if ev["ph"] == "M" and ev["name"] == kind
+    }
 
 
 @pytest.fixture(scope="module")
 def tp2pp4(profile):
-    sim, result = simulate(build_scenario(tp=2, pp=4, concurrency=8, profile=profile, **SMALL), ci_target=None)
+    sim, result = simulate(
+        build_scenario(tp=2, pp=4, concurrency=8, profile=profile, **SMALL), ci_target=None
+    )
     return sim, result, build_trace(sim, result)
 
 
@@ -72,14 +77,16 @@ def test_window_ends_at_the_stopping_completion(tp2pp4):
     assert rec.end_s == t1 == r.requests.finish_s.max()
     assert r.completed_requests >= 16 and (r.requests.finish_s > t0).all() and t0 > 0
     [win] = [ev for ev in trace["traceEvents"] if ev.get("cat") == "window"]
-    assert _ns(win["ts"]) == round(t0 * 1e9) and _ns(win["ts"] + win["dur"]) == pytest.approx(round(t1 * 1e9), abs=1)
+    assert _ns(win["ts"]) == round(t0 * 1e9) and _ns(win["ts"] + win["dur"]) == pytest.approx(
+        round(t1 * 1e9), abs=1
+    )
 
 
 def test_trace_is_valid_and_slices_never_overlap(tp2pp4):
     _, _, trace = tp2pp4
     validate(trace)
     for key, slices in tracks(trace).items():
-        for (a0, a1, _), (b0, b1, _) in zip(slices, slices[1:]):
+        for (_a0, a1, _), (b0, _b1, _) in zip(slices, slices[1:]):
             assert b0 >= a1, f"track {key}: slices overlap at {b0} ns"
 
 
@@ -88,9 +95,9 @@ def test_one_track_per_gpu_and_per_hop(tp2pp4):
     threads = names(trace, "thread_name")
     gpu_tracks = {tid for (pid, tid) in threads if pid == 1}
     hop_tracks = {tid for (pid, tid) in threads if pid == 2}
-    assert gpu_tracks == set(range(8))                  # TP2 x PP4 = 8 GPUs
-    assert hop_tracks == set(range(4))                  # 3 stage-to-stage hops + tokens back
-    assert "stage 1, TP rank 0" in threads[(1, 2)]      # GPUs 2, 3 hold stage 1
+    assert gpu_tracks == set(range(8))  # TP2 x PP4 = 8 GPUs
+    assert hop_tracks == set(range(4))  # 3 stage-to-stage hops + tokens back
+    assert "stage 1, TP rank 0" in threads[(1, 2)]  # GPUs 2, 3 hold stage 1
     assert "stage3->stage0" in threads[(2, 3)]
     assert set(names(trace, "process_name")) >= {(1, 0), (2, 0), (3, 0)}
     tr = tracks(trace)
@@ -125,7 +132,9 @@ def test_bubbles_in_metadata_are_the_gaps_on_gpu_tracks(tp2pp4):
     tr = tracks(trace)
     assert len(meta["stages"]) == 4
     for st in meta["stages"]:
-        busy = [(max(a, t0_ns), min(b, t1_ns)) for a, b, _ in tr[(1, st["gpus"][0])] if b > t0_ns and a < t1_ns]
+        busy = [
+            (max(a, t0_ns), min(b, t1_ns)) for a, b, _ in tr[(1, st["gpus"][0])] if b > t0_ns and a < t1_ns
+        ]
         # gaps between slices, counted from the file alone (touching slices are one stretch)
         count, idle, cursor = 0, 0, t0_ns
         for a, b in busy:
@@ -150,7 +159,7 @@ def test_idle_breakdown_adds_up(tp2pp4):
         assert st.idle_p2p + st.idle_cpu + st.idle_bubble == pytest.approx(1 - busy, abs=1e-9)
         assert min(st.idle_p2p, st.idle_cpu, st.idle_bubble) >= -1e-12
         if st.stage:
-            assert st.idle_cpu == 0.0          # the scheduler runs on stage 0's host only
+            assert st.idle_cpu == 0.0  # the scheduler runs on stage 0's host only
 
 
 def test_cpu_wait_appears_only_with_cpu_cost(profile):
@@ -162,7 +171,7 @@ def test_cpu_wait_appears_only_with_cpu_cost(profile):
     assert st.idle_cpu > 0.01 and st.idle_p2p == 0.0
     trace = build_trace(sim, r)
     assert any(ev["cat"] == "cpu" for ev in trace["traceEvents"] if ev["ph"] == "X")
-    assert not any(pid == 2 for pid, _ in names(trace, "thread_name"))    # PP1: no hop tracks
+    assert not any(pid == 2 for pid, _ in names(trace, "thread_name"))  # PP1: no hop tracks
 
 
 def test_interval_helpers():
@@ -175,22 +184,40 @@ def test_interval_helpers():
 
 def test_cli_trace_writes_perfetto_json(tmp_path, capsys):
     out = tmp_path / "pp8.json"
-    main(["trace", "--tp", "1", "--pp", "8", "--conc", "16", "--output-len", "20", "--input-len", "64",
-          "--out", str(out)])
+    main(
+        [
+            "trace",
+            "--tp",
+            "1",
+            "--pp",
+            "8",
+            "--conc",
+            "16",
+            "--output-len",
+            "20",
+            "--input-len",
+            "64",
+            "--out",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     trace = json.loads(out.read_text())
     validate(trace)
-    assert len(names(trace, "thread_name")) == 8 + 8 + 2     # GPUs, hops, CPU, window
+    assert len(names(trace, "thread_name")) == 8 + 8 + 2  # GPUs, hops, CPU, window
     assert "stage 7 (GPU 7)" in text and "bubbles" in text
-    assert [p.name for p in tmp_path.iterdir()] == ["pp8.json"]      # no temporary file left
+    assert [p.name for p in tmp_path.iterdir()] == ["pp8.json"]  # no temporary file left
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--out", "/nonexistent-dir/t.json"], "does not exist"),
-    (["--out", "trace.txt"], "must end in .json"),
-    (["--tp", "two"], "'--tp' / '--tensor-parallel-size' / '--tp-size': 'two' is not a valid integer"),
-    (["--conc", "0", "--model", "llama-3.1-8b"], "concurrency must be a whole number >= 1"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--out", "/nonexistent-dir/t.json"], "does not exist"),
+        (["--out", "trace.txt"], "must end in .json"),
+        (["--tp", "two"], "'--tp' / '--tensor-parallel-size' / '--tp-size': 'two' is not a valid integer"),
+        (["--conc", "0", "--model", "llama-3.1-8b"], "concurrency must be a whole number >= 1"),
+    ],
+)
 def test_cli_trace_bad_input(capsys, args, needle):
     with pytest.raises(SystemExit) as exc:
         main(["trace", "--conc", "2", *args])
@@ -213,15 +240,26 @@ def test_idle_breakdown_of_a_hand_built_record():
     r.compute[0] += [Interval(0, 2), Interval(5, 6)]
     r.comm[0].append(Interval(2, 3))
     r.compute[1].append(Interval(4, 8))
-    r.hops[0].append(Interval(3, 4))      # stage0 -> stage1
-    r.hops[1].append(Interval(8, 8.5))    # tokens back to stage 0, after its work
+    r.hops[0].append(Interval(3, 4))  # stage0 -> stage1
+    r.hops[1].append(Interval(8, 8.5))  # tokens back to stage 0, after its work
     r.cpu.append(Interval(3, 4))
-    rec = r.freeze(stage_gpus=((0,), (1,)), layers_per_stage=(2, 2), slots=2, clients=None,
-                   window_s=(0.0, 10.0), end_s=10.0, events=0)
+    rec = r.freeze(
+        stage_gpus=((0,), (1,)),
+        layers_per_stage=(2, 2),
+        slots=2,
+        clients=None,
+        window_s=(0.0, 10.0),
+        end_s=10.0,
+        events=0,
+    )
     s0, s1 = idle_breakdown(rec, 0.0, 10.0)
-    assert (s0.compute, s0.allreduce, s0.idle_cpu, s0.idle_p2p, s0.idle_bubble) == pytest.approx((0.3, 0.1, 0.1, 0.05, 0.45))
+    assert (s0.compute, s0.allreduce, s0.idle_cpu, s0.idle_p2p, s0.idle_bubble) == pytest.approx(
+        (0.3, 0.1, 0.1, 0.05, 0.45)
+    )
     assert (s0.bubbles, s0.bubble_s) == (2, pytest.approx(6.0))
-    assert (s1.compute, s1.allreduce, s1.idle_cpu, s1.idle_p2p, s1.idle_bubble) == pytest.approx((0.4, 0.0, 0.0, 0.1, 0.5))
+    assert (s1.compute, s1.allreduce, s1.idle_cpu, s1.idle_p2p, s1.idle_bubble) == pytest.approx(
+        (0.4, 0.0, 0.0, 0.1, 0.5)
+    )
     assert (s1.bubbles, s1.bubble_s) == (2, pytest.approx(6.0))
     assert busy_in(rec.compute[0] + rec.comm[0], 2.5, 5.5) == pytest.approx(1.0)
 

@@ -21,23 +21,28 @@ FAST = {"model": "llama-3.1-8b", "input_len": "16", "output_len": "8"}
 
 
 def _point(tp, pp, conc, name):
-    return Point(name, "kimi-k2.6", "sglang", tp, pp, conc, 256, 300, "output_tok_s", 100.0, 100.0, (), "test")
+    return Point(
+        name, "kimi-k2.6", "sglang", tp, pp, conc, 256, 300, "output_tok_s", 100.0, 100.0, (), "test"
+    )
 
 
 def _profile_with(points, loo):
     prof = load_profile("rtx-pro-6000-sglang-deployment")
-    meta = {**prof.meta, "fit": {"loo_error_pct": {p.name: e for p, e in zip(points, loo)}, "loo_mape_pct": 1.0}}
+    meta = {
+        **prof.meta,
+        "fit": {"loo_error_pct": {p.name: e for p, e in zip(points, loo)}, "loo_mape_pct": 1.0},
+    }
     return replace(prof, meta=meta, measured=tuple(points))
 
 
 def test_band_is_multiplicative_and_positive():
     assert U.band(100.0, 0.25) == pytest.approx((80.0, 125.0))
-    lo, hi = U.band(100.0, 3.0)          # a huge relative error stays positive
+    lo, hi = U.band(100.0, 3.0)  # a huge relative error stays positive
     assert lo == pytest.approx(25.0) and hi == pytest.approx(400.0)
 
 
 def test_too_few_points_use_the_stated_default():
-    prof = load_profile("rtx-pro-6000-sglang-deployment")   # three measured points
+    prof = load_profile("rtx-pro-6000-sglang-deployment")  # three measured points
     cal = U.calibration_spread(prof, 2, 4, 64)
     assert cal.rel == U.DEFAULT_CALIBRATION_REL and cal.points == 0
     assert "fewer than 5" in cal.basis and "3 points" in cal.basis
@@ -53,9 +58,15 @@ def test_regime_quantile_from_leave_one_out_errors():
 
 
 def test_regime_falls_back_to_the_load_class_then_all():
-    pts = [_point(8, 1, 32, "a"), _point(8, 1, 64, "b"), _point(8, 1, 16, "c"), _point(2, 4, 64, "d"), _point(1, 8, 8, "e")]
+    pts = [
+        _point(8, 1, 32, "a"),
+        _point(8, 1, 64, "b"),
+        _point(8, 1, 16, "c"),
+        _point(2, 4, 64, "d"),
+        _point(1, 8, 8, "e"),
+    ]
     prof = _profile_with(pts, [10, 10, 10, 20, 20])
-    cal = U.calibration_spread(prof, 2, 4, 64)    # 2 PP points: too few; 5 batched: enough
+    cal = U.calibration_spread(prof, 2, 4, 64)  # 2 PP points: too few; 5 batched: enough
     assert cal.regime == "batched" and cal.points == 5
 
 
@@ -70,7 +81,7 @@ def test_ensemble_widens_fixed_lengths_keeping_the_mean_and_varies_the_seed():
     members = U.ensemble_scenarios(sc, 4)
     assert sorted(m.workload.seed for m in members) == [1, 2, 3, 4]
     for m in members:
-        assert (m.workload.input_len.lo, m.workload.input_len.hi) == (50, 150)   # same mean 100
+        assert (m.workload.input_len.lo, m.workload.input_len.hi) == (50, 150)  # same mean 100
         assert (m.workload.output_len.lo, m.workload.output_len.hi) == (40, 60)  # given as a range: kept
 
 
@@ -87,7 +98,9 @@ def test_parts_combine_in_quadrature_and_the_band_holds_the_value():
     r = U.attach(run(sc), sc, ensemble=True, runs=3)
     for m in U.HEADLINE:
         p = r.interval_basis["parts"][m]
-        assert p["combined"] == pytest.approx(math.sqrt(p["calibration"] ** 2 + p["workload"] ** 2 + p["simulation"] ** 2))
+        assert p["combined"] == pytest.approx(
+            math.sqrt(p["calibration"] ** 2 + p["workload"] ** 2 + p["simulation"] ** 2)
+        )
         lo, hi = r.intervals[m]
         assert lo < getattr(r, m) < hi
     cheap = U.attach(run(sc), sc, ensemble=False)

@@ -5,19 +5,25 @@ vllm/config/vllm.py: `async_scheduling=None` means on unless an option is incomp
 with PP, else pp. vllm/v1/core/sched/async_scheduler.py schedules a request in flight
 again with a placeholder token, so step n+1 is formed while step n computes."""
 
-import pytest
+from conftest import fast_run
 
 import pipesim
-
-from conftest import fast_run
 
 VLLM = "rtx-pro-6000-vllm"
 
 
 def _sc(pp=1, **kw):
     kw.setdefault("concurrency", 16)
-    return pipesim.build_scenario(tp=8 // pp if pp < 8 else 1, pp=pp, engine="vllm", model="llama-3.1-8b",
-                                  input_len="128", output_len="40", profile=VLLM, **kw)
+    return pipesim.build_scenario(
+        tp=8 // pp if pp < 8 else 1,
+        pp=pp,
+        engine="vllm",
+        model="llama-3.1-8b",
+        input_len="128",
+        output_len="40",
+        profile=VLLM,
+        **kw,
+    )
 
 
 def test_async_default_on_without_pp_off_with_pp():
@@ -35,13 +41,25 @@ def test_async_at_pp1_has_no_half_batches():
 
 def test_async_hides_the_cpu_per_step():
     from pipesim.profile import load_profile
+
     prof = load_profile(VLLM).with_params(cpu_iteration_ms=2.0)
     rates = {}
     for on in (False, True):
         for p in (load_profile(VLLM).with_params(cpu_iteration_ms=0.0), prof):
-            sc = pipesim.build_scenario(tp=8, pp=1, engine="vllm", model="llama-3.1-8b", concurrency=16,
-                                        input_len="128", output_len="40", profile=p, async_scheduling=on)
-            rates[(on, p.params.cpu_iteration_ms)] = fast_run(sc, warmup_requests=16, measure_requests=32).output_throughput_tok_s
+            sc = pipesim.build_scenario(
+                tp=8,
+                pp=1,
+                engine="vllm",
+                model="llama-3.1-8b",
+                concurrency=16,
+                input_len="128",
+                output_len="40",
+                profile=p,
+                async_scheduling=on,
+            )
+            rates[(on, p.params.cpu_iteration_ms)] = fast_run(
+                sc, warmup_requests=16, measure_requests=32
+            ).output_throughput_tok_s
     sync_loss = 1 - rates[(False, 2.0)] / rates[(False, 0.0)]
     async_loss = 1 - rates[(True, 2.0)] / rates[(True, 0.0)]
     assert sync_loss > 0.1 and async_loss < sync_loss / 2

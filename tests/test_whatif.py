@@ -4,9 +4,9 @@ names by its factor, and nothing else."""
 import json
 
 import pytest
+from conftest import fast_predict
 
 import pipesim
-from conftest import fast_predict
 from pipesim.cli import main
 from pipesim.hardware import load_box
 from pipesim.scenario import build_scenario
@@ -16,16 +16,29 @@ FAST = dict(model="llama-3.1-8b", input_len="64", output_len="40")
 
 def test_knobs_scale_the_profile_and_the_box(profile):
     base = build_scenario(tp=2, pp=2, concurrency=4, profile=profile, **FAST)
-    sc = build_scenario(tp=2, pp=2, concurrency=4, profile=profile, kernel_scale=0.5, allreduce_scale=3.0,
-                        pcie_bandwidth_scale=2.0, cpu_iteration_ms=1.25, **FAST)
+    sc = build_scenario(
+        tp=2,
+        pp=2,
+        concurrency=4,
+        profile=profile,
+        kernel_scale=0.5,
+        allreduce_scale=3.0,
+        pcie_bandwidth_scale=2.0,
+        cpu_iteration_ms=1.25,
+        **FAST,
+    )
     p, q = base.profile.params, sc.profile.params
     assert q.kernel_scale == pytest.approx(0.5 * p.kernel_scale)
     assert q.allreduce_scale == pytest.approx(3.0 * p.allreduce_scale)
     assert q.cpu_iteration_ms == 1.25 and q.allreduce_offset_us == p.allreduce_offset_us
-    box = load_box(profile.box)      # the TOML's own numbers
+    box = load_box(profile.box)  # the TOML's own numbers
     assert [link.bw_bytes_s for link in sc.box.links] == [2.0 * link.bw_bytes_s for link in box.links]
-    assert sc.describe()["whatif"] == {"kernel_scale": 0.5, "allreduce_scale": 3.0, "pcie_bandwidth_scale": 2.0,
-                                       "cpu_iteration_ms": 1.25}
+    assert sc.describe()["whatif"] == {
+        "kernel_scale": 0.5,
+        "allreduce_scale": 3.0,
+        "pcie_bandwidth_scale": 2.0,
+        "cpu_iteration_ms": 1.25,
+    }
     assert "whatif" not in base.describe()
 
 
@@ -43,23 +56,61 @@ def test_half_the_kernel_time_halves_the_compute_per_token(profile):
 
 
 def test_whatif_returns_base_and_changed(profile):
-    base, changed = pipesim.whatif(dict(tp=2, pp=1, conc=2, profile=profile, ci_target=None, **FAST),
-                                   allreduce_scale=4.0)
-    assert changed.allreduce_share > base.allreduce_share          # 4x the collective time
+    base, changed = pipesim.whatif(
+        dict(tp=2, pp=1, conc=2, profile=profile, ci_target=None, **FAST), allreduce_scale=4.0
+    )
+    assert changed.allreduce_share > base.allreduce_share  # 4x the collective time
     assert changed.output_throughput_tok_s < base.output_throughput_tok_s
     with pytest.raises(pipesim.UserError, match="unknown what-if 'warp'"):
         pipesim.whatif(dict(tp=1, conc=1), warp=2.0)
 
 
 def test_cli_flags_and_engine_aliases(capsys):
-    main(["predict", "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2", "--max-concurrency", "2",
-          "--kernel-scale", "0.5", "--pcie-bandwidth-scale", "2", "--model", "llama-3.1-8b", "--input-len", "16",
-          "--output-len", "8", "--json"])
+    main(
+        [
+            "predict",
+            "--tensor-parallel-size",
+            "2",
+            "--pipeline-parallel-size",
+            "2",
+            "--max-concurrency",
+            "2",
+            "--kernel-scale",
+            "0.5",
+            "--pcie-bandwidth-scale",
+            "2",
+            "--model",
+            "llama-3.1-8b",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--json",
+        ]
+    )
     d = json.loads(capsys.readouterr().out)
     assert (d["scenario"]["tp"], d["scenario"]["pp"], d["scenario"]["workload"]["concurrency"]) == (2, 2, 2)
     assert d["scenario"]["whatif"] == {"kernel_scale": 0.5, "pcie_bandwidth_scale": 2.0}
-    main(["predict", "--tp-size", "2", "--pp-size", "1", "--request-rate", "1", "--num-requests", "5",
-          "--model", "llama-3.1-8b", "--input-len", "16", "--output-len", "8", "--json"])
+    main(
+        [
+            "predict",
+            "--tp-size",
+            "2",
+            "--pp-size",
+            "1",
+            "--request-rate",
+            "1",
+            "--num-requests",
+            "5",
+            "--model",
+            "llama-3.1-8b",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--json",
+        ]
+    )
     d = json.loads(capsys.readouterr().out)
     assert d["scenario"]["tp"] == 2 and d["scenario"]["workload"]["rate_rps"] == 1.0
 

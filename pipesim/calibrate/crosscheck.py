@@ -32,31 +32,62 @@ import numpy as np
 import pandas as pd
 
 # hardware text (lower case) -> box preset; first match wins
-BOXES = (("a100 40gb", None), ("a100", "a100-sxm-8x"), ("h100 pcie", "h100-pcie-8x"), ("h100", "h100-sxm-8x"),
-         ("h200", "h200-sxm-8x"), ("b200", "b200-8x"), ("l40s", "l40s-8x"), ("l4", "l4-8x"),
-         ("rtx pro 6000", "rtx-pro-6000-server-8x"))
+BOXES = (
+    ("a100 40gb", None),
+    ("a100", "a100-sxm-8x"),
+    ("h100 pcie", "h100-pcie-8x"),
+    ("h100", "h100-sxm-8x"),
+    ("h200", "h200-sxm-8x"),
+    ("b200", "b200-8x"),
+    ("l40s", "l40s-8x"),
+    ("l4", "l4-8x"),
+    ("rtx pro 6000", "rtx-pro-6000-server-8x"),
+)
 # model id (lower case) fragment -> (preset, checkpoint weight format it stands for)
-MODELS = (("deepseek-v3.2", None, "DeepSeek sparse attention (V3.2) is not modelled"),
-          ("llama-3.3-70b", "llama-3.1-70b", "bf16"), ("llama-3.1-70b", "llama-3.1-70b", "bf16"),
-          ("llama-3.1-8b", "llama-3.1-8b", "bf16"), ("deepseek-r1", "deepseek-v3", "fp8"),
-          ("deepseek-v3", "deepseek-v3", "fp8"), ("qwen3-30b-a3b", "qwen3-30b-a3b", "bf16"))
+MODELS = (
+    ("deepseek-v3.2", None, "DeepSeek sparse attention (V3.2) is not modelled"),
+    ("llama-3.3-70b", "llama-3.1-70b", "bf16"),
+    ("llama-3.1-70b", "llama-3.1-70b", "bf16"),
+    ("llama-3.1-8b", "llama-3.1-8b", "bf16"),
+    ("deepseek-r1", "deepseek-v3", "fp8"),
+    ("deepseek-v3", "deepseek-v3", "fp8"),
+    ("qwen3-30b-a3b", "qwen3-30b-a3b", "bf16"),
+)
 # corpus metric -> (Result field or derived name, interval family)
 METRIC_MAP = {
     "output_tok_s": ("output_throughput_tok_s", "output_throughput_tok_s"),
     "total_tok_s": ("total_tok_s", "output_throughput_tok_s"),
     "request_s": ("request_throughput_req_s", "output_throughput_tok_s"),
     "per_request_tok_s": ("per_request_tok_s", "per_request_tok_s"),
-    "ttft_ms_mean": ("ttft_ms_mean", "ttft_ms_p50"), "ttft_ms_p50": ("ttft_ms_p50", "ttft_ms_p50"),
+    "ttft_ms_mean": ("ttft_ms_mean", "ttft_ms_p50"),
+    "ttft_ms_p50": ("ttft_ms_p50", "ttft_ms_p50"),
     "ttft_ms_p99": ("ttft_ms_p99", "ttft_ms_p99"),
-    "tpot_ms_mean": ("tpot_ms_mean", "tpot_ms_p50"), "tpot_ms_p50": ("tpot_ms_p50", "tpot_ms_p50"),
+    "tpot_ms_mean": ("tpot_ms_mean", "tpot_ms_p50"),
+    "tpot_ms_p50": ("tpot_ms_p50", "tpot_ms_p50"),
     "tpot_ms_p99": ("tpot_ms_p99", "tpot_ms_p99"),
     "e2el_ms_mean": ("e2e_ms_mean", "tpot_ms_p50"),
 }
-FLAGS = {"vllm": (("--max-num-seqs", "max_num_seqs"), ("--max-num-batched-tokens", "max_num_batched_tokens")),
-         "sglang": (("--max-running-requests", "max_running_requests"), ("--chunked-prefill-size", "chunked_prefill_size"))}
+FLAGS = {
+    "vllm": (("--max-num-seqs", "max_num_seqs"), ("--max-num-batched-tokens", "max_num_batched_tokens")),
+    "sglang": (
+        ("--max-running-requests", "max_running_requests"),
+        ("--chunked-prefill-size", "chunked_prefill_size"),
+    ),
+}
 # what one split is compared under: runs of a source equal on all of these
-CONDITION = ("source_id", "engine", "engine_version", "model", "quantization", "kv_cache_dtype", "workload",
-             "num_prompts", "concurrency", "request_rate", "metric")
+CONDITION = (
+    "source_id",
+    "engine",
+    "engine_version",
+    "model",
+    "quantization",
+    "kv_cache_dtype",
+    "workload",
+    "num_prompts",
+    "concurrency",
+    "request_rate",
+    "metric",
+)
 
 
 class Skip(Exception):
@@ -67,10 +98,10 @@ class Skip(Exception):
 class Check:
     """The outcome of the corpus check."""
 
-    rows: pd.DataFrame        # one per compared number
-    skipped: pd.DataFrame     # one per skipped run: run_id, source_id, rows, reason
-    ranking: pd.DataFrame     # one per condition with several splits
-    corpus: dict              # rows, runs, sources, PP > 1, several splits
+    rows: pd.DataFrame  # one per compared number
+    skipped: pd.DataFrame  # one per skipped run: run_id, source_id, rows, reason
+    ranking: pd.DataFrame  # one per condition with several splits
+    corpus: dict  # rows, runs, sources, PP > 1, several splits
 
 
 def box_for(hardware: str) -> str:
@@ -99,7 +130,9 @@ def model_for(model: str, quantization: str) -> str:
 def lengths_for(workload: str) -> tuple[str, str]:
     """(input, output) as pipesim length texts, from the row's workload description."""
     w = workload
-    m = re.search(r"input (\d+) tokens, output (\d+) tokens", w) or re.search(r"input (\d+) / output (\d+) tokens", w)
+    m = re.search(r"input (\d+) tokens, output (\d+) tokens", w) or re.search(
+        r"input (\d+) / output (\d+) tokens", w
+    )
     if m and ("range-ratio" not in w or "--random-range-ratio 1" in w):
         return m.group(1), m.group(2)
     m = re.search(r"--random-input (\d+) --random-output (\d+), random_range_ratio 0\.0", w)
@@ -120,7 +153,12 @@ def knobs_for(engine: str, flags: str) -> dict:
         out["enforce_eager"] = True
     if engine == "sglang" and "--disable-cuda-graph" in (flags or ""):
         out["disable_cuda_graph"] = True
-    for unsupported in ("--speculative", "--enable-dp-attention", "--enable-expert-parallel", "--data-parallel-size"):
+    for unsupported in (
+        "--speculative",
+        "--enable-dp-attention",
+        "--enable-expert-parallel",
+        "--data-parallel-size",
+    ):
         if unsupported in (flags or ""):
             raise Skip(f"launch flag {unsupported} is not modelled")
     return out
@@ -139,7 +177,7 @@ def profile_for(box: str, engine: str, model: str):
         p = load_profile(name)
         try:
             same_gpu = load_box(p.box).gpu.name == gpu
-        except UserError:   # a profile's own box file, not a preset
+        except UserError:  # a profile's own box file, not a preset
             same_gpu = False
         if same_gpu and p.meta.get("model", model) == model:
             fits.append(p)
@@ -147,7 +185,9 @@ def profile_for(box: str, engine: str, model: str):
     if fits:
         return fits[0]
     base = load_profile("rtx-pro-6000-vllm" if engine == "vllm" else "rtx-pro-6000-sglang-healthy")
-    return replace(base, name=f"roofline-{engine}", box=box, params=Params(), meta={}, tables=Tables(), measured=())
+    return replace(
+        base, name=f"roofline-{engine}", box=box, params=Params(), meta={}, tables=Tables(), measured=()
+    )
 
 
 def scenario_for(run: dict):
@@ -172,19 +212,54 @@ def scenario_for(run: dict):
     n = None if n is None or pd.isna(n) else int(n)
     try:
         if conc is not None:
-            sc = build_scenario(tp=run["tp"], pp=run["pp"], concurrency=conc, model=model, profile=prof,
-                                engine=run["engine"], box=box, input_len=inp, output_len=out, **knobs)
+            sc = build_scenario(
+                tp=run["tp"],
+                pp=run["pp"],
+                concurrency=conc,
+                model=model,
+                profile=prof,
+                engine=run["engine"],
+                box=box,
+                input_len=inp,
+                output_len=out,
+                **knobs,
+            )
         elif rate is not None and math.isfinite(rate):
-            sc = build_scenario(tp=run["tp"], pp=run["pp"], rate_rps=float(rate), num_requests=n or 200, model=model,
-                                profile=prof, engine=run["engine"], box=box, input_len=inp, output_len=out, **knobs)
+            sc = build_scenario(
+                tp=run["tp"],
+                pp=run["pp"],
+                rate_rps=float(rate),
+                num_requests=n or 200,
+                model=model,
+                profile=prof,
+                engine=run["engine"],
+                box=box,
+                input_len=inp,
+                output_len=out,
+                **knobs,
+            )
         elif n:
-            sc = build_scenario(tp=run["tp"], pp=run["pp"], concurrency=1, model=model, profile=prof,
-                                engine=run["engine"], box=box, input_len=inp, output_len=out, **knobs)
+            sc = build_scenario(
+                tp=run["tp"],
+                pp=run["pp"],
+                concurrency=1,
+                model=model,
+                profile=prof,
+                engine=run["engine"],
+                box=box,
+                input_len=inp,
+                output_len=out,
+                **knobs,
+            )
             rng = np.random.default_rng(0)
             li, lo = Lengths.parse(inp, "input"), Lengths.parse(out, "output")
             rows = tuple((0.0, int(i), int(o)) for i, o in zip(li.sample(rng, n), lo.sample(rng, n)))
-            sc = replace(sc, workload=Workload("trace", li, lo, trace=rows, trace_path=f"{n} requests at t=0",
-                                               num_requests=n))
+            sc = replace(
+                sc,
+                workload=Workload(
+                    "trace", li, lo, trace=rows, trace_path=f"{n} requests at t=0", num_requests=n
+                ),
+            )
         else:
             raise Skip("neither a concurrency, a rate nor a prompt count")
     except UserError as exc:
@@ -226,14 +301,26 @@ def _filled(df: pd.DataFrame) -> pd.DataFrame:
 
 def summary(corpus: pd.DataFrame) -> dict:
     runs = corpus.drop_duplicates("run_id")
-    split = runs.assign(split=runs.tp.astype(str) + "x" + runs.pp.astype(str) + "x" + runs.dp.astype(str) + "x"
-                        + runs.ep.astype(str))
+    split = runs.assign(
+        split=runs.tp.astype(str)
+        + "x"
+        + runs.pp.astype(str)
+        + "x"
+        + runs.dp.astype(str)
+        + "x"
+        + runs.ep.astype(str)
+    )
     cond = [c for c in CONDITION if c != "metric"]
     multi = _filled(split).groupby(cond, dropna=False)["split"].nunique()
     multi_sources = multi[multi > 1].reset_index()["source_id"].nunique()
-    return {"rows": len(corpus), "runs": len(runs), "sources": corpus.source_id.nunique(),
-            "rows_pp_gt_1": int((corpus.pp > 1).sum()), "runs_pp_gt_1": int((runs.pp > 1).sum()),
-            "sources_with_several_splits": int(multi_sources)}
+    return {
+        "rows": len(corpus),
+        "runs": len(runs),
+        "sources": corpus.source_id.nunique(),
+        "rows_pp_gt_1": int((corpus.pp > 1).sum()),
+        "runs_pp_gt_1": int((runs.pp > 1).sum()),
+        "sources_with_several_splits": int(multi_sources),
+    }
 
 
 def check(corpus: pd.DataFrame, progress=None) -> Check:
@@ -249,7 +336,9 @@ def check(corpus: pd.DataFrame, progress=None) -> Check:
         try:
             sc = scenario_for(first)
         except Skip as exc:
-            skipped.append({"run_id": run_id, "source_id": first["source_id"], "rows": len(part), "reason": str(exc)})
+            skipped.append(
+                {"run_id": run_id, "source_id": first["source_id"], "rows": len(part), "reason": str(exc)}
+            )
             continue
         result = simulate(sc)
         _iv, basis = intervals(result, sc, ensemble=False)
@@ -258,71 +347,136 @@ def check(corpus: pd.DataFrame, progress=None) -> Check:
             progress(run_id)
         for r in part.itertuples():
             if r.metric not in METRIC_MAP:
-                continue   # p90s, ITL: pipesim reports p50 / p99 and TPOT
+                continue  # p90s, ITL: pipesim reports p50 / p99 and TPOT
             field, family = METRIC_MAP[r.metric]
             p = pred.get(field, float("nan"))
             rel = basis["parts"][family]["combined"]
             lo, hi = (p / (1 + rel), p * (1 + rel)) if math.isfinite(p) else (float("nan"),) * 2
-            rows.append({"row_id": r.row_id, "run_id": run_id, "source_id": r.source_id, "metric": r.metric,
-                         "tp": r.tp, "pp": r.pp, "dp": r.dp, "ep": r.ep, "measured": r.value, "predicted": p,
-                         "error_pct": (p - r.value) / r.value * 100, "lo": lo, "hi": hi,
-                         "inside": bool(lo <= r.value <= hi), "profile": sc.profile.name, "box": sc.box.name,
-                         **{c: getattr(r, c) for c in CONDITION if c not in ("source_id", "metric")}})
+            rows.append(
+                {
+                    "row_id": r.row_id,
+                    "run_id": run_id,
+                    "source_id": r.source_id,
+                    "metric": r.metric,
+                    "tp": r.tp,
+                    "pp": r.pp,
+                    "dp": r.dp,
+                    "ep": r.ep,
+                    "measured": r.value,
+                    "predicted": p,
+                    "error_pct": (p - r.value) / r.value * 100,
+                    "lo": lo,
+                    "hi": hi,
+                    "inside": bool(lo <= r.value <= hi),
+                    "profile": sc.profile.name,
+                    "box": sc.box.name,
+                    **{c: getattr(r, c) for c in CONDITION if c not in ("source_id", "metric")},
+                }
+            )
     df = pd.DataFrame(rows)
-    return Check(df, pd.DataFrame(skipped, columns=["run_id", "source_id", "rows", "reason"]), _ranking(df),
-                 summary(corpus))
+    return Check(
+        df,
+        pd.DataFrame(skipped, columns=["run_id", "source_id", "rows", "reason"]),
+        _ranking(df),
+        summary(corpus),
+    )
 
 
 def _ranking(df: pd.DataFrame) -> pd.DataFrame:
     out = []
     if df.empty:
-        return pd.DataFrame(out, columns=["source_id", "metric", "condition", "splits", "pairs", "agreement", "kendall_tau"])
+        return pd.DataFrame(
+            out, columns=["source_id", "metric", "condition", "splits", "pairs", "agreement", "kendall_tau"]
+        )
     keys = [c for c in CONDITION]
     for key, g in _filled(df).groupby(keys, dropna=False):
         g = g.assign(split=g.tp.astype(str) + "x" + g.pp.astype(str))
-        if g.split.nunique() < 2 or g.metric.iloc[0] not in ("output_tok_s", "per_request_tok_s", "total_tok_s",
-                                                              "request_s", "tpot_ms_mean", "ttft_ms_mean"):
+        if g.split.nunique() < 2 or g.metric.iloc[0] not in (
+            "output_tok_s",
+            "per_request_tok_s",
+            "total_tok_s",
+            "request_s",
+            "tpot_ms_mean",
+            "ttft_ms_mean",
+        ):
             continue
         share, pairs = pairwise_agreement(g.measured.to_numpy(), g.predicted.to_numpy())
-        out.append({"source_id": key[0], "metric": key[-1], "condition": f"{key[3]}, {key[6][:40]}, C={key[8]}",
-                    "splits": ",".join(f"TP{a}xPP{b}" for a, b in zip(g.tp, g.pp)), "pairs": pairs,
-                    "agreement": share, "kendall_tau": kendall_tau(g.measured.to_numpy(), g.predicted.to_numpy())})
-    return pd.DataFrame(out, columns=["source_id", "metric", "condition", "splits", "pairs", "agreement", "kendall_tau"])
+        out.append(
+            {
+                "source_id": key[0],
+                "metric": key[-1],
+                "condition": f"{key[3]}, {key[6][:40]}, C={key[8]}",
+                "splits": ",".join(f"TP{a}xPP{b}" for a, b in zip(g.tp, g.pp)),
+                "pairs": pairs,
+                "agreement": share,
+                "kendall_tau": kendall_tau(g.measured.to_numpy(), g.predicted.to_numpy()),
+            }
+        )
+    return pd.DataFrame(
+        out, columns=["source_id", "metric", "condition", "splits", "pairs", "agreement", "kendall_tau"]
+    )
 
 
 def per_source(df: pd.DataFrame) -> pd.DataFrame:
     """Per source: numbers compared, mean and median |error| in %, coverage."""
     if df.empty:
-        return pd.DataFrame(columns=["source_id", "numbers", "runs", "mape_pct", "median_ape_pct", "coverage"])
+        return pd.DataFrame(
+            columns=["source_id", "numbers", "runs", "mape_pct", "median_ape_pct", "coverage"]
+        )
     g = df.assign(ape=df.error_pct.abs()).groupby("source_id")
-    return pd.DataFrame({"numbers": g.size(), "runs": g.run_id.nunique(), "mape_pct": g.ape.mean(),
-                         "median_ape_pct": g.ape.median(), "coverage": g.inside.mean()}).reset_index()
+    return pd.DataFrame(
+        {
+            "numbers": g.size(),
+            "runs": g.run_id.nunique(),
+            "mape_pct": g.ape.mean(),
+            "median_ape_pct": g.ape.median(),
+            "coverage": g.inside.mean(),
+        }
+    ).reset_index()
 
 
 def text(chk: Check) -> str:
     c = chk.corpus
-    lines = [(f"corpus: {c['rows']} rows, {c['runs']} runs, {c['sources']} sources; PP > 1: {c['rows_pp_gt_1']} rows "
-             f"({c['runs_pp_gt_1']} runs); sources with several splits under one condition: "
-             f"{c['sources_with_several_splits']}"),
-             (f"reproduced: {chk.rows.run_id.nunique() if len(chk.rows) else 0} runs, {len(chk.rows)} numbers; "
-             f"skipped: {len(chk.skipped)} runs ({int(chk.skipped.rows.sum()) if len(chk.skipped) else 0} rows)"), ""]
+    lines = [
+        (
+            f"corpus: {c['rows']} rows, {c['runs']} runs, {c['sources']} sources; PP > 1: {c['rows_pp_gt_1']} rows "
+            f"({c['runs_pp_gt_1']} runs); sources with several splits under one condition: "
+            f"{c['sources_with_several_splits']}"
+        ),
+        (
+            f"reproduced: {chk.rows.run_id.nunique() if len(chk.rows) else 0} runs, {len(chk.rows)} numbers; "
+            f"skipped: {len(chk.skipped)} runs ({int(chk.skipped.rows.sum()) if len(chk.skipped) else 0} rows)"
+        ),
+        "",
+    ]
     ps = per_source(chk.rows)
     lines.append(f"  {'source':52s} {'numbers':>7s} {'runs':>5s} {'MAPE':>8s} {'median':>8s} {'in band':>8s}")
     for r in ps.itertuples():
-        lines.append(f"  {r.source_id:52s} {r.numbers:7d} {r.runs:5d} {r.mape_pct:7.1f}% {r.median_ape_pct:7.1f}% "
-                     f"{r.coverage:7.0%}")
+        lines.append(
+            f"  {r.source_id:52s} {r.numbers:7d} {r.runs:5d} {r.mape_pct:7.1f}% {r.median_ape_pct:7.1f}% "
+            f"{r.coverage:7.0%}"
+        )
     if len(chk.rows):
         ape = chk.rows.error_pct.abs()
-        lines.append(f"  {'overall':52s} {len(chk.rows):7d} {chk.rows.run_id.nunique():5d} {ape.mean():7.1f}% "
-                     f"{ape.median():7.1f}% {chk.rows.inside.mean():7.0%}")
+        lines.append(
+            f"  {'overall':52s} {len(chk.rows):7d} {chk.rows.run_id.nunique():5d} {ape.mean():7.1f}% "
+            f"{ape.median():7.1f}% {chk.rows.inside.mean():7.0%}"
+        )
         for metric, g in chk.rows.groupby("metric"):
-            lines.append(f"    {metric:50s} {len(g):7d} {'':5s} {g.error_pct.abs().mean():7.1f}% "
-                         f"{g.error_pct.abs().median():7.1f}% {g.inside.mean():7.0%}")
+            lines.append(
+                f"    {metric:50s} {len(g):7d} {'':5s} {g.error_pct.abs().mean():7.1f}% "
+                f"{g.error_pct.abs().median():7.1f}% {g.inside.mean():7.0%}"
+            )
     if len(chk.ranking):
         rk = chk.ranking
-        lines += ["", (f"ranking of splits under one condition: {len(rk)} groups, {int(rk.pairs.sum())} pairs, "
-                  f"pairwise agreement {np.average(rk.agreement, weights=rk.pairs):.0%}, "
-                  f"mean Kendall tau {rk.kendall_tau.mean():+.2f}")]
+        lines += [
+            "",
+            (
+                f"ranking of splits under one condition: {len(rk)} groups, {int(rk.pairs.sum())} pairs, "
+                f"pairwise agreement {np.average(rk.agreement, weights=rk.pairs):.0%}, "
+                f"mean Kendall tau {rk.kendall_tau.mean():+.2f}"
+            ),
+        ]
     else:
         lines += ["", "ranking of splits: no reproduced condition has several splits"]
     if len(chk.skipped):
@@ -340,11 +494,23 @@ def to_json(chk: Check) -> str:
 
     ape = chk.rows.error_pct.abs() if len(chk.rows) else pd.Series(dtype=float)
     rk = chk.ranking
-    overall = {"numbers": len(chk.rows), "runs": int(chk.rows.run_id.nunique()) if len(chk.rows) else 0,
-               "mape_pct": float(ape.mean()) if len(ape) else None,
-               "median_ape_pct": float(ape.median()) if len(ape) else None,
-               "coverage": float(chk.rows.inside.mean()) if len(chk.rows) else None,
-               "ranking_pairs": int(rk.pairs.sum()) if len(rk) else 0,
-               "ranking_agreement": float(np.average(rk.agreement, weights=rk.pairs)) if len(rk) else None}
-    return json.dumps({"corpus": chk.corpus, "overall": overall, "per_source": records(per_source(chk.rows)),
-                       "ranking": records(rk), "rows": records(chk.rows), "skipped": records(chk.skipped)}, indent=2)
+    overall = {
+        "numbers": len(chk.rows),
+        "runs": int(chk.rows.run_id.nunique()) if len(chk.rows) else 0,
+        "mape_pct": float(ape.mean()) if len(ape) else None,
+        "median_ape_pct": float(ape.median()) if len(ape) else None,
+        "coverage": float(chk.rows.inside.mean()) if len(chk.rows) else None,
+        "ranking_pairs": int(rk.pairs.sum()) if len(rk) else 0,
+        "ranking_agreement": float(np.average(rk.agreement, weights=rk.pairs)) if len(rk) else None,
+    }
+    return json.dumps(
+        {
+            "corpus": chk.corpus,
+            "overall": overall,
+            "per_source": records(per_source(chk.rows)),
+            "ranking": records(rk),
+            "rows": records(chk.rows),
+            "skipped": records(chk.skipped),
+        },
+        indent=2,
+    )

@@ -23,8 +23,14 @@ from ..profile import Profile, load_profile
 from .fit import FITTABLE, fit, predict_point
 from .measured import Point
 
-NEUTRAL = {"cpu_iteration_ms": 0.0, "cpu_hop_ms": 0.0, "allreduce_scale": 1.0, "allreduce_offset_us": 0.0,
-           "eager_launch_us_per_layer": 0.0, "kernel_scale": 1.0}
+NEUTRAL = {
+    "cpu_iteration_ms": 0.0,
+    "cpu_hop_ms": 0.0,
+    "allreduce_scale": 1.0,
+    "allreduce_offset_us": 0.0,
+    "eager_launch_us_per_layer": 0.0,
+    "kernel_scale": 1.0,
+}
 HYPOTHESES = {
     "allreduce_offset_us": "each TP all-reduce costs more (a slow TP path)",
     "cpu_iteration_ms": "the scheduler CPU takes longer per iteration",
@@ -37,25 +43,27 @@ HYPOTHESES = {
 @dataclass(frozen=True)
 class PointDiagnosis:
     point: Point
-    tables_only: float                 # tok/s from the tables alone
-    needed: dict                       # hypothesis -> value that explains this point alone (None: cannot)
-    allreduce_table_us: float          # one all-reduce at this point's decode batch, from the table (0: no TP)
+    tables_only: float  # tok/s from the tables alone
+    needed: dict  # hypothesis -> value that explains this point alone (None: cannot)
+    allreduce_table_us: float  # one all-reduce at this point's decode batch, from the table (0: no TP)
     allreduces_per_step: int
 
 
 @dataclass(frozen=True)
 class Diagnosis:
     profile: str
-    points: tuple                      # PointDiagnosis
-    consistency: dict                  # hypothesis -> (fitted value, MAPE % over all points)
+    points: tuple  # PointDiagnosis
+    consistency: dict  # hypothesis -> (fitted value, MAPE % over all points)
 
     def text(self) -> str:
         out = [f"diagnosis of {self.profile}: measured points against the box's own tables"]
         for d in self.points:
             p = d.point
             gap = (p.value - d.tables_only) / d.tables_only * 100
-            out.append(f"\n{p.label()} ({p.metric}): measured {p.lo:g}{'' if p.lo == p.hi else f'-{p.hi:g}'} tok/s, "
-                       f"tables alone predict {d.tables_only:.1f} tok/s ({gap:+.0f}%)")
+            out.append(
+                f"\n{p.label()} ({p.metric}): measured {p.lo:g}{'' if p.lo == p.hi else f'-{p.hi:g}'} tok/s, "
+                f"tables alone predict {d.tables_only:.1f} tok/s ({gap:+.0f}%)"
+            )
             if p.lo <= d.tables_only <= p.hi:
                 out.append("  the tables explain it: nothing to charge")
                 continue
@@ -64,15 +72,21 @@ class Diagnosis:
                     out.append(f"  {h:27s} cannot explain it alone")
                 elif h == "allreduce_offset_us" and d.allreduce_table_us:
                     per = d.allreduce_table_us + v
-                    out.append(f"  all-reduce                  would have to cost {per:,.0f} us each "
-                               f"({d.allreduces_per_step} per step), against {d.allreduce_table_us:.0f} us in the "
-                               f"box's measured NCCL table: {per / d.allreduce_table_us:.1f}x")
+                    out.append(
+                        f"  all-reduce                  would have to cost {per:,.0f} us each "
+                        f"({d.allreduces_per_step} per step), against {d.allreduce_table_us:.0f} us in the "
+                        f"box's measured NCCL table: {per / d.allreduce_table_us:.1f}x"
+                    )
                 elif h == "cpu_iteration_ms":
-                    out.append(f"  scheduler CPU               would have to take {v:.2f} ms per iteration (tables: 0)")
+                    out.append(
+                        f"  scheduler CPU               would have to take {v:.2f} ms per iteration (tables: 0)"
+                    )
                 elif h == "eager_launch_us_per_layer":
                     out.append(f"  eager kernel launch         would have to take {v:,.0f} us per layer")
                 elif h == "kernel_scale":
-                    out.append(f"  kernels                     would have to run {v:.2f}x slower than the tables")
+                    out.append(
+                        f"  kernels                     would have to run {v:.2f}x slower than the tables"
+                    )
                 elif h == "cpu_hop_ms":
                     out.append(f"  PP hop CPU                  would have to take {v:.2f} ms per hop")
         out.append("\none cause for all points? each hypothesis fitted to every point at once:")

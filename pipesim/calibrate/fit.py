@@ -10,9 +10,8 @@ whether a profile predicts or merely memorises.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,19 +41,30 @@ def predict_point(profile: Profile, point: Point) -> float:
     (a deterministic run: C warm-up requests, then max(2C, 4) measured)."""
     from ..api import predict
 
-    r = predict(point.tp, point.pp, point.conc, profile=profile, model=point.model, engine=point.engine,
-                input_len=str(point.input_len), output_len=str(point.output_len), warmup_requests=point.conc,
-                measure_requests=max(2 * point.conc, 4), ci_target=None, **dict(point.knobs))
+    r = predict(
+        point.tp,
+        point.pp,
+        point.conc,
+        profile=profile,
+        model=point.model,
+        engine=point.engine,
+        input_len=str(point.input_len),
+        output_len=str(point.output_len),
+        warmup_requests=point.conc,
+        measure_requests=max(2 * point.conc, 4),
+        ci_target=None,
+        **dict(point.knobs),
+    )
     return r.output_throughput_tok_s if point.metric == "output_tok_s" else r.per_request_tok_s
 
 
 @dataclass(frozen=True)
 class FitResult:
-    params: dict                    # fitted values
-    points: tuple                   # the measured points
-    predicted: tuple                # tok/s with the fitted values
-    errors: tuple                   # relative error per point (0 inside a band)
-    loo_errors: tuple               # leave-one-out relative error per point (None if not computed)
+    params: dict  # fitted values
+    points: tuple  # the measured points
+    predicted: tuple  # tok/s with the fitted values
+    errors: tuple  # relative error per point (0 inside a band)
+    loo_errors: tuple  # leave-one-out relative error per point (None if not computed)
     evaluations: int
 
     @property
@@ -75,13 +85,20 @@ class FitResult:
         """A Markdown fit report: parameters, residuals per point, leave-one-out."""
         lines = ["| parameter | fitted value |", "|---|---|"]
         lines += [f"| {k} | {v:.6g} |" for k, v in self.params.items()]
-        lines += ["", "| point | measured tok/s | predicted | error | leave-one-out |", "|---|---|---|---|---|"]
-        for p, pred, e, l in zip(self.points, self.predicted, self.errors, self.loo_errors):
+        lines += [
+            "",
+            "| point | measured tok/s | predicted | error | leave-one-out |",
+            "|---|---|---|---|---|",
+        ]
+        for p, pred, e, loo_e in zip(self.points, self.predicted, self.errors, self.loo_errors):
             meas = f"{p.lo:g}" if p.lo == p.hi else f"{p.lo:g}-{p.hi:g}"
-            loo = "-" if l is None else f"{l * 100:+.1f}%"
+            loo = "-" if loo_e is None else f"{loo_e * 100:+.1f}%"
             lines.append(f"| {p.label()} | {meas} | {pred:.1f} | {e * 100:+.1f}% | {loo} |")
-        lines += ["", f"MAPE {self.mape:.1f}%, leave-one-out MAPE {self.loo_mape:.1f}% "
-                  f"({self.evaluations} simulations)"]
+        lines += [
+            "",
+            f"MAPE {self.mape:.1f}%, leave-one-out MAPE {self.loo_mape:.1f}% "
+            f"({self.evaluations} simulations)",
+        ]
         return "\n".join(lines)
 
 
@@ -92,7 +109,9 @@ class _Objective:
         self.evaluations = 0
 
     def profile_at(self, u) -> Profile:
-        return self.profile.with_params(**{n: float(v) for n, v in zip(self.names, np.asarray(u) * self.units)})
+        return self.profile.with_params(
+            **{n: float(v) for n, v in zip(self.names, np.asarray(u) * self.units)}
+        )
 
     def predictions(self, u) -> list[float]:
         self.evaluations += len(self.points)
@@ -110,8 +129,10 @@ def _solve(obj: _Objective, start) -> np.ndarray:
     if len(obj.names) <= 2:
         # the simulated response is not smooth everywhere: start from the best point
         # of a coarse grid over each parameter's range
-        axes = [np.unique(np.clip(np.concatenate(([x], lo_ + (hi_ - lo_) * np.geomspace(1e-3, 1, 7))), lo_, hi_))
-                for x, lo_, hi_ in zip(x0, lo, hi)]
+        axes = [
+            np.unique(np.clip(np.concatenate(([x], lo_ + (hi_ - lo_) * np.geomspace(1e-3, 1, 7))), lo_, hi_))
+            for x, lo_, hi_ in zip(x0, lo, hi)
+        ]
         x0 = min((np.array(c) for c in itertools.product(*axes)), key=lambda c: float(np.sum(obj(c) ** 2)))
     sol = least_squares(obj, x0, bounds=(lo, hi), diff_step=1e-2, xtol=1e-4, ftol=1e-4, max_nfev=60)
     return sol.x
@@ -122,13 +143,21 @@ def solves(points, loo: bool) -> int:
     return 1 + (len(points) if loo and len(points) > 1 else 0)
 
 
-def fit(profile: Profile, names: list[str], points: list[Point] | None = None, loo: bool = True,
-        on_solve: Callable[[], object] | None = None) -> FitResult:
+def fit(
+    profile: Profile,
+    names: list[str],
+    points: list[Point] | None = None,
+    loo: bool = True,
+    on_solve: Callable[[], object] | None = None,
+) -> FitResult:
     """Fit `names` (see FITTABLE) to the profile's measured points (or `points`).
     `on_solve` is called after each least-squares solve: 1 for the fit, then one per
     point left out (`solves(points, loo)` in all), for a progress bar."""
     points = list(points if points is not None else profile.measured)
-    require(points, f"profile {profile.name} has no measured points to fit (import some: pipesim calibrate import bench)")
+    require(
+        points,
+        f"profile {profile.name} has no measured points to fit (import some: pipesim calibrate import bench)",
+    )
     unknown = [n for n in names if n not in FITTABLE]
     require(not unknown, f"cannot fit {', '.join(unknown)}; fittable: {', '.join(FITTABLE)}")
     require(names, "name at least one parameter to fit")
@@ -142,7 +171,7 @@ def fit(profile: Profile, names: list[str], points: list[Point] | None = None, l
     loo_errors: list = [None] * len(points)
     if loo and len(points) > 1:
         for i in range(len(points)):
-            rest = points[:i] + points[i + 1:]
+            rest = points[:i] + points[i + 1 :]
             sub = _Objective(profile, names, rest)
             xi = _solve(sub, x)
             obj.evaluations += sub.evaluations
@@ -150,11 +179,18 @@ def fit(profile: Profile, names: list[str], points: list[Point] | None = None, l
                 on_solve()
             loo_errors[i] = points[i].error(predict_point(obj.profile_at(xi), points[i]))
     values = {n: float(v) for n, v in zip(names, x * obj.units)}
-    return FitResult(values, tuple(points), tuple(predicted), tuple(errors), tuple(loo_errors), obj.evaluations)
+    return FitResult(
+        values, tuple(points), tuple(predicted), tuple(errors), tuple(loo_errors), obj.evaluations
+    )
 
 
-def fit_profile(profile_dir: str | Path, names: list[str], out: str | Path | None = None,
-                loo: bool = True, on_solve: Callable[[], object] | None = None) -> FitResult:
+def fit_profile(
+    profile_dir: str | Path,
+    names: list[str],
+    out: str | Path | None = None,
+    loo: bool = True,
+    on_solve: Callable[[], object] | None = None,
+) -> FitResult:
     """Fit `names` to a profile's measured points and write the profile again (in
     place unless `out`) with the fitted values, their sources, a summary and
     fit_report.md."""
@@ -165,11 +201,21 @@ def fit_profile(profile_dir: str | Path, names: list[str], out: str | Path | Non
     prof = load_profile(profile_dir)
     result = fit(prof, names, loo=loo, on_solve=on_solve)
     params = {**prof.meta.get("params", {}), **result.params}
-    sources = {**prof.meta.get("param_sources", {}),
-               **{k: "fitted to measured.csv by pipesim calibrate fit; see fit_report.md" for k in result.params}}
-    summary = {"params": ", ".join(f"{k}={v:.4g}" for k, v in result.params.items()),
-               "mape_pct": round(result.mape, 2), "loo_mape_pct": round(result.loo_mape, 2), "report": "fit_report.md",
-               **({"loo_error_pct": result.loo_error_pct()} if result.loo_error_pct() else {})}
-    rewrite_profile(profile_dir, out, meta_update={"params": params, "param_sources": sources, "fit": summary},
-                    extra={"fit_report.md": f"# Fit of {prof.name}\n\n{result.report()}\n"})
+    sources = {
+        **prof.meta.get("param_sources", {}),
+        **{k: "fitted to measured.csv by pipesim calibrate fit; see fit_report.md" for k in result.params},
+    }
+    summary = {
+        "params": ", ".join(f"{k}={v:.4g}" for k, v in result.params.items()),
+        "mape_pct": round(result.mape, 2),
+        "loo_mape_pct": round(result.loo_mape, 2),
+        "report": "fit_report.md",
+        **({"loo_error_pct": result.loo_error_pct()} if result.loo_error_pct() else {}),
+    }
+    rewrite_profile(
+        profile_dir,
+        out,
+        meta_update={"params": params, "param_sources": sources, "fit": summary},
+        extra={"fit_report.md": f"# Fit of {prof.name}\n\n{result.report()}\n"},
+    )
     return result

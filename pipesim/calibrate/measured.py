@@ -26,10 +26,27 @@ from ..errors import UserError, require
 if TYPE_CHECKING:  # read with the csv module: loading a profile needs no pandas
     import pandas as pd
 
-COLUMNS = ("name", "model", "engine", "tp", "pp", "conc", "input_len", "output_len",
-           "metric", "tok_s", "tok_s_lo", "tok_s_hi", "ttft_ms", "tpot_ms",
-           "max_running_requests", "pp_max_micro_batch_size", "pp_async_batch_depth", "disable_cuda_graph",
-           "source")
+COLUMNS = (
+    "name",
+    "model",
+    "engine",
+    "tp",
+    "pp",
+    "conc",
+    "input_len",
+    "output_len",
+    "metric",
+    "tok_s",
+    "tok_s_lo",
+    "tok_s_hi",
+    "ttft_ms",
+    "tpot_ms",
+    "max_running_requests",
+    "pp_max_micro_batch_size",
+    "pp_async_batch_depth",
+    "disable_cuda_graph",
+    "source",
+)
 REQUIRED = ("tp", "pp", "conc", "tok_s")
 # what a measured number is compared with: the aggregate output rate of the engine, or
 # one request's decode speed ((output tokens - 1) / decode time, as single-request
@@ -51,9 +68,9 @@ class Point:
     metric: str
     lo: float
     hi: float
-    knobs: tuple          # ((knob, value), ...) given for this run
+    knobs: tuple  # ((knob, value), ...) given for this run
     source: str
-    ttft_ms: float | None = None     # as measured, kept for reports (not fitted)
+    ttft_ms: float | None = None  # as measured, kept for reports (not fitted)
     tpot_ms: float | None = None
 
     @property
@@ -72,7 +89,9 @@ class Point:
         return self.name or f"TP{self.tp}xPP{self.pp} C={self.conc}"
 
 
-def read_points(source, origin: str, default_model: str = "kimi-k2.6", default_engine: str = "sglang") -> list[Point]:
+def read_points(
+    source, origin: str, default_model: str = "kimi-k2.6", default_engine: str = "sglang"
+) -> list[Point]:
     """Read measured points; errors name the file, the line and the column."""
     try:
         text = source.read() if hasattr(source, "read") else open(source, encoding="utf-8").read()
@@ -90,11 +109,13 @@ def read_points(source, origin: str, default_model: str = "kimi-k2.6", default_e
     points = []
     for i, cells in enumerate(table[1:]):
         line = i + 2
-        require(len(cells) <= len(header), f"{origin}: cannot read as CSV (line {line} has {len(cells)} fields, "
-                f"the header {len(header)})")
+        require(
+            len(cells) <= len(header),
+            f"{origin}: cannot read as CSV (line {line} has {len(cells)} fields, the header {len(header)})",
+        )
         row = dict(zip(header, cells))
 
-        def num(col, kind, required=False):
+        def num(col, kind, required=False, row=row, line=line):
             text = str(row.get(col, "")).strip()
             if text == "":
                 require(not required, f"{origin}: line {line}, column {col}: a value is required")
@@ -103,8 +124,10 @@ def read_points(source, origin: str, default_model: str = "kimi-k2.6", default_e
                 v = float(text)
             except ValueError:
                 raise UserError(f"{origin}: line {line}, column {col}: '{text}' is not a number") from None
-            require(v == v and v > 0 or (col == "pp_async_batch_depth" and v == 0),
-                    f"{origin}: line {line}, column {col}: {text} must be > 0")
+            require(
+                v == v and v > 0 or (col == "pp_async_batch_depth" and v == 0),
+                f"{origin}: line {line}, column {col}: {text} must be > 0",
+            )
             if kind is int:
                 require(v == int(v), f"{origin}: line {line}, column {col}: {text} must be a whole number")
                 return int(v)
@@ -115,25 +138,42 @@ def read_points(source, origin: str, default_model: str = "kimi-k2.6", default_e
         hi = num("tok_s_hi", float) or value
         require(lo <= value <= hi, f"{origin}: line {line}: need tok_s_lo <= tok_s <= tok_s_hi")
         metric = str(row.get("metric", "")).strip() or "output_tok_s"
-        require(metric in METRICS, f"{origin}: line {line}, column metric: '{metric}' is not one of {', '.join(METRICS)}")
+        require(
+            metric in METRICS,
+            f"{origin}: line {line}, column metric: '{metric}' is not one of {', '.join(METRICS)}",
+        )
         knobs = []
         for k in KNOBS:
             text = str(row.get(k, "")).strip()
             if text == "":
                 continue
             if k == "disable_cuda_graph":
-                require(text.lower() in ("true", "false", "1", "0"),
-                        f"{origin}: line {line}, column {k}: '{text}' must be true or false")
+                require(
+                    text.lower() in ("true", "false", "1", "0"),
+                    f"{origin}: line {line}, column {k}: '{text}' must be true or false",
+                )
                 knobs.append((k, text.lower() in ("true", "1")))
             else:
                 knobs.append((k, num(k, int)))
-        points.append(Point(
-            name=str(row.get("name", "")).strip(), model=str(row.get("model", "")).strip() or default_model,
-            engine=str(row.get("engine", "")).strip() or default_engine,
-            tp=num("tp", int, True), pp=num("pp", int, True), conc=num("conc", int, True),
-            input_len=num("input_len", int) or 256, output_len=num("output_len", int) or 300,
-            metric=metric, lo=lo, hi=hi, knobs=tuple(knobs), source=str(row.get("source", "")).strip(),
-            ttft_ms=num("ttft_ms", float), tpot_ms=num("tpot_ms", float)))
+        points.append(
+            Point(
+                name=str(row.get("name", "")).strip(),
+                model=str(row.get("model", "")).strip() or default_model,
+                engine=str(row.get("engine", "")).strip() or default_engine,
+                tp=num("tp", int, True),
+                pp=num("pp", int, True),
+                conc=num("conc", int, True),
+                input_len=num("input_len", int) or 256,
+                output_len=num("output_len", int) or 300,
+                metric=metric,
+                lo=lo,
+                hi=hi,
+                knobs=tuple(knobs),
+                source=str(row.get("source", "")).strip(),
+                ttft_ms=num("ttft_ms", float),
+                tpot_ms=num("tpot_ms", float),
+            )
+        )
     return points
 
 
@@ -144,9 +184,24 @@ def points_frame(points: list[Point]) -> pd.DataFrame:
     rows = []
     for p in points:
         k = dict(p.knobs)
-        rows.append({"name": p.name, "model": p.model, "engine": p.engine, "tp": p.tp, "pp": p.pp, "conc": p.conc,
-                     "input_len": p.input_len, "output_len": p.output_len, "metric": p.metric, "tok_s": p.value,
-                     "tok_s_lo": p.lo, "tok_s_hi": p.hi,
-                     "ttft_ms": "" if p.ttft_ms is None else p.ttft_ms, "tpot_ms": "" if p.tpot_ms is None else p.tpot_ms,
-                     **{c: k.get(c, "") for c in KNOBS}, "source": p.source})
+        rows.append(
+            {
+                "name": p.name,
+                "model": p.model,
+                "engine": p.engine,
+                "tp": p.tp,
+                "pp": p.pp,
+                "conc": p.conc,
+                "input_len": p.input_len,
+                "output_len": p.output_len,
+                "metric": p.metric,
+                "tok_s": p.value,
+                "tok_s_lo": p.lo,
+                "tok_s_hi": p.hi,
+                "ttft_ms": "" if p.ttft_ms is None else p.ttft_ms,
+                "tpot_ms": "" if p.tpot_ms is None else p.tpot_ms,
+                **{c: k.get(c, "") for c in KNOBS},
+                "source": p.source,
+            }
+        )
     return pd.DataFrame(rows, columns=list(COLUMNS))

@@ -17,13 +17,24 @@ from .fit import predict_point
 def validate(profile: Profile, on_point=None) -> pd.DataFrame:
     """One row per measured point: measured (value or band), predicted, error in %
     (0 inside a band, else against the nearer edge). `on_point()` after each (progress)."""
-    require(profile.measured, f"profile {profile.name} has no measured points "
-            "(add some: pipesim calibrate import bench ...)")
+    require(
+        profile.measured,
+        f"profile {profile.name} has no measured points (add some: pipesim calibrate import bench ...)",
+    )
     rows = []
     for p in profile.measured:
         pred = predict_point(profile, p)
-        rows.append({"point": p.label(), "metric": p.metric, "measured_lo": p.lo, "measured_hi": p.hi,
-                     "predicted": pred, "error_pct": p.error(pred) * 100, "source": p.source})
+        rows.append(
+            {
+                "point": p.label(),
+                "metric": p.metric,
+                "measured_lo": p.lo,
+                "measured_hi": p.hi,
+                "predicted": pred,
+                "error_pct": p.error(pred) * 100,
+                "source": p.source,
+            }
+        )
         if on_point:
             on_point()
     return pd.DataFrame(rows)
@@ -36,16 +47,24 @@ def mape(df: pd.DataFrame) -> float:
 
 def table(df: pd.DataFrame, profile: Profile, max_error: float) -> str:
     """The validation as a text table, points outside max_error flagged."""
-    lines = [f"validation of {profile.name} ({len(df)} measured points)",
-             f"  {'point':28s} {'metric':18s} {'measured':>13s} {'predicted':>10s} {'error':>8s}"]
+    lines = [
+        f"validation of {profile.name} ({len(df)} measured points)",
+        f"  {'point':28s} {'metric':18s} {'measured':>13s} {'predicted':>10s} {'error':>8s}",
+    ]
     for r in df.itertuples():
-        meas = f"{r.measured_lo:g}" if r.measured_lo == r.measured_hi else f"{r.measured_lo:g}-{r.measured_hi:g}"
+        meas = (
+            f"{r.measured_lo:g}" if r.measured_lo == r.measured_hi else f"{r.measured_lo:g}-{r.measured_hi:g}"
+        )
         flag = "" if abs(r.error_pct) <= max_error else "  <- outside"
-        lines.append(f"  {r.point:28s} {r.metric:18s} {meas:>13s} {r.predicted:10.1f} {r.error_pct:+7.1f}%{flag}")
+        lines.append(
+            f"  {r.point:28s} {r.metric:18s} {meas:>13s} {r.predicted:10.1f} {r.error_pct:+7.1f}%{flag}"
+        )
     lines.append(f"  MAPE {mape(df):.1f}% (max allowed per point {max_error:g}%)")
     fit = profile.meta.get("fit", {})
     if fit:
-        lines.append(f"  fitted: {fit.get('params', '')}; leave-one-out MAPE {fit.get('loo_mape_pct', 'n/a')}%")
+        lines.append(
+            f"  fitted: {fit.get('params', '')}; leave-one-out MAPE {fit.get('loo_mape_pct', 'n/a')}%"
+        )
     return "\n".join(lines)
 
 
@@ -66,8 +85,15 @@ class Validation:
         return table(self.points, self.profile, self.max_error_pct)
 
     def to_json(self) -> str:
-        return json.dumps({"profile": self.profile.name, "mape_pct": mape(self.points),
-                           "max_error_pct": self.max_error_pct, "points": self.points.to_dict("records")}, indent=2)
+        return json.dumps(
+            {
+                "profile": self.profile.name,
+                "mape_pct": mape(self.points),
+                "max_error_pct": self.max_error_pct,
+                "points": self.points.to_dict("records"),
+            },
+            indent=2,
+        )
 
 
 def check(profile: str | Path | Profile, max_error_pct: float, on_point=None) -> Validation:

@@ -23,10 +23,10 @@ if TYPE_CHECKING:
 class EngineSimulation(Protocol):
     """The part of the Simulation an engine scheduler may use."""
 
-    waiting: deque[Request]       # arrived, not yet admitted, in arrival order
-    running: int                  # admitted, not finished
-    kv_free: int                  # KV-cache tokens not reserved by admitted requests
-    cpu_iteration_s: float        # scheduler CPU time per formed batch (profile)
+    waiting: deque[Request]  # arrived, not yet admitted, in arrival order
+    running: int  # admitted, not finished
+    kv_free: int  # KV-cache tokens not reserved by admitted requests
+    cpu_iteration_s: float  # scheduler CPU time per formed batch (profile)
 
     def admit(self, req: Request) -> None: ...
 
@@ -49,18 +49,18 @@ class EngineSettings(Protocol):
     """An engine's knobs resolved to the values it would run with."""
 
     @property
-    def slots(self) -> int: ...          # micro-batch slots the scheduler cycles (1: none)
+    def slots(self) -> int: ...  # micro-batch slots the scheduler cycles (1: none)
 
     @property
     def kv_tokens(self) -> int: ...
 
     @property
-    def running_cap(self) -> int: ...    # the most requests admitted at once
+    def running_cap(self) -> int: ...  # the most requests admitted at once
 
     def describe(self) -> dict: ...
 
     def graphed(self, decode: int, prefill_tokens: int) -> bool: ...
 
-    def graph_tokens(self, decode: int, prefill_tokens: int) -> int: ...   # padded size; 0: eager
+    def graph_tokens(self, decode: int, prefill_tokens: int) -> int: ...  # padded size; 0: eager
 
     def scheduler(self, sim: EngineSimulation) -> EngineScheduler: ...

@@ -73,12 +73,22 @@ class SGLangConfig:
     derived_from = {"max_running_requests": ("pp_max_micro_batch_size",)}
 
     def validate(self) -> None:
-        for k in ("max_running_requests", "pp_max_micro_batch_size", "chunked_prefill_size", "max_prefill_tokens",
-                  "cuda_graph_max_bs"):
+        for k in (
+            "max_running_requests",
+            "pp_max_micro_batch_size",
+            "chunked_prefill_size",
+            "max_prefill_tokens",
+            "cuda_graph_max_bs",
+        ):
             v = getattr(self, k)
-            require(v is None or (isinstance(v, int) and v >= 1), f"--{k.replace('_', '-')} must be a whole number >= 1, got {v}")
-        require(isinstance(self.pp_async_batch_depth, int) and self.pp_async_batch_depth >= 0,
-                f"--pp-async-batch-depth must be a whole number >= 0, got {self.pp_async_batch_depth}")
+            require(
+                v is None or (isinstance(v, int) and v >= 1),
+                f"--{k.replace('_', '-')} must be a whole number >= 1, got {v}",
+            )
+        require(
+            isinstance(self.pp_async_batch_depth, int) and self.pp_async_batch_depth >= 0,
+            f"--pp-async-batch-depth must be a whole number >= 0, got {self.pp_async_batch_depth}",
+        )
         f = self.mem_fraction_static
         require(f is None or 0 < f < 1, f"--mem-fraction-static must be in (0, 1), got {f}")
 
@@ -104,7 +114,9 @@ class SGLangConfig:
             return self.mem_fraction_static
         mem_mb = gpu_memory_bytes / MiB
         graph_bs = self.graph_max_bs(gpu_memory_bytes, tp)
-        reserved = 512 + max(self.chunk_size(gpu_memory_bytes), 2048) * 1.5 + graph_bs * 2 + tp * pp / 8 * 1024
+        reserved = (
+            512 + max(self.chunk_size(gpu_memory_bytes), 2048) * 1.5 + graph_bs * 2 + tp * pp / 8 * 1024
+        )
         if mem_mb > 60 * 1024:
             reserved = max(reserved, 10 * 1024)
         return round((mem_mb - reserved) / mem_mb, 3)
@@ -116,7 +128,7 @@ class SGLangConfig:
         gb = gpu_memory_bytes / MiB / 1024
         return 2048 if gb < 35 else 4096 if gb < 60 else 8192 if gb < 160 else 16384
 
-    def resolve(self, gpu_memory_bytes: float, plan, model, kv_tokens: int) -> "SGLangSettings":
+    def resolve(self, gpu_memory_bytes: float, plan, model, kv_tokens: int) -> SGLangSettings:
         # model_runner.py: req pool = clamp(kv_tokens / context_len * 512, 2048, 4096);
         # max_running_requests = min(kv_tokens // 2, req pool) unless given.
         pool = min(max(int(kv_tokens / model.max_context * 512), 2048), 4096)
@@ -125,11 +137,16 @@ class SGLangConfig:
         cap = self.pp_max_micro_batch_size or max(mrr // plan.pp, 1)
         slots = plan.pp + self.pp_async_batch_depth if plan.pp > 1 else 1
         return SGLangSettings(
-            max_running_requests=mrr, pp_max_micro_batch_size=cap, pp_async_batch_depth=self.pp_async_batch_depth,
-            slots=slots, chunked_prefill_size=self.chunk_size(gpu_memory_bytes),
-            max_prefill_tokens=self.max_prefill_tokens, kv_tokens=kv_tokens,
+            max_running_requests=mrr,
+            pp_max_micro_batch_size=cap,
+            pp_async_batch_depth=self.pp_async_batch_depth,
+            slots=slots,
+            chunked_prefill_size=self.chunk_size(gpu_memory_bytes),
+            max_prefill_tokens=self.max_prefill_tokens,
+            kv_tokens=kv_tokens,
             mem_fraction_static=self.memory_fraction(gpu_memory_bytes, plan.tp, plan.pp),
-            cuda_graph_max_bs=0 if self.disable_cuda_graph else self.graph_max_bs(gpu_memory_bytes, plan.tp))
+            cuda_graph_max_bs=0 if self.disable_cuda_graph else self.graph_max_bs(gpu_memory_bytes, plan.tp),
+        )
 
 
 @dataclass(frozen=True)
@@ -144,7 +161,7 @@ class SGLangSettings:
     max_prefill_tokens: int
     kv_tokens: int
     mem_fraction_static: float
-    cuda_graph_max_bs: int          # 0: CUDA graphs disabled
+    cuda_graph_max_bs: int  # 0: CUDA graphs disabled
 
     @property
     def running_cap(self) -> int:
@@ -178,7 +195,7 @@ class SGLangScheduler:
         self.sim, self.s = sim, settings
         self.slot_running: list[list] = [[] for _ in range(settings.slots)]
         self.inflight: list = [None] * settings.slots
-        self.chunked = None            # request whose prompt is partly prefilled
+        self.chunked = None  # request whose prompt is partly prefilled
         self.cpu_s = sim.cpu_iteration_s
 
     def run(self) -> Generator[simpy.Event, object, None]:
@@ -191,8 +208,8 @@ class SGLangScheduler:
         batches in flight, and the GPUs can work through queued batches meanwhile."""
         sim, n = self.sim, self.s.slots
         inflight = self.inflight
-        busy = 0                    # batches in flight
-        owed = 0.0                  # CPU of empty iterations not yet charged (one event for a run of them)
+        busy = 0  # batches in flight
+        owed = 0.0  # CPU of empty iterations not yet charged (one event for a run of them)
         while True:
             worked = False
             for slot in range(n):
@@ -212,7 +229,7 @@ class SGLangScheduler:
                     if owed:
                         yield from sim.cpu(owed)
                         owed = 0.0
-                    yield mb.returned       # outputs relayed from the last stage
+                    yield mb.returned  # outputs relayed from the last stage
                     inflight[nxt] = None
                     busy -= 1
                     worked = True
@@ -234,7 +251,7 @@ class SGLangScheduler:
         sim, s = self.sim, self.s
         budget = min(s.chunked_prefill_size, s.max_prefill_tokens)
         chunks = []
-        if self.chunked is not None:          # a chunked request continues in any slot
+        if self.chunked is not None:  # a chunked request continues in any slot
             r = self.chunked
             chunk = min(r.input_len - r.scheduled, budget)
             chunks.append((r, chunk, r.scheduled))

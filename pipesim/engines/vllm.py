@@ -50,7 +50,7 @@ def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, 
 class VLLMConfig:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    async_scheduling: bool | None = None     # None: vLLM's default (see `resolve`)
+    async_scheduling: bool | None = None  # None: vLLM's default (see `resolve`)
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
 
@@ -60,14 +60,19 @@ class VLLMConfig:
     def validate(self) -> None:
         for k in ("max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, k)
-            require(v is None or (isinstance(v, int) and v >= 1), f"--{k.replace('_', '-')} must be a whole number >= 1, got {v}")
-        require(0 < self.gpu_memory_utilization < 1,
-                f"--gpu-memory-utilization must be in (0, 1), got {self.gpu_memory_utilization}")
+            require(
+                v is None or (isinstance(v, int) and v >= 1),
+                f"--{k.replace('_', '-')} must be a whole number >= 1, got {v}",
+            )
+        require(
+            0 < self.gpu_memory_utilization < 1,
+            f"--gpu-memory-utilization must be in (0, 1), got {self.gpu_memory_utilization}",
+        )
 
     def memory_fraction(self, gpu_memory_bytes: float, tp: int, pp: int) -> float:
         return self.gpu_memory_utilization
 
-    def resolve(self, gpu_memory_bytes: float, plan, model, kv_tokens: int) -> "VLLMSettings":
+    def resolve(self, gpu_memory_bytes: float, plan, model, kv_tokens: int) -> VLLMSettings:
         big = gpu_memory_bytes >= 70 * GiB
         seqs = self.max_num_seqs or (1024 if big else 256)
         tokens = self.max_num_batched_tokens or (8192 if big else 2048)
@@ -78,8 +83,16 @@ class VLLMConfig:
         async_on = (plan.pp == 1) if self.async_scheduling is None else self.async_scheduling
         inflight = plan.pp + 1 if (async_on and plan.pp > 1) else (2 if async_on else plan.pp)
         sizes = () if self.enforce_eager else capture_sizes(seqs, tokens)
-        return VLLMSettings(seqs, tokens, async_on, inflight, kv_tokens, self.gpu_memory_utilization,
-                            max(sizes, default=0), sizes)
+        return VLLMSettings(
+            seqs,
+            tokens,
+            async_on,
+            inflight,
+            kv_tokens,
+            self.gpu_memory_utilization,
+            max(sizes, default=0),
+            sizes,
+        )
 
 
 @dataclass(frozen=True)
@@ -90,7 +103,7 @@ class VLLMSettings:
     max_concurrent_batches: int
     kv_tokens: int
     gpu_memory_utilization: float
-    cudagraph_max_tokens: int       # 0: enforce_eager
+    cudagraph_max_tokens: int  # 0: enforce_eager
     cudagraph_capture_sizes: tuple = ()
 
     def graphed(self, decode: int, prefill_tokens: int) -> bool:
@@ -103,7 +116,11 @@ class VLLMSettings:
         dispatcher, docs/engines.md §5); 0 when it runs eagerly."""
         from .sglang import padded_size
 
-        return padded_size(self.cudagraph_capture_sizes, decode + prefill_tokens) if self.cudagraph_capture_sizes else 0
+        return (
+            padded_size(self.cudagraph_capture_sizes, decode + prefill_tokens)
+            if self.cudagraph_capture_sizes
+            else 0
+        )
 
     @property
     def running_cap(self) -> int:
@@ -129,8 +146,8 @@ class VLLMScheduler:
 
     def __init__(self, sim: EngineSimulation, settings: VLLMSettings):
         self.sim, self.s = sim, settings
-        self.active: list = []          # admitted requests, in admission order
-        self.queue: deque = deque()     # in-flight batches, oldest first
+        self.active: list = []  # admitted requests, in admission order
+        self.queue: deque = deque()  # in-flight batches, oldest first
         self.cpu_s = sim.cpu_iteration_s
         # async scheduling (AsyncScheduler): a request in flight is scheduled again with a
         # placeholder token, in at most two batches; with PP a decode is eligible again
@@ -162,7 +179,7 @@ class VLLMScheduler:
         sim, s = self.sim, self.s
         budget = s.max_num_batched_tokens
         decode, prefill = [], []
-        for r in self.active:                       # running first (vLLM V1 order)
+        for r in self.active:  # running first (vLLM V1 order)
             if budget <= 0:
                 break
             if r.scheduled < r.input_len:
@@ -172,9 +189,12 @@ class VLLMScheduler:
                 r.scheduled += chunk
                 budget -= chunk
             elif r.prefilled < r.input_len and self.repeat == 1:
-                continue                            # the prompt's last chunk is in flight
-            elif (r.inflight < self.repeat and r.generated + r.inflight < r.output_len
-                  and (not r.inflight or self.eligible.get(r.rid, 0) <= self.step)):
+                continue  # the prompt's last chunk is in flight
+            elif (
+                r.inflight < self.repeat
+                and r.generated + r.inflight < r.output_len
+                and (not r.inflight or self.eligible.get(r.rid, 0) <= self.step)
+            ):
                 decode.append(r)
                 budget -= 1
                 if self.pp > 1 and self.repeat > 1:

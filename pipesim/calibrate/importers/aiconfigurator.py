@@ -59,20 +59,33 @@ KERNEL_SETS = ("sglang", "vllm")
 # Source column -> derived column, per table family (tuples of pairs: immutable).
 _GEMM_COLS = (("m", "m"), ("n", "n"), ("k", "k"))
 _MOE_COLS = (
-    ("hidden_size", "hidden"), ("inter_size", "inter"), ("topk", "topk"),
-    ("num_experts", "experts"), ("moe_tp_size", "moe_tp"),
-    ("distribution", "distribution"), ("num_tokens", "tokens"),
+    ("hidden_size", "hidden"),
+    ("inter_size", "inter"),
+    ("topk", "topk"),
+    ("num_experts", "experts"),
+    ("moe_tp_size", "moe_tp"),
+    ("distribution", "distribution"),
+    ("num_tokens", "tokens"),
 )
 _GQA_COLS = (
-    ("num_heads", "heads_per_gpu"), ("num_key_value_heads", "kv_heads_per_gpu"),
-    ("head_dim", "head_dim"), ("batch_size", "batch"),
+    ("num_heads", "heads_per_gpu"),
+    ("num_key_value_heads", "kv_heads_per_gpu"),
+    ("head_dim", "head_dim"),
+    ("batch_size", "batch"),
 )
 
 
 # Nested layout: the <op> folder of each table.
-OP_FOLDERS = {"gemm_perf": "gemm", "moe_perf": "moe", "generation_attention_perf": "attention",
-              "context_attention_perf": "attention", "generation_mla_perf": "mla", "context_mla_perf": "mla",
-              "custom_allreduce_perf": "comm", "nccl_perf": "comm"}
+OP_FOLDERS = {
+    "gemm_perf": "gemm",
+    "moe_perf": "moe",
+    "generation_attention_perf": "attention",
+    "context_attention_perf": "attention",
+    "generation_mla_perf": "mla",
+    "context_mla_perf": "mla",
+    "custom_allreduce_perf": "comm",
+    "nccl_perf": "comm",
+}
 
 
 def version_key(version: str) -> tuple:
@@ -88,28 +101,37 @@ class Layout:
     """Where each table of one system is, for one engine; `read(stem)` records the
     version it read in `versions` (stem -> "engine version")."""
 
-    def __init__(self, system_dir: Path, engine: str, version: str | None = None, flat_kernels: Path | None = None):
+    def __init__(
+        self, system_dir: Path, engine: str, version: str | None = None, flat_kernels: Path | None = None
+    ):
         self.dir, self.engine, self.version = Path(system_dir), engine, version
-        self.flat_kernels = flat_kernels          # flat layout: the folder of the engine's kernel tables
+        self.flat_kernels = flat_kernels  # flat layout: the folder of the engine's kernel tables
         self.nested = flat_kernels is None
         self.versions: dict[str, str] = {}
 
     def _nested_folder(self, stem: str) -> Path:
         engine = "nccl" if stem == "nccl_perf" else self.engine
         base = self.dir / OP_FOLDERS[stem] / engine
-        found = sorted((p.name for p in base.glob("*") if (p / f"{stem}.parquet").is_file()), key=version_key) \
-            if base.is_dir() else []
+        found = (
+            sorted((p.name for p in base.glob("*") if (p / f"{stem}.parquet").is_file()), key=version_key)
+            if base.is_dir()
+            else []
+        )
         if not found:
-            raise UserError(f"{self.dir.name} has no {engine} measurement of {stem} (no {base}/<version>/{stem}.parquet)")
+            raise UserError(
+                f"{self.dir.name} has no {engine} measurement of {stem} (no {base}/<version>/{stem}.parquet)"
+            )
         version = found[-1]
         if engine != "nccl" and self.version is not None:
             if self.version not in found:
-                raise UserError(f"{self.dir.name}: {stem} was measured with {engine} {', '.join(found)}, "
-                                f"not {self.version}; pick one of those with --engine-version")
+                raise UserError(
+                    f"{self.dir.name}: {stem} was measured with {engine} {', '.join(found)}, "
+                    f"not {self.version}; pick one of those with --engine-version"
+                )
             version = self.version
         folder = base / version
         meta = folder / "collection_meta.yaml"
-        if meta.is_file():   # framework and version as collected (a two-line read: no YAML dependency)
+        if meta.is_file():  # framework and version as collected (a two-line read: no YAML dependency)
             text = meta.read_text()
             got = re.search(r"^\s*version:\s*['\"]?([^'\"\s]+)", text, re.M)
             if got and got.group(1) != version:
@@ -146,8 +168,9 @@ def _rename(df: pd.DataFrame, pairs: tuple[tuple[str, str], ...]) -> tuple[pd.Da
     return df.rename(columns=mapping), list(mapping.values())
 
 
-def _pick_kernels(raw: pd.DataFrame, kernels: dict[str, tuple[tuple[str, str], ...]],
-                  dtype_col: str) -> pd.DataFrame:
+def _pick_kernels(
+    raw: pd.DataFrame, kernels: dict[str, tuple[tuple[str, str], ...]], dtype_col: str
+) -> pd.DataFrame:
     """For each derived dtype, the rows of the first (kernel_source, source dtype) pair
     in its preference list that the table has, with `dtype` added."""
     pairs = raw["kernel_source"].astype(str).str.cat(raw[dtype_col].astype(str), sep="|")
@@ -167,13 +190,18 @@ def _gemm(folder: Layout, vllm: bool) -> pd.DataFrame:
     """Dense GEMM latency in bf16 and in fp8 with plain (not block-wise) scales,
     the kernels behind the engines' bf16 and fp8 linear layers; block-scaled and
     fp4 GEMMs are left out (vLLM labels the plain one ``fp8`` as well)."""
-    kernels = ({"bf16": (("vllm_default", "bfloat16"), ("torch.nn.functional.linear", "bfloat16")),
-                "fp8": (("vllm_default", "fp8"), ("CutlassFP8ScaledMMLinearKernel", "fp8"))}
-               if vllm else
-               {"bf16": (("sglang_torch_linear", "bfloat16"), ("sglang", "bfloat16")),
-                "fp8": (("sglang_sgl_kernel_fp8_scaled_mm", "fp8"), ("sglang", "fp8"))})
-    df, keys = _rename(_pick_kernels(folder.read("gemm_perf"), kernels, "gemm_dtype"),
-                       _GEMM_COLS)
+    kernels = (
+        {
+            "bf16": (("vllm_default", "bfloat16"), ("torch.nn.functional.linear", "bfloat16")),
+            "fp8": (("vllm_default", "fp8"), ("CutlassFP8ScaledMMLinearKernel", "fp8")),
+        }
+        if vllm
+        else {
+            "bf16": (("sglang_torch_linear", "bfloat16"), ("sglang", "bfloat16")),
+            "fp8": (("sglang_sgl_kernel_fp8_scaled_mm", "fp8"), ("sglang", "fp8")),
+        }
+    )
+    df, keys = _rename(_pick_kernels(folder.read("gemm_perf"), kernels, "gemm_dtype"), _GEMM_COLS)
     return _finish(df, ["dtype"] + keys)
 
 
@@ -182,17 +210,31 @@ def _moe(folder: Layout, vllm: bool) -> pd.DataFrame:
 
     fp8 means block-scaled fp8 on both engines, so the two kernel sets agree;
     vLLM's per-tensor ``fp8`` rows are left out."""
-    kernels = ({"int4": (("vllm_marlin_int4_moe", "int4_wo"),
-                         ("vllm_compressedtensorswna16marlinmoe_marlin_marlinexperts", "int4_wo")),
-                "fp8": (("vllm_fused_moe", "fp8_block"), ("vllm_fp8moe_triton_tritonexperts", "fp8_block"),
-                        ("vllm_fp8moe_flashinfer_cutlass_flashinferexperts", "fp8_block"),
-                        ("vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmodular", "fp8_block")),
-                "bf16": (("vllm_fused_moe", "bfloat16"), ("vllm_unquantizedfusedmoe_triton_tritonexperts", "bfloat16"),
-                         ("vllm_unquantizedfusedmoe_flashinfer_cutlass_flashinferexperts", "bfloat16"))}
-               if vllm else
-               {"int4": (("sglang_marlin_moe", "int4_wo"),),
-                "fp8": (("sglang_fused_moe_triton", "fp8_block"),),
-                "bf16": (("sglang_fused_moe_triton", "bfloat16"),)})
+    kernels = (
+        {
+            "int4": (
+                ("vllm_marlin_int4_moe", "int4_wo"),
+                ("vllm_compressedtensorswna16marlinmoe_marlin_marlinexperts", "int4_wo"),
+            ),
+            "fp8": (
+                ("vllm_fused_moe", "fp8_block"),
+                ("vllm_fp8moe_triton_tritonexperts", "fp8_block"),
+                ("vllm_fp8moe_flashinfer_cutlass_flashinferexperts", "fp8_block"),
+                ("vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmodular", "fp8_block"),
+            ),
+            "bf16": (
+                ("vllm_fused_moe", "bfloat16"),
+                ("vllm_unquantizedfusedmoe_triton_tritonexperts", "bfloat16"),
+                ("vllm_unquantizedfusedmoe_flashinfer_cutlass_flashinferexperts", "bfloat16"),
+            ),
+        }
+        if vllm
+        else {
+            "int4": (("sglang_marlin_moe", "int4_wo"),),
+            "fp8": (("sglang_fused_moe_triton", "fp8_block"),),
+            "bf16": (("sglang_fused_moe_triton", "bfloat16"),),
+        }
+    )
     raw = folder.read("moe_perf")
     raw = raw[raw["moe_ep_size"] == 1]
     df, keys = _rename(_pick_kernels(raw, kernels, "moe_dtype"), _MOE_COLS)
@@ -203,21 +245,22 @@ def _mla(folder: Layout, stem: str, length_col: str, length_name: str) -> pd.Dat
     """MLA attention kernel (SGLang only), bf16 kv cache; num_heads is per GPU."""
     raw = folder.read(stem)
     raw = raw[(raw["mla_dtype"] == "bfloat16") & (raw["kv_cache_dtype"] == "bfloat16")]
-    df = raw.rename(columns={"num_heads": "heads_per_gpu", "batch_size": "batch",
-                             length_col: length_name})
+    df = raw.rename(columns={"num_heads": "heads_per_gpu", "batch_size": "batch", length_col: length_name})
     return _finish(df, ["heads_per_gpu", "batch", length_name])
 
 
-def _gqa(folder: Layout, stem: str, preference: tuple[str, ...],
-         length_col: str, length_name: str) -> pd.DataFrame:
+def _gqa(
+    folder: Layout, stem: str, preference: tuple[str, ...], length_col: str, length_name: str
+) -> pd.DataFrame:
     """GQA attention, bf16 attention and kv cache, full attention, beam 1.
 
     Per head_dim, the first kernel in `preference` that measured that head_dim is
     kept (the engine's default backend where it applies, else its fallback), so
     each shape has one timing from one backend."""
     raw = folder.read(stem)
-    keep = ((raw["attn_dtype"] == "bfloat16") & (raw["kv_cache_dtype"] == "bfloat16")
-            & (raw["beam_width"] == 1))
+    keep = (
+        (raw["attn_dtype"] == "bfloat16") & (raw["kv_cache_dtype"] == "bfloat16") & (raw["beam_width"] == 1)
+    )
     if "window_size" in raw:  # vLLM's tables lack the column: full attention only
         keep &= raw["window_size"] == 0
     if length_col != "step":  # prefill: no cached prefix
@@ -238,16 +281,18 @@ def _collectives(folder: Layout) -> pd.DataFrame:
     nccl = folder.read("nccl_perf")
     nccl = nccl[nccl["nccl_dtype"] == "half"].assign(impl="nccl")
     custom = folder.read("custom_allreduce_perf")
-    custom = custom[(custom["backend"].str.endswith("_graph"))
-                    & (custom["allreduce_dtype"] == "bfloat16")].assign(impl="custom")
+    custom = custom[
+        (custom["backend"].str.endswith("_graph")) & (custom["allreduce_dtype"] == "bfloat16")
+    ].assign(impl="custom")
     df = pd.concat([nccl, custom], ignore_index=True)
     df = df.rename(columns={"op_name": "op", "num_gpus": "gpus"})
     df["nbytes"] = df["message_size"] * 2
     return _finish(df, ["op", "impl", "gpus", "nbytes"])
 
 
-def build_tables(src_dir: Path, *, kernel_set: str = "sglang", version: str | None = None,
-                 versions: dict | None = None) -> dict[str, pd.DataFrame]:
+def build_tables(
+    src_dir: Path, *, kernel_set: str = "sglang", version: str | None = None, versions: dict | None = None
+) -> dict[str, pd.DataFrame]:
     """Read one AIConfigurator system folder (flat or nested layout, see the module
     docstring) and return pipesim's derived tables; `versions`, if given, is filled
     with the engine version each table came from (table -> text).
@@ -277,8 +322,9 @@ def build_tables(src_dir: Path, *, kernel_set: str = "sglang", version: str | No
     else:
         subdirs = sorted(p for p in src_dir.glob("vllm-*") if p.is_dir())
         if len(subdirs) != 1:
-            raise UserError(f"{src_dir} needs exactly one vllm-* subfolder for kernel_set vllm, "
-                            f"found {len(subdirs)}")
+            raise UserError(
+                f"{src_dir} needs exactly one vllm-* subfolder for kernel_set vllm, found {len(subdirs)}"
+            )
         layout = Layout(src_dir, "vllm", flat_kernels=subdirs[0])
     if kernel_set == "sglang":
         # H200 has no flashinfer attention rows; SGLang's Hopper default fa3 comes next.
@@ -296,8 +342,14 @@ def build_tables(src_dir: Path, *, kernel_set: str = "sglang", version: str | No
         # With a bf16 kv cache vLLM <= 0.19 measured only flash_attn (flashinfer rows are
         # fp8-kv only); 0.24 names the FlashAttention generation (fa3 on Hopper, fa2 on
         # Ada) and on Blackwell measured FlashInfer's TRT-LLM kernels.
-        gqa_pref = ("vllm_flashinfer", "vllm_flash_attn", "vllm_flash_attn_fa3", "vllm_flash_attn_fa2",
-                    "vllm_flashinfer_trtllmdecode", "vllm_flashinfer_trtllmprefill")
+        gqa_pref = (
+            "vllm_flashinfer",
+            "vllm_flash_attn",
+            "vllm_flash_attn_fa3",
+            "vllm_flash_attn_fa2",
+            "vllm_flashinfer_trtllmdecode",
+            "vllm_flashinfer_trtllmprefill",
+        )
         parts = {
             "gemm": lambda: _gemm(layout, vllm=True),
             "moe": lambda: _moe(layout, vllm=True),
@@ -310,17 +362,25 @@ def build_tables(src_dir: Path, *, kernel_set: str = "sglang", version: str | No
         try:
             df = make()
         except UserError:
-            if not nested:      # the flat layout holds every table; the nested one what was measured
+            if not nested:  # the flat layout holds every table; the nested one what was measured
                 raise
             continue
         if len(df):
             tables[name] = df
     if versions is not None:
-        stems = {"gemm": ("gemm_perf",), "moe": ("moe_perf",), "mla_decode": ("generation_mla_perf",),
-                 "mla_prefill": ("context_mla_perf",), "gqa_decode": ("generation_attention_perf",),
-                 "gqa_prefill": ("context_attention_perf",), "collectives": ("nccl_perf", "custom_allreduce_perf")}
+        stems = {
+            "gemm": ("gemm_perf",),
+            "moe": ("moe_perf",),
+            "mla_decode": ("generation_mla_perf",),
+            "mla_prefill": ("context_mla_perf",),
+            "gqa_decode": ("generation_attention_perf",),
+            "gqa_prefill": ("context_attention_perf",),
+            "collectives": ("nccl_perf", "custom_allreduce_perf"),
+        }
         for name in tables:
-            versions[name] = " + ".join(f"{layout.versions[st]} {st}" for st in stems[name] if st in layout.versions)
+            versions[name] = " + ".join(
+                f"{layout.versions[st]} {st}" for st in stems[name] if st in layout.versions
+            )
     return tables
 
 
@@ -330,13 +390,20 @@ def kernel_floor_us(tables: dict[str, pd.DataFrame]) -> float:
     return round(float(tables["gemm"]["latency_ms"].min()) * 1e3, 3) if "gemm" in tables else 0.0
 
 
-def import_profile(system_dir: str | Path, out: str | Path, *, kernel_set: str, box: str,
-                   name: str | None = None, version: str | None = None) -> dict[str, pd.DataFrame]:
+def import_profile(
+    system_dir: str | Path,
+    out: str | Path,
+    *,
+    kernel_set: str,
+    box: str,
+    name: str | None = None,
+    version: str | None = None,
+) -> dict[str, pd.DataFrame]:
     """Write a profile at `out` from one AIConfigurator system folder, measured on `box`;
     returns its tables."""
     from ...errors import require
-    from ...hardware import load_box
     from ...files import check_profile_out
+    from ...hardware import load_box
     from ...profile import write_profile
 
     check_profile_out(out)
@@ -344,13 +411,21 @@ def import_profile(system_dir: str | Path, out: str | Path, *, kernel_set: str, 
     load_box(box)
     versions: dict = {}
     tables = build_tables(Path(system_dir), kernel_set=kernel_set, version=version, versions=versions)
-    note = f"AIConfigurator tables from {Path(system_dir).name} ({kernel_set} kernels), pipesim calibrate import"
-    engine_versions = sorted({v.split()[1] for t, v in versions.items() if v.startswith(kernel_set + " ")}, key=version_key)
-    meta = {"name": name or Path(out).name, "box": box, "engine": kernel_set,
-            "engine_version": engine_versions[-1] if engine_versions else "",
-            "built_by": "pipesim calibrate import aiconfigurator",
-            "sources": {t: f"{note}: {versions[t]}" if versions.get(t) else note for t in tables},
-            "params": {"kernel_floor_us": kernel_floor_us(tables)}}
+    note = (
+        f"AIConfigurator tables from {Path(system_dir).name} ({kernel_set} kernels), pipesim calibrate import"
+    )
+    engine_versions = sorted(
+        {v.split()[1] for t, v in versions.items() if v.startswith(kernel_set + " ")}, key=version_key
+    )
+    meta = {
+        "name": name or Path(out).name,
+        "box": box,
+        "engine": kernel_set,
+        "engine_version": engine_versions[-1] if engine_versions else "",
+        "built_by": "pipesim calibrate import aiconfigurator",
+        "sources": {t: f"{note}: {versions[t]}" if versions.get(t) else note for t in tables},
+        "params": {"kernel_floor_us": kernel_floor_us(tables)},
+    }
     write_profile(out, meta, tables)
     return tables
 
@@ -359,8 +434,9 @@ def _main(argv: list[str]) -> int:
     """Self-check: print each table's size, columns and a few rows."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m pipesim.calibrate.importers.aiconfigurator",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m pipesim.calibrate.importers.aiconfigurator", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("src_dir", type=Path, help="AIConfigurator system folder")
     parser.add_argument("--kernel-set", choices=KERNEL_SETS, default="sglang")
     args = parser.parse_args(argv)

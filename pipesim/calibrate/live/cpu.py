@@ -27,15 +27,21 @@ def plain_layer_launch_us(torch: ModuleType, bench: Bench, ops: Ops, model: Mode
     fns = []
     if m.mla:
         a = m.mla
-        fns += [ops.gemm("bf16", 1, a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim, m.hidden)(),
-                ops.gemm("bf16", 1, m.heads * (a.qk_nope_head_dim + a.qk_rope_head_dim), a.q_lora_rank or m.hidden)(),
-                ops.gemm("bf16", 1, m.heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank)(),
-                ops.mla_decode(m.heads, 1, 256)()]
+        fns += [
+            ops.gemm("bf16", 1, a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim, m.hidden)(),
+            ops.gemm(
+                "bf16", 1, m.heads * (a.qk_nope_head_dim + a.qk_rope_head_dim), a.q_lora_rank or m.hidden
+            )(),
+            ops.gemm("bf16", 1, m.heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank)(),
+            ops.mla_decode(m.heads, 1, 256)(),
+        ]
         o_in = m.heads * a.v_head_dim
     else:
         attention = ops.gqa_decode(m.heads, m.kv_heads, m.head_dim, 1, 256)
-        fns += [ops.gemm("bf16", 1, (m.heads + 2 * m.kv_heads) * m.head_dim, m.hidden)(),
-                (attention[0] if isinstance(attention, list) else attention)()]
+        fns += [
+            ops.gemm("bf16", 1, (m.heads + 2 * m.kv_heads) * m.head_dim, m.hidden)(),
+            (attention[0] if isinstance(attention, list) else attention)(),
+        ]
         o_in = m.heads * m.head_dim
     q = ops.randn(1, m.heads, m.head_dim if not m.mla else m.mla.qk_rope_head_dim)
     cos, sin = ops.randn(q.shape[-1]), ops.randn(q.shape[-1])
@@ -43,22 +49,28 @@ def plain_layer_launch_us(torch: ModuleType, bench: Bench, ops: Ops, model: Mode
     def rope():
         half = q.shape[-1] // 2
         return q * cos + torch.cat((-q[..., half:], q[..., :half]), -1) * sin
+
     fns += [rope, ops.gemm("bf16", 1, m.hidden, o_in)()]
     if m.moe:
         mo = m.moe
         router = ops.gemm("bf16", 1, mo.n_routed_experts, m.hidden)()
-        fns += [lambda: torch.topk(torch.softmax(router().float(), -1), mo.topk, -1),
-                ops.moe("bf16", m.hidden, mo.moe_intermediate, mo.topk, mo.n_routed_experts, 1, "balanced", 1)()]
+        fns += [
+            lambda: torch.topk(torch.softmax(router().float(), -1), mo.topk, -1),
+            ops.moe("bf16", m.hidden, mo.moe_intermediate, mo.topk, mo.n_routed_experts, 1, "balanced", 1)(),
+        ]
     else:
         gu = ops.gemm("bf16", 1, 2 * m.intermediate, m.hidden)()
-        fns += [lambda: (lambda t: ops.F.silu(t[:, :m.intermediate]) * t[:, m.intermediate:])(gu()),
-                ops.gemm("bf16", 1, m.hidden, m.intermediate)()]
+        fns += [
+            lambda: (lambda t: ops.F.silu(t[:, : m.intermediate]) * t[:, m.intermediate :])(gu()),
+            ops.gemm("bf16", 1, m.hidden, m.intermediate)(),
+        ]
 
     def layer():
         h = rmsnorm(x)
         for f in fns:
             f()
         return rmsnorm(x + h)
+
     return bench.enqueue_us(layer)
 
 

@@ -22,8 +22,12 @@ def _driver_version() -> str:
     import subprocess
 
     try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=20)
+        r = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -34,9 +38,20 @@ def describe_gpu(torch: ModuleType, bench: Bench) -> dict:
     device, for tests: stated placeholders, nothing measured)."""
     dev = bench.device
     if not bench.cuda:
-        return {"name": "cpu", "count": 1, "driver": "none", "torch": torch.__version__, "cuda": "none",
-                "capability": 0.0, "sm_count": 0, "memory_bytes": 2**34, "l2_bytes": 0,
-                "copy_bw_bytes_s": 1e10, "bf16_flops": 1e11, "date": dt.date.today().isoformat()}
+        return {
+            "name": "cpu",
+            "count": 1,
+            "driver": "none",
+            "torch": torch.__version__,
+            "cuda": "none",
+            "capability": 0.0,
+            "sm_count": 0,
+            "memory_bytes": 2**34,
+            "l2_bytes": 0,
+            "copy_bw_bytes_s": 1e10,
+            "bf16_flops": 1e11,
+            "date": dt.date.today().isoformat(),
+        }
     props = torch.cuda.get_device_properties(dev)
 
     def timed(make):
@@ -52,6 +67,7 @@ def describe_gpu(torch: ModuleType, bench: Bench) -> dict:
     def matmul():
         a, b = (torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16) for _ in range(2))
         return lambda: a @ b
+
     copy_ms, mm_ms = timed(copy), timed(matmul)
     return {
         "name": torch.cuda.get_device_name(dev),
@@ -63,7 +79,7 @@ def describe_gpu(torch: ModuleType, bench: Bench) -> dict:
         "sm_count": int(props.multi_processor_count),
         "memory_bytes": int(props.total_memory),
         "l2_bytes": int(getattr(props, "L2_cache_size", 0) or 0),
-        "copy_bw_bytes_s": sig6(2 * 2**30 / (copy_ms * 1e-3)),           # read + write
+        "copy_bw_bytes_s": sig6(2 * 2**30 / (copy_ms * 1e-3)),  # read + write
         "bf16_flops": sig6(2 * 8192**3 / (mm_ms * 1e-3)),
         "date": dt.date.today().isoformat(),
     }

@@ -33,10 +33,17 @@ def hf_transformers_config(cfg: dict, layers: int | None = None) -> Any:
         import transformers
     except ImportError:
         raise UserError("--hf-config needs transformers: pip install 'pipesim[live]'") from None
-    raw = {k: v for k, v in cfg.items() if not k.startswith("_") and k not in ("quantization_config", "torch_dtype")}
+    raw = {
+        k: v
+        for k, v in cfg.items()
+        if not k.startswith("_") and k not in ("quantization_config", "torch_dtype")
+    }
     text = raw.pop("text_config", None)
     if isinstance(text, dict):  # multimodal wrappers: the text model is what is served per token
-        raw = {**{k: v for k, v in text.items() if not k.startswith("_")}, "model_type": text.get("model_type", "")}
+        raw = {
+            **{k: v for k, v in text.items() if not k.startswith("_")},
+            "model_type": text.get("model_type", ""),
+        }
     model_type = raw.pop("model_type", None)
     if not model_type:
         raise UserError("--hf-config: the model config has no 'model_type', so transformers cannot build it")
@@ -48,8 +55,10 @@ def hf_transformers_config(cfg: dict, layers: int | None = None) -> Any:
     try:
         return transformers.AutoConfig.for_model(model_type, **raw)
     except (ValueError, KeyError) as exc:
-        raise UserError(f"--hf-config: transformers {transformers.__version__} cannot build model_type "
-                        f"'{model_type}' ({str(exc).splitlines()[0][:120]})") from None
+        raise UserError(
+            f"--hf-config: transformers {transformers.__version__} cannot build model_type "
+            f"'{model_type}' ({str(exc).splitlines()[0][:120]})"
+        ) from None
 
 
 def build_hf_model(cfg: dict, device: Any, *, layers: int | None = None) -> Any:
@@ -66,7 +75,7 @@ def build_hf_model(cfg: dict, device: Any, *, layers: int | None = None) -> Any:
             model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
     model.to(device=device, dtype=torch.bfloat16).eval()
     gc = model.generation_config
-    gc.eos_token_id = None          # never stop early: every run decodes exactly the asked tokens
+    gc.eos_token_id = None  # never stop early: every run decodes exactly the asked tokens
     gc.pad_token_id = 0
     return model
 
@@ -83,8 +92,14 @@ def generate_once_s(model: Any, batch: int, prompt: int, new_tokens: int, seed: 
     sync()
     t = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
     sync()
     seconds = time.perf_counter() - t
     got = (out.sequences if hasattr(out, "sequences") else out).shape[1] - prompt
@@ -107,7 +122,9 @@ def kernel_ms(torch: ModuleType, run: Callable[[], object]) -> float | None:
         for e in prof.key_averages():
             v = getattr(e, "self_device_time_total", None)
             total_us += float(v if v is not None else getattr(e, "self_cuda_time_total", 0.0))
-    except Exception:  # no CUPTI, or a profiler that does not start: report nothing rather than a wrong number
+    except (
+        Exception
+    ):  # no CUPTI, or a profiler that does not start: report nothing rather than a wrong number
         return None
     return total_us / 1e3 if total_us > 0 else None
 
@@ -115,8 +132,11 @@ def kernel_ms(torch: ModuleType, run: Callable[[], object]) -> float | None:
 def step_wall_ms(model: Any, batch: int, prompt: int, short: int = 8, long: int = 40) -> float:
     """Wall ms of one decode iteration of `generate` at `batch`: a `long` minus a `short`
     run over the extra tokens, which cancels prefill and set-up."""
-    return (generate_once_s(model, batch, prompt, long) - generate_once_s(model, batch, prompt, short)) \
-        * 1e3 / (long - short)
+    return (
+        (generate_once_s(model, batch, prompt, long) - generate_once_s(model, batch, prompt, short))
+        * 1e3
+        / (long - short)
+    )
 
 
 def step_kernel_ms(model: Any, batch: int, prompt: int, short: int = 8, long: int = 40) -> float | None:
@@ -127,19 +147,32 @@ def step_kernel_ms(model: Any, batch: int, prompt: int, short: int = 8, long: in
     return None if k_long is None or k_short is None else (k_long - k_short) / (long - short)
 
 
-def hf_step(model: Any, batch: int, prompt: int, short: int = 8, long: int = 40, repeats: int = 5,
-            with_kernels: bool = True) -> tuple[float, float | None]:
+def hf_step(
+    model: Any,
+    batch: int,
+    prompt: int,
+    short: int = 8,
+    long: int = 40,
+    repeats: int = 5,
+    with_kernels: bool = True,
+) -> tuple[float, float | None]:
     """(wall ms, GPU kernel ms) of one decode iteration of `generate` at `batch`,
     the median of `repeats` after two warm-up calls."""
-    for _ in range(2):      # warm-up: kernel selection, allocator, generate's first-call set-up
+    for _ in range(2):  # warm-up: kernel selection, allocator, generate's first-call set-up
         generate_once_s(model, batch, prompt, short)
     wall = median([step_wall_ms(model, batch, prompt, short, long) for _ in range(repeats)])
     return wall, (step_kernel_ms(model, batch, prompt, short, long) if with_kernels else None)
 
 
-
-def hf_decode_costs(cfg: dict, model: Model, device: Any, grids: Grids, deadline: float, log: Callable[[str], None],
-                    repeats: int = 5) -> tuple[dict, list[dict]]:
+def hf_decode_costs(
+    cfg: dict,
+    model: Model,
+    device: Any,
+    grids: Grids,
+    deadline: float,
+    log: Callable[[str], None],
+    repeats: int = 5,
+) -> tuple[dict, list[dict]]:
     """The decode loop's CPU costs from the model's HF implementation.
 
     Two random-weight models that differ only in depth (La and Lb decoder layers) run
@@ -161,24 +194,28 @@ def hf_decode_costs(cfg: dict, model: Model, device: Any, grids: Grids, deadline
     layer_bytes = max(model.layer_weight_bytes(i, "bf16") for i in range(min(model.num_layers, first + 1)))
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 8 * 2**30
     la = min(first + 1, model.num_layers)
-    room = int(0.6 * free // max(layer_bytes, 1)) - 2 * la       # both models stay resident
+    room = int(0.6 * free // max(layer_bytes, 1)) - 2 * la  # both models stay resident
     lb = min(la + max(1, min(HF_EXTRA_LAYERS, room)), model.num_layers)
     if lb == la:
-        raise UserError(f"--hf-config: {model.name} has one layer, so launch time per layer cannot be separated")
+        raise UserError(
+            f"--hf-config: {model.name} has one layer, so launch time per layer cannot be separated"
+        )
     models = {d: build_hf_model(cfg, device, layers=d) for d in (la, lb)}
-    impl = (str(getattr(models[la].config, "_attn_implementation", "")),
-            str(getattr(models[la].config, "_experts_implementation", "")) if model.moe else "")
+    impl = (
+        str(getattr(models[la].config, "_attn_implementation", "")),
+        str(getattr(models[la].config, "_experts_implementation", "")) if model.moe else "",
+    )
     rows: list[dict] = []
     seen: dict = {}
     for b in grids.hf_batches:
         if seen and time.monotonic() > deadline:
             log(f"HF batch {b}: skipped (budget)")
             continue
-        for m in models.values():       # warm-up: kernel selection, allocator growth, first-call set-up
+        for m in models.values():  # warm-up: kernel selection, allocator growth, first-call set-up
             for n in (8, 40):
                 generate_once_s(m, b, grids.hf_prompt, n)
         walls: dict = {la: [], lb: []}
-        for _ in range(repeats + (2 if not seen else 0)):       # the batch the parameters come from: more
+        for _ in range(repeats + (2 if not seen else 0)):  # the batch the parameters come from: more
             for d in (la, lb):
                 walls[d].append(step_wall_ms(models[d], b, grids.hf_prompt))
         slope = median([(wb - wa) / (lb - la) for wa, wb in zip(walls[la], walls[lb])])
@@ -190,21 +227,34 @@ def hf_decode_costs(cfg: dict, model: Model, device: Any, grids: Grids, deadline
         rows.append({"op": "hf_layer_wall", "params": params, "value": sig6(slope), "unit": "ms"})
         if k_layer is not None:
             rows.append({"op": "hf_layer_kernels", "params": params, "value": sig6(k_layer), "unit": "ms"})
-        rows.append({"op": "hf_step_wall", "params": f"batch={b};context={grids.hf_prompt};layers={la}",
-                     "value": sig6(wall_a), "unit": "ms"})
+        rows.append(
+            {
+                "op": "hf_step_wall",
+                "params": f"batch={b};context={grids.hf_prompt};layers={la}",
+                "value": sig6(wall_a),
+                "unit": "ms",
+            }
+        )
     del models
     if device.type == "cuda":
         torch.cuda.empty_cache()
     bound = list(seen)[:1]
     per_layer_ms = seen[bound[0]][1]
     if per_layer_ms <= 0:
-        log(f"HF decode step did not grow with depth ({la} -> {lb} layers): timing noise; "
-            "eager_launch_us_per_layer set to 0")
+        log(
+            f"HF decode step did not grow with depth ({la} -> {lb} layers): timing noise; "
+            "eager_launch_us_per_layer set to 0"
+        )
         per_layer_ms = 0.0
     fixed_ms = max(median([seen[b][0] - la * per_layer_ms for b in bound]), 0.0)
     b0 = list(seen)[0]
-    costs = {"cpu_iteration_ms": round(fixed_ms, 4), "eager_launch_us_per_layer": round(per_layer_ms * 1e3, 2),
-             "layers": (la, lb), "batches": bound, "impl": impl,
-             "step_ms": (round(seen[b0][0], 4), round(seen[b0][0] + (lb - la) * seen[b0][1], 4)),
-             "kernel_ms": tuple(None if k is None else round(k, 4) for k in seen[b0][2:4])}
+    costs = {
+        "cpu_iteration_ms": round(fixed_ms, 4),
+        "eager_launch_us_per_layer": round(per_layer_ms * 1e3, 2),
+        "layers": (la, lb),
+        "batches": bound,
+        "impl": impl,
+        "step_ms": (round(seen[b0][0], 4), round(seen[b0][0] + (lb - la) * seen[b0][1], 4)),
+        "kernel_ms": tuple(None if k is None else round(k, 4) for k in seen[b0][2:4]),
+    }
     return costs, rows

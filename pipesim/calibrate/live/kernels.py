@@ -24,9 +24,10 @@ class Ops:
         self.torch, self.device, self.model = torch, device, model
         self.F = torch.nn.functional
         self.dtype = torch.bfloat16
-        self.moe_impl = None        # "grouped_mm" or "per-expert loop", chosen on first use
-        self.sm_count = (torch.cuda.get_device_properties(device).multi_processor_count
-                         if device.type == "cuda" else 4)
+        self.moe_impl = None  # "grouped_mm" or "per-expert loop", chosen on first use
+        self.sm_count = (
+            torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+        )
 
     def randn(self, *shape: int, scale: float = 1.0) -> Any:
         x = self.torch.randn(*shape, device=self.device, dtype=self.dtype)
@@ -50,9 +51,12 @@ class Ops:
         def make():
             w, x = self.randn(n, k, scale=0.02), self.randn(m, k)
             return lambda: self.F.linear(x, w)
+
         return make
 
-    def gqa_decode(self, heads: int, kv_heads: int, head_dim: int, batch: int, context: int) -> Callable[[], object]:
+    def gqa_decode(
+        self, heads: int, kv_heads: int, head_dim: int, batch: int, context: int
+    ) -> Callable[[], object]:
         group = heads // kv_heads
         splits = self.splits(batch * kv_heads, context)
 
@@ -61,13 +65,16 @@ class Ops:
             k = self.randn(batch, kv_heads, context, head_dim)
             v = self.randn(batch, kv_heads, context, head_dim)
             if split:
-                return split_kv_attention(self.torch, q, k, v, head_dim ** -0.5, splits)
+                return split_kv_attention(self.torch, q, k, v, head_dim**-0.5, splits)
             # one new token per request sees the whole context: no mask
             return lambda: self.F.scaled_dot_product_attention(q, k, v)
+
         sdpa = lambda: make(False)  # noqa: E731
         return sdpa if splits == 1 else [sdpa, lambda: make(True)]
 
-    def gqa_prefill(self, heads: int, kv_heads: int, head_dim: int, batch: int, isl: int) -> Callable[[], object]:
+    def gqa_prefill(
+        self, heads: int, kv_heads: int, head_dim: int, batch: int, isl: int
+    ) -> Callable[[], object]:
         sdpa = self.F.scaled_dot_product_attention
 
         def make():
@@ -83,6 +90,7 @@ class Ops:
                 rep = heads // kv_heads
                 k2, v2 = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
                 return lambda: sdpa(q, k2, v2, is_causal=True)
+
         return make
 
     def mla_decode(self, heads: int, batch: int, context: int) -> Callable[[], object]:
@@ -91,10 +99,13 @@ class Ops:
         scale = (a.qk_nope_head_dim + a.qk_rope_head_dim) ** -0.5
 
         def make():
-            q = self.randn(batch, 1, heads, latent + rope)       # q_nope already absorbed into the latent
+            q = self.randn(batch, 1, heads, latent + rope)  # q_nope already absorbed into the latent
             cache = self.randn(batch, 1, context, latent + rope)  # c_kv and k_rope of each cached token
             # one latent KV "head" shared by all query heads; the values are the latent part
-            return split_kv_attention(self.torch, q, cache, cache[..., :latent], scale, self.splits(batch, context))
+            return split_kv_attention(
+                self.torch, q, cache, cache[..., :latent], scale, self.splits(batch, context)
+            )
+
         return make
 
     def mla_prefill(self, heads: int, batch: int, isl: int) -> Callable[[], object]:
@@ -104,11 +115,21 @@ class Ops:
         def make():
             q, k, v = (self.randn(batch, heads, isl, d) for _ in range(3))  # v (v_head_dim) padded to d
             return lambda: self.F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
         return make
 
     # -- MoE -----------------------------------------------------------------------------
-    def moe(self, dtype: str, hidden: int, inter: int, topk: int, experts: int, moe_tp: int, distribution: str,
-            tokens: int) -> Callable[[], object]:
+    def moe(
+        self,
+        dtype: str,
+        hidden: int,
+        inter: int,
+        topk: int,
+        experts: int,
+        moe_tp: int,
+        distribution: str,
+        tokens: int,
+    ) -> Callable[[], object]:
         torch = self.torch
         i = inter // moe_tp
         rng = np.random.default_rng(zlib.crc32(repr((distribution, tokens, experts, topk)).encode()))
@@ -117,13 +138,17 @@ class Ops:
             self.moe_impl = self._pick_moe_impl()
 
         def make():
-            w13, w2 = self.randn(experts, 2 * i, hidden, scale=0.02), self.randn(experts, hidden, i, scale=0.02)
+            w13, w2 = (
+                self.randn(experts, 2 * i, hidden, scale=0.02),
+                self.randn(experts, hidden, i, scale=0.02),
+            )
             ids = torch.as_tensor(ids_np, device=self.device)
             gate = torch.softmax(self.randn(tokens, topk).float(), -1).to(self.dtype)
             x = self.randn(tokens, hidden)
             if self.moe_impl == "grouped_mm":
                 return moe_grouped(torch, x, ids, gate, w13, w2)
             return moe_loop(torch, x, ids, gate, w13, w2, np.bincount(ids_np.ravel(), minlength=experts))
+
         return make
 
     def _pick_moe_impl(self) -> str:
@@ -158,6 +183,7 @@ class Ops:
             if mode == "greedy":
                 return lambda: torch.argmax(logits, dim=-1)
             return lambda: torch.multinomial(torch.softmax(logits.float() / 0.7, dim=-1), 1)
+
         return make
 
 
@@ -166,7 +192,9 @@ def grouped_mm_fn(torch: ModuleType) -> Callable | None:
     return getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
-def split_kv_attention(torch: ModuleType, q: Any, k: Any, v: Any, scale: float, splits: int) -> Callable[[], object]:
+def split_kv_attention(
+    torch: ModuleType, q: Any, k: Any, v: Any, scale: float, splits: int
+) -> Callable[[], object]:
     """Decode attention the way flash-decoding does it, unfused: the context cut into
     `splits` chunks attended in parallel (so a small batch still fills the GPU), then
     merged by each chunk's log-sum-exp. q (b, h, g, d): the g query heads that share
@@ -177,11 +205,12 @@ def split_kv_attention(torch: ModuleType, q: Any, k: Any, v: Any, scale: float, 
     v5 = v.unflatten(2, (splits, c))
 
     def attend():
-        s = torch.matmul(q.unsqueeze(2), k5.transpose(-1, -2)).float().mul_(scale)   # (b, h, S, g, c)
+        s = torch.matmul(q.unsqueeze(2), k5.transpose(-1, -2)).float().mul_(scale)  # (b, h, S, g, c)
         lse = torch.logsumexp(s, -1, keepdim=True)
-        o = torch.matmul(torch.exp(s - lse).to(q.dtype), v5)                           # (b, h, S, g, dv)
-        w = torch.softmax(lse, dim=2)                                                   # each chunk's share
+        o = torch.matmul(torch.exp(s - lse).to(q.dtype), v5)  # (b, h, S, g, dv)
+        w = torch.softmax(lse, dim=2)  # each chunk's share
         return (o * w).sum(2).to(q.dtype)
+
     return attend
 
 
@@ -213,10 +242,13 @@ def moe_grouped(torch: ModuleType, x: Any, ids: Any, gate: Any, w13: Any, w2: An
         gu = gmm(xs, w13.transpose(1, 2), offs=offs)
         y = gmm(F.silu(gu[:, :i]) * gu[:, i:], w2.transpose(1, 2), offs=offs)
         return _combine(torch, y, order, gate, tokens)
+
     return layer
 
 
-def moe_loop(torch: ModuleType, x: Any, ids: Any, gate: Any, w13: Any, w2: Any, counts: Any) -> Callable[[], object]:
+def moe_loop(
+    torch: ModuleType, x: Any, ids: Any, gate: Any, w13: Any, w2: Any, counts: Any
+) -> Callable[[], object]:
     """Routed experts as one GEMM pair per expert that received tokens (the fallback
     where torch has no grouped GEMM): reads only the touched experts' weights."""
     i = w13.shape[1] // 2
@@ -233,4 +265,5 @@ def moe_loop(torch: ModuleType, x: Any, ids: Any, gate: Any, w13: Any, w2: Any, 
             gu = F.linear(xs[a:b], w13[e])
             ys[a:b] = F.linear(F.silu(gu[:, :i]) * gu[:, i:], w2[e])
         return _combine(torch, ys, order, gate, tokens)
+
     return layer

@@ -24,12 +24,12 @@ class Grids:
     m: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
     decode_batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     decode_context: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-    decode_max_tokens: int = 2**20          # batch x context cap (a 4-8 GB KV cache)
+    decode_max_tokens: int = 2**20  # batch x context cap (a 4-8 GB KV cache)
     prefill_isl: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-    prefill_batch_extra: tuple[int, ...] = (2, 4, 8)   # optional, prompts up to 4096
+    prefill_batch_extra: tuple[int, ...] = (2, 4, 8)  # optional, prompts up to 4096
     moe_tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
     sampling_batch: tuple[int, ...] = (1, 8, 64, 256)
-    tps: tuple[int, ...] = (1, 2, 4, 8)      # tp > 1 shapes (per-GPU slices) are optional extras
+    tps: tuple[int, ...] = (1, 2, 4, 8)  # tp > 1 shapes (per-GPU slices) are optional extras
     comm_bytes: tuple[int, ...] = tuple(2**i for i in range(10, 29, 2))  # 1 KiB .. 256 MiB
     hf_batches: tuple[int, ...] = (1, 4, 16, 64)
     hf_prompt: int = 128
@@ -52,8 +52,7 @@ class Record:
     table: str
     key: tuple
     latency_ms: float
-    method: str = ""          # "graph", "eager", "cpu"
-
+    method: str = ""  # "graph", "eager", "cpu"
 
 
 def _probe_box():
@@ -61,9 +60,20 @@ def _probe_box():
     from ...hardware import box_from_dict
 
     links = [{"child": f"gpu{i}", "parent": "switch", "bw_gb_s": 100.0, "latency_us": 1.0} for i in range(8)]
-    return box_from_dict({"name": "probe", "gpu": {"name": "probe", "count": 8, "memory_bytes": 1e12,
-                                                   "mem_bw_bytes_s": 1e12, "flops_bf16": 1e15},
-                          "topology": {"links": links}}, "probe")
+    return box_from_dict(
+        {
+            "name": "probe",
+            "gpu": {
+                "name": "probe",
+                "count": 8,
+                "memory_bytes": 1e12,
+                "mem_bw_bytes_s": 1e12,
+                "flops_bf16": 1e15,
+            },
+            "topology": {"links": links},
+        },
+        "probe",
+    )
 
 
 def gemm_shapes(model: Model, tp: int) -> list[tuple[int, int]]:
@@ -128,8 +138,12 @@ def plan_specs(model: Model, grids: Grids = Grids()) -> list[Spec]:
         for isl in grids.prefill_isl:
             out.append(Spec(pre, pre_key + (1, isl), tp == 1))
         if tp == 1:
-            opt.extend(Spec(pre, pre_key + (b, isl), False)
-                       for b in grids.prefill_batch_extra for isl in grids.prefill_isl if isl <= 4096)
+            opt.extend(
+                Spec(pre, pre_key + (b, isl), False)
+                for b in grids.prefill_batch_extra
+                for isl in grids.prefill_isl
+                if isl <= 4096
+            )
     if model.moe:
         mo = model.moe
         for tp in tps:
@@ -137,8 +151,23 @@ def plan_specs(model: Model, grids: Grids = Grids()) -> list[Spec]:
                 continue
             out = req if tp == 1 else opt
             for dist in MOE_DISTRIBUTIONS:
-                out.extend(Spec("moe", ("bf16", model.hidden, mo.moe_intermediate, mo.topk, mo.n_routed_experts,
-                                        tp, dist, t), tp == 1) for t in grids.moe_tokens)
+                out.extend(
+                    Spec(
+                        "moe",
+                        (
+                            "bf16",
+                            model.hidden,
+                            mo.moe_intermediate,
+                            mo.topk,
+                            mo.n_routed_experts,
+                            tp,
+                            dist,
+                            t,
+                        ),
+                        tp == 1,
+                    )
+                    for t in grids.moe_tokens
+                )
     for mode in ("greedy", "sample"):
         req.extend(Spec("sampling", (mode, b)) for b in grids.sampling_batch)
     return req + opt
@@ -155,9 +184,11 @@ def route(tokens: int, experts: int, topk: int, distribution: str, rng: np.rando
     if distribution == "balanced":
         logp = np.zeros(experts)
     elif distribution.startswith("power_law_"):
-        alpha = float(distribution[len("power_law_"):])
+        alpha = float(distribution[len("power_law_") :])
         logp = -alpha * np.log(rng.permutation(experts) + 1.0)
     else:
-        raise UserError(f"unknown routing distribution '{distribution}'; known: {', '.join(MOE_DISTRIBUTIONS)}")
+        raise UserError(
+            f"unknown routing distribution '{distribution}'; known: {', '.join(MOE_DISTRIBUTIONS)}"
+        )
     keys = logp[None, :] + rng.gumbel(size=(tokens, experts))
     return np.argpartition(-keys, topk - 1, axis=1)[:, :topk].astype(np.int64)

@@ -37,8 +37,10 @@ def import_torch() -> ModuleType:
 
 def require_cuda(torch: ModuleType) -> None:
     if not torch.cuda.is_available():
-        raise UserError("no NVIDIA GPU is visible (torch.cuda.is_available() is False); "
-                        "live calibration times CUDA kernels on the GPUs of this machine")
+        raise UserError(
+            "no NVIDIA GPU is visible (torch.cuda.is_available() is False); "
+            "live calibration times CUDA kernels on the GPUs of this machine"
+        )
 
 
 def median(xs: Iterable[float]) -> float:
@@ -58,7 +60,9 @@ class Bench:
         if self.cuda:
             props = torch.cuda.get_device_properties(device)
             self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
-            self.flush = torch.empty(max(4 * self.l2_bytes, 256 * 2**20) // 4, dtype=torch.int32, device=device)
+            self.flush = torch.empty(
+                max(4 * self.l2_bytes, 256 * 2**20) // 4, dtype=torch.int32, device=device
+            )
             self.cycles_per_us = self._sleep_rate()
 
     def _sleep_rate(self) -> float:
@@ -78,7 +82,9 @@ class Bench:
         torch.cuda.synchronize()
         return cycles / max(e0.elapsed_time(e1) * 1e3, 1.0)
 
-    def time_ms(self, make: Callable[[], Callable[[], object]], graph: bool = True, reps: int | None = None) -> tuple[float, str]:
+    def time_ms(
+        self, make: Callable[[], Callable[[], object]], graph: bool = True, reps: int | None = None
+    ) -> tuple[float, str]:
         """(median milliseconds of one call, method) of the closure that `make()` returns
         (a fresh one, with its own inputs, each time it is called)."""
         torch, reps = self.torch, reps or self.reps
@@ -101,6 +107,7 @@ class Bench:
         def all_copies():
             for f in fns:
                 f()
+
         for _ in range(self.warmup):
             all_copies()
         torch.cuda.synchronize()
@@ -143,7 +150,9 @@ class Bench:
             if self.cuda:
                 torch.cuda.synchronize()
                 if self.cycles_per_us:
-                    torch.cuda._sleep(int(self.cycles_per_us * 50_000))  # 50 ms: longer than any layer's launches
+                    torch.cuda._sleep(
+                        int(self.cycles_per_us * 50_000)
+                    )  # 50 ms: longer than any layer's launches
             t = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t) * 1e6)
