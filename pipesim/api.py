@@ -6,7 +6,7 @@ import time
 
 from .checks import MAX_SIM_S
 from .costs import CostModel
-from .errors import UserError
+from .errors import UserError, require
 from .metrics import Result, collect
 from .record import Record
 from .scenario import Scenario, build_scenario
@@ -53,6 +53,12 @@ def simulate(
     measures exactly `measure_requests`. Open loop and traces: every request.
     """
     w = scenario.workload
+    plan = scenario.plan
+    require(
+        plan.dp == 1 and plan.ep == 1,
+        f"{plan.label()}: data and expert parallel plans are validated and sized (memory per GPU) but not "
+        "simulated yet; run pipesim with --dp 1 --ep 1",
+    )
     queued = False
     if w.kind == "closed":
         admitted = admitted_concurrency(scenario)

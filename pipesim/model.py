@@ -15,10 +15,14 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .checks import MAX_CONFIG_SIZE, MAX_JSON_DEPTH, MAX_LAYERS, is_number, read_text, too_deep
 from .errors import UserError, require
 from .quantization import BF16, BYTES_PER_PARAM, KV_BYTES_PER_ELEMENT, WeightFormat, as_format, weight_formats
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 __all__ = ["BYTES_PER_PARAM", "Model", "WeightFormat", "from_hf_config", "load_model"]
 
@@ -112,6 +116,13 @@ class Model:
             return attn + routed + shared + router
         return attn + self.dense_mlp_params() * attn_bytes
 
+    def routed_expert_bytes(self, layer: int) -> float:
+        """Bytes of one layer's routed experts (all of them; 0 for a dense layer): the
+        part expert parallel divides by ep instead of by TP."""
+        if not self.is_moe_layer(layer):
+            return 0.0
+        return self.moe.n_routed_experts * self.expert_params() * self.expert_dtype.bytes_per_param
+
     def embedding_bytes(self, dtype: str | WeightFormat | None = None) -> float:
         """Bytes of the embedding (or of the lm_head), in the model's format or `dtype`."""
         return self.vocab * self.hidden * (as_format(dtype) or self.embed_dtype).bytes_per_param
@@ -161,6 +172,34 @@ class Model:
             require(
                 self.moe.moe_intermediate % tp == 0,
                 f"tp={tp} does not divide {self.name}'s expert intermediate size {self.moe.moe_intermediate}",
+            )
+
+    def check_plan(self, plan: Plan) -> None:
+        """Raise UserError when `plan` cannot split this model: attention over `attn_tp`
+        GPUs, each routed expert over `moe_tp` (docs/parallel.md)."""
+        if plan.dp == 1 and plan.ep == 1:
+            self.check_tp(plan.tp)
+            return
+        tp = plan.attn_tp
+        require(
+            self.heads % tp == 0,
+            f"attention tp={tp} does not divide {self.name}'s {self.heads} attention heads; allowed: "
+            f"{', '.join(str(t) for t in _divisors(self.heads))}",
+        )
+        if not self.mla:
+            require(
+                self.kv_heads % tp == 0 or tp % self.kv_heads == 0,
+                f"attention tp={tp} cannot split {self.name}'s {self.kv_heads} KV heads (need tp | kv_heads or kv_heads | tp)",
+            )
+        require(
+            self.intermediate % tp == 0,
+            f"attention tp={tp} does not divide {self.name}'s MLP intermediate size {self.intermediate}",
+        )
+        if self.moe:
+            require(
+                self.moe.moe_intermediate % plan.moe_tp == 0,
+                f"moe_tp={plan.moe_tp} (MoE GPUs {plan.moe_width} / ep {plan.ep}) does not divide "
+                f"{self.name}'s expert intermediate size {self.moe.moe_intermediate}",
             )
 
 

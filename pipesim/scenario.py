@@ -77,6 +77,18 @@ class Scenario:
             "tp": self.plan.tp,
             "pp": self.plan.pp,
             "layers_per_stage": list(self.plan.layers_per_stage),
+            **(
+                {
+                    "dp": self.plan.dp,
+                    "ep": self.plan.ep,
+                    "dp_attention": self.plan.dp_attention,
+                    "attn_tp": self.plan.attn_tp,
+                    "moe_tp": self.plan.moe_tp,
+                    "gpus": self.plan.gpus,
+                }
+                if self.plan.dp > 1 or self.plan.ep > 1
+                else {}
+            ),
             "engine": self.settings.describe(),
             "knob_sources": dict(self.knob_sources),
             "workload": self.workload.describe(),
@@ -123,6 +135,10 @@ def build_scenario(
     *,
     tp: int = 1,
     pp: int = 1,
+    dp: int = 1,
+    ep: int = 1,
+    dp_attention: bool = False,
+    enable_expert_parallel: bool = False,
     concurrency: int | None = None,
     model: str | Model | None = None,
     profile: str | Profile | None = None,
@@ -151,6 +167,9 @@ def build_scenario(
     from .whatif import apply_box, apply_profile, check
 
     tp, pp = whole(tp, "tp", 1, MAX_GPUS), whole(pp, "pp", 1, MAX_GPUS)
+    dp, ep = whole(dp, "dp", 1, MAX_GPUS), whole(ep, "ep", 1, MAX_GPUS)
+    for flag, v in (("dp_attention", dp_attention), ("enable_expert_parallel", enable_expert_parallel)):
+        require(isinstance(v, bool), f"{flag} must be true or false, got {v!r}")
     nodes = whole(nodes, "--nodes", 1)  # its limit is on the GPUs it makes (hardware.cluster)
     if layers is not None:
         require(
@@ -225,8 +244,20 @@ def build_scenario(
     mdl = model if isinstance(model, Model) else load_model(model)
     if kv_cache_dtype is not None:  # engine flag --kv-cache-dtype; auto = the model's 16-bit dtype
         mdl = replace(mdl, kv_cache_dtype=resolve_kv_cache_dtype(kv_cache_dtype))
-    plan = make_plan(tp, pp, mdl.num_layers, bx.gpu_count, config.partition_rule, layers)
-    mdl.check_tp(tp)
+    plan = make_plan(
+        tp,
+        pp,
+        mdl.num_layers,
+        bx.gpu_count,
+        config.partition_rule,
+        layers,
+        dp=dp,
+        ep=ep,
+        dp_attention=dp_attention,
+        enable_expert_parallel=enable_expert_parallel,
+        num_experts=mdl.moe.n_routed_experts if mdl.moe else 0,
+    )
+    mdl.check_plan(plan)
     fraction = config.memory_fraction(bx.gpu.memory_bytes, tp, pp)
     memory = plan_memory(bx, mdl, plan, fraction, engine_name)
 
