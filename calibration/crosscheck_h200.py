@@ -30,7 +30,8 @@ import pandas as pd
 from pipesim import profile as profile_mod
 from pipesim.calibrate.importers.aiconfigurator import build_tables
 from pipesim.interp import bracket
-from pipesim.profile import TABLE_COLUMNS, load_profile
+from pipesim.profile import load_profile
+from pipesim.tables import TABLE_COLUMNS
 
 DEFAULT_AIC = (
     Path(__file__).resolve().parent.parent.parent

@@ -28,7 +28,7 @@ KEY_COLUMNS = ["gpus", "tp", "pp", "conc", "rate_rps"]
 
 def whole_numbers(values: int | Sequence[int], what: str, limit: int = MAX_GPUS) -> list[int]:
     """An int or a sequence of ints -> sorted and distinct; each from 1 to `limit`, at
-    least one. (The command line turns '1,8,32' into a list first: `cli.parse_ints`.)"""
+    least one. (The command line turns '1,8,32' into a list first: `cli.options.parse_ints`.)"""
     if is_int(values):
         values = [values]
     require(

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from pipesim.cli import cli, main, parse_ints
+from pipesim.cli import cli, main
+from pipesim.cli.options import parse_ints
 from pipesim.errors import UserError
 from pipesim.files import read_table
 

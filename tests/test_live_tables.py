@@ -14,7 +14,8 @@ from pipesim.hardware import load_box
 from pipesim.interp import TABLE_PROVENANCE
 from pipesim.model import load_model
 from pipesim.plan import Plan
-from pipesim.profile import TABLE_COLUMNS, load_profile
+from pipesim.profile import load_profile
+from pipesim.tables import TABLE_COLUMNS
 
 GPU = {
     "name": "NVIDIA H200",

@@ -9,7 +9,8 @@ import pytest
 
 from pipesim.cli import main
 from pipesim.errors import UserError
-from pipesim.profile import load_profile, read_table
+from pipesim.profile import load_profile
+from pipesim.tables import read_table
 
 DEPLOYMENT = "rtx-pro-6000-sglang-deployment"
 
@@ -58,10 +59,10 @@ def test_tables_read_without_pandas_match_pandas(tmp_path, monkeypatch):
 
     import pandas as pd
 
-    from pipesim.profile import _cached_columns
+    from pipesim.tables import cached_columns
 
     monkeypatch.setenv("PIPESIM_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr("pipesim.profile.CACHE_MIN_BYTES", 0)
+    monkeypatch.setattr("pipesim.tables.CACHE_MIN_BYTES", 0)
     f = tmp_path / "moe.csv.gz"
     f.write_bytes(
         _gzip.compress(
@@ -71,7 +72,7 @@ def test_tables_read_without_pandas_match_pandas(tmp_path, monkeypatch):
     )
     want = pd.read_csv(f)
     for _ in range(2):  # parsed, then from the cache
-        got = _cached_columns(f, "moe")
+        got = cached_columns(f, "moe")
         assert list(got) == list(want.columns)
         for c in want.columns:
             assert list(got[c]) == list(want[c])

@@ -52,7 +52,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...errors import UserError
-from ...profile import sig6
+from ...tables import sig6
 
 KERNEL_SETS = ("sglang", "vllm")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ...errors import UserError
 from ...model import Model
-from ...profile import sig6
+from ...tables import sig6
 from .specs import Grids
 from .timing import import_torch, median
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ...errors import UserError
 from ...model import load_model, read_hf_config
-from ...profile import TABLE_COLUMNS, sig6
+from ...tables import TABLE_COLUMNS, sig6
 from .comm import link_summary, measure_comm
 from .cpu import graph_loop_floor_ms, plain_layer_launch_us
 from .gpu import describe_gpu

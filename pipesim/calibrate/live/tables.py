@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..._toml import dumps
-from ...profile import TABLE_COLUMNS, Params, sig6, write_profile
+from ...profile import Params, write_profile
+from ...tables import TABLE_COLUMNS, sig6
 from .specs import Record
 
 # Operations measured as records that have no profile table: their key columns.

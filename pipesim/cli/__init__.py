@@ -1,0 +1,47 @@
+"""The `pipesim` command line: click wiring only (each command calls the module that owns
+its work; defaults come from the modules that own them). Bad input: one line on stderr,
+exit code 2."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import UserError
+from .calibration import calibrate, diagnose, validate
+from .explore import plot, search, sweep
+from .presets import boxes, profiles
+from .single import predict, trace
+
+EXIT_BAD_INPUT = 2
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pipesim")
+def cli():
+    """pipesim: predict throughput and latency of an LLM inference engine for any
+    TP x PP split and concurrency, and show where the time goes."""
+
+
+for _command in (predict, trace, sweep, search, plot, calibrate, validate, diagnose, profiles, boxes):
+    cli.add_command(_command)
+
+
+def main(argv=None) -> None:
+    """Entry point: user errors become one line and exit code 2; bugs keep their traceback."""
+    try:
+        cli.main(args=argv, prog_name="pipesim", standalone_mode=False)
+    except UserError as exc:
+        click.echo(f"pipesim: error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except click.exceptions.Abort:
+        click.echo("pipesim: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        msg = " ".join(exc.format_message().split())
+        click.echo(f"pipesim: error: {msg}", err=True)
+        sys.exit(EXIT_BAD_INPUT if isinstance(exc, click.UsageError) or exc.exit_code == 2 else exc.exit_code)
+    except OSError as exc:
+        click.echo(f"pipesim: error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)

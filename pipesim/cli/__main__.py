@@ -1,0 +1,5 @@
+"""`python -m pipesim.cli`."""
+
+from . import main
+
+main()

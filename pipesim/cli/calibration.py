@@ -1,0 +1,217 @@
+"""Calibration: `pipesim calibrate` (import, fit, live), `pipesim validate`, `pipesim diagnose`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..checks import number
+
+
+@click.group()
+def calibrate():
+    """Measure or import a box's costs into a calibration profile."""
+
+
+@calibrate.group("import")
+def calibrate_import():
+    """Import measurements people already have into a profile."""
+
+
+@calibrate_import.command("aiconfigurator")
+@click.argument("system_dir", type=click.Path(file_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="profile directory to write")
+@click.option("--kernel-set", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True)
+@click.option("--box", required=True, help="box preset or .toml the tables were measured on")
+@click.option("--name", default=None, help="profile name [default: the --out folder's name]")
+def import_aiconfigurator(system_dir, out, kernel_set, box, name):
+    """Tables from an AIConfigurator system folder (e.g. .../rtx_pro_6000_server)."""
+    from ..calibrate.importers.aiconfigurator import import_profile
+
+    tables = import_profile(system_dir, out, kernel_set=kernel_set, box=box, name=name)
+    click.echo(f"wrote {out}: " + ", ".join(f"{k} {len(v)} rows" for k, v in tables.items()))
+
+
+@calibrate_import.command("nccl-tests")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--profile", "profile_dir", required=True, help="profile directory to add the table to")
+@click.option("--out", default=None, help="write the result here instead of in place")
+@click.option("--op", default=None, help="all_reduce, all_gather, ... [default: read from the output]")
+@click.option("--gpus", type=int, default=None, help="GPUs in the run [default: read from the output]")
+def import_nccl_tests(file, profile_dir, out, op, gpus):
+    """Collective latencies from nccl-tests text output (all_reduce_perf, all_gather_perf, ...)."""
+    from ..calibrate.importers.nccl_tests import import_file
+
+    rows = import_file(file, profile_dir, out, op=op, gpus=gpus)
+    click.echo(
+        f"added {len(rows)} {rows.op.iloc[0]} rows on {rows.gpus.iloc[0]} GPUs to {out or profile_dir}"
+    )
+
+
+@calibrate_import.command("bench")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--profile", "profile_dir", required=True, help="profile directory to add the points to")
+@click.option("--out", default=None, help="write the result here instead of in place")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["sglang", "vllm", "csv"]),
+    required=True,
+    help="sglang: bench_serving JSON lines; vllm: vllm bench serve JSON; csv: pipesim's measured layout",
+)
+@click.option("--tp", type=int, default=None, help="the run's tp (not in the benchmark output)")
+@click.option("--pp", type=int, default=None, help="the run's pp")
+@click.option("--conc", type=int, default=None, help="concurrency, where the output lacks max_concurrency")
+@click.option("--name", default="", help="a label for the points")
+@click.option("--model", default="", help="model preset or config the run served [default: the profile's]")
+def import_bench(file, profile_dir, out, fmt, tp, pp, conc, name, model):
+    """End-to-end points (becomes the profile's measured set)."""
+    from ..calibrate.importers.bench import import_file
+
+    added, total = import_file(
+        file, profile_dir, out, fmt=fmt, tp=tp, pp=pp, conc=conc, name=name, model=model
+    )
+    click.echo(f"added {added} measured point(s) to {out or profile_dir} ({total} in all)")
+
+
+@calibrate.command("fit")
+@click.option("--profile", "profile_dir", required=True, help="profile directory (with measured points)")
+@click.option(
+    "--params",
+    "names",
+    required=True,
+    help="comma-separated parameters to fit, e.g. cpu_iteration_ms,allreduce_offset_us",
+)
+@click.option("--out", default=None, help="write the fitted profile here instead of in place")
+@click.option("--no-loo", is_flag=True, help="skip the leave-one-out errors (faster)")
+@click.option(
+    "--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]"
+)
+def calibrate_fit(profile_dir, names, out, no_loo, progress):
+    """Fit free parameters to the profile's measured points by least squares."""
+    from ..calibrate.fit import fit_profile, solves
+    from ..profile import load_profile
+    from ..progress import bar
+
+    n = solves(load_profile(profile_dir).measured, not no_loo)
+    with bar(n, "fit (solves: the fit, then one per point left out)", progress, unit="solve") as b:
+        result = fit_profile(
+            profile_dir,
+            [n.strip() for n in names.split(",") if n.strip()],
+            out,
+            loo=not no_loo,
+            on_solve=b.update,
+        )
+    click.echo(result.report())
+
+
+@click.command()
+@click.option("--profile", default=None, help="profile name or directory [default: the reference deployment]")
+@click.option(
+    "--max-error", type=float, default=10.0, show_default=True, help="largest allowed error per point, %"
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="print one JSON object (profile, MAPE, the limit, every point: measured, predicted, error %)",
+)
+@click.option(
+    "--corpus",
+    "corpus_dir",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[DIR]",
+    help="check against the public validation corpus (the shipped one, or DIR) instead of a profile",
+)
+@click.option(
+    "--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]"
+)
+def validate(profile, max_error, as_json, corpus_dir, progress):
+    """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error.
+    With --corpus: every corpus run pipesim can express, its error, ranking agreement and interval coverage."""
+    from ..calibrate.validate import check
+    from ..profile import load_profile
+    from ..progress import bar
+    from ..scenario import DEFAULT_PROFILE
+
+    if corpus_dir is not None:
+        from ..calibrate import crosscheck
+        from ..corpus import load_corpus
+
+        chk = crosscheck.check(load_corpus(corpus_dir or None))
+        click.echo(crosscheck.to_json(chk) if as_json else crosscheck.text(chk))
+        return
+
+    prof = load_profile(profile or DEFAULT_PROFILE)
+    with bar(len(prof.measured), "validate", progress, unit="point") as b:
+        result = check(prof, number(max_error, "--max-error", 0.0, above=True), on_point=b.update)
+    click.echo(result.to_json() if as_json else result.text())
+    if not result.passed:
+        sys.exit(1)
+
+
+@click.command()
+@click.option("--profile", default=None, help="profile name or directory [default: the reference deployment]")
+@click.option(
+    "--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]"
+)
+def diagnose(profile, progress):
+    """Where the box loses time: each measured point against the box's own tables."""
+    from ..calibrate.diagnose import diagnose as run_diagnosis
+    from ..calibrate.diagnose import steps
+    from ..profile import load_profile
+    from ..progress import bar
+    from ..scenario import DEFAULT_PROFILE
+
+    prof = load_profile(profile or DEFAULT_PROFILE)
+    with bar(steps(prof), "diagnose (points, then hypothesis fits)", progress, unit="step") as b:
+        diagnosis = run_diagnosis(prof, on_point=b.update)
+    click.echo(diagnosis.text())
+
+
+@calibrate.command("live")
+@click.option("--model", "model_arg", required=True, help="preset name or path of a Hugging Face config.json")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="profile directory to write")
+@click.option(
+    "--hf-config",
+    is_flag=True,
+    help="also run the model's Hugging Face transformers code (random weights from the config, no "
+    "download) for the decode loop's CPU costs and its decoder layers",
+)
+@click.option("--name", default=None, help="profile name [default: live-<gpu>-<model>]")
+@click.option(
+    "--budget-s",
+    type=float,
+    default=420.0,
+    show_default=True,
+    help="wall-clock budget; optional extras are skipped once it runs low",
+)
+@click.option(
+    "--reps", type=int, default=30, show_default=True, help="timed repetitions per operation (median)"
+)
+@click.option("--warmup", type=int, default=5, show_default=True, help="untimed calls before timing")
+@click.option(
+    "--collectives/--no-collectives",
+    default=True,
+    show_default=True,
+    help="with several GPUs visible: NCCL all-reduce, all-gather and P2P tables",
+)
+def calibrate_live(model_arg, out, hf_config, name, budget_s, reps, warmup, collectives):
+    """Measure MODEL's operation costs on this machine's NVIDIA GPUs into a profile
+    that `pipesim predict --profile OUT --model MODEL` uses (needs pipesim[live])."""
+    from ..calibrate.live import run_live
+
+    path = run_live(
+        model_arg,
+        out,
+        hf_config=hf_config,
+        name=name,
+        budget_s=budget_s,
+        reps=reps,
+        warmup=warmup,
+        collectives=collectives,
+    )
+    click.echo(f"wrote {path}")

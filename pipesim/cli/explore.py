@@ -1,0 +1,239 @@
+"""Many scenarios: `pipesim sweep`, `pipesim search` and `pipesim plot`."""
+
+from __future__ import annotations
+
+import click
+
+from ..checks import MAX_CONCURRENCY
+from ..errors import require
+from .options import (
+    DEFAULT_CONC_TEXT,
+    parse_floats,
+    parse_ints,
+    parse_number,
+    parse_splits,
+    parse_workers,
+    scenario_kwargs,
+    scenario_options,
+)
+
+
+@click.command()
+@click.option(
+    "--gpus",
+    default="8",
+    show_default=True,
+    metavar="N[,N..]",
+    help="GPU count, or several: 2,4,8 (every tp x pp = count)",
+)
+@click.option(
+    "--splits",
+    default=None,
+    metavar="TPxPP[,..]",
+    help="only these splits, e.g. 2x4,8x1 (sets the GPU counts)",
+)
+@click.option(
+    "--conc",
+    "--max-concurrency",
+    "conc",
+    default=None,
+    metavar="C[,C..]",
+    help=f"concurrencies, comma-separated [default: {DEFAULT_CONC_TEXT}]",
+)
+@click.option(
+    "--rate",
+    "--request-rate",
+    "rate",
+    default=None,
+    metavar="R[,R..]",
+    help="open-loop Poisson arrival rates (req/s) instead of concurrencies",
+)
+@click.option("--num-requests", type=int, default=None, help="requests per point with --rate [default: 200]")
+@scenario_options
+@click.option("--out", default=None, help="write the table to this .csv or .parquet file")
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="local worker processes [default: every core; 1: in this process]",
+)
+@click.option(
+    "--scheduler", default=None, help="run on a Dask cluster: its scheduler address, tcp://HOST:PORT"
+)
+@click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
+def sweep(gpus, splits, conc, rate, num_requests, out, workers, scheduler, progress, **opts):
+    """Every valid TP x PP split for the GPU count(s) x every load: a table."""
+    import time
+
+    from ..files import TABLE_SUFFIXES, check_out_path, write_table
+    from ..sweep import summary
+    from ..sweep import sweep as run_sweep
+
+    require(conc is None or rate is None, "give --conc or --rate, not both")
+    if out is not None:
+        check_out_path(out, TABLE_SUFFIXES, "output")
+    load = dict(conc=parse_ints(DEFAULT_CONC_TEXT if conc is None else conc, "--conc"))
+    if rate is not None:
+        load.update(
+            rate=parse_floats(rate, "--rate"), **({"num_requests": num_requests} if num_requests else {})
+        )
+    t = time.perf_counter()
+    df = run_sweep(
+        parse_ints(gpus, "--gpus"),
+        splits=parse_splits(splits),
+        scheduler=scheduler,
+        workers=parse_workers(workers),
+        progress=progress,
+        **load,
+        **scenario_kwargs(opts),
+    )
+    wall_s = time.perf_counter() - t
+    click.echo(summary(df))
+    click.echo(f"{len(df)} points in {wall_s:.1f} s" + (f" on {scheduler}" if scheduler else ""))
+    if out is not None:
+        write_table(df, out)
+        click.echo(f"wrote {out}")
+
+
+@click.command()
+@click.option(
+    "--gpus", default="8", show_default=True, metavar="N[,N..]", help="GPU count, or several: 2,4,8"
+)
+@click.option(
+    "--splits",
+    default=None,
+    metavar="TPxPP[,..]",
+    help="only these splits, e.g. 2x4,8x1 (sets the GPU counts)",
+)
+@click.option(
+    "--conc",
+    "--max-concurrency",
+    "conc",
+    default=None,
+    metavar="C[,C..]",
+    help=f"concurrencies to try [default: {DEFAULT_CONC_TEXT}]",
+)
+@click.option(
+    "--rate",
+    "--request-rate",
+    "rate",
+    default=None,
+    metavar="R[,R..]",
+    help="open-loop Poisson arrival rates (req/s) to try instead of concurrencies",
+)
+@click.option("--num-requests", type=int, default=None, help="requests per point with --rate [default: 200]")
+@click.option(
+    "--objective",
+    default="throughput",
+    show_default=True,
+    metavar="NAME",
+    help="throughput | throughput-per-gpu | max-load (the most load each split carries under the "
+    "constraints) | per-request | ttft | fewest-gpus",
+)
+@click.option(
+    "--min-per-request-tok-s",
+    default=None,
+    metavar="TOK_S",
+    help="keep points whose requests decode at least this fast",
+)
+@click.option(
+    "--max-ttft-p50-ms", default=None, metavar="MS", help="keep points whose TTFT p50 is at most this"
+)
+@click.option(
+    "--max-ttft-p99-ms", default=None, metavar="MS", help="keep points whose TTFT p99 is at most this"
+)
+@click.option(
+    "--max-tpot-p50-ms", default=None, metavar="MS", help="keep points whose TPOT p50 is at most this"
+)
+@click.option(
+    "--max-tpot-p99-ms", default=None, metavar="MS", help="keep points whose TPOT p99 is at most this"
+)
+@click.option(
+    "--plot",
+    "plot_file",
+    default=None,
+    metavar="FILE",
+    help="also draw the trade-off (.png/.svg): every point, the Pareto frontier, the constraint lines",
+)
+@click.option(
+    "--from", "from_file", default=None, help="search a sweep table (.csv/.parquet) instead of running one"
+)
+@scenario_options
+@click.option("--workers", type=int, default=None, help="local worker processes [default: every core]")
+@click.option("--scheduler", default=None, help="run on a Dask cluster: tcp://HOST:PORT")
+@click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
+def search(
+    gpus,
+    splits,
+    conc,
+    rate,
+    num_requests,
+    objective,
+    min_per_request_tok_s,
+    max_ttft_p50_ms,
+    max_ttft_p99_ms,
+    max_tpot_p50_ms,
+    max_tpot_p99_ms,
+    plot_file,
+    from_file,
+    workers,
+    scheduler,
+    progress,
+    **opts,
+):
+    """The best split and load under constraints, the alternatives ranked, and why."""
+    from pathlib import Path
+
+    from ..files import read_table
+    from ..search import search as run_search
+
+    require(conc is None or rate is None, "give --conc or --rate, not both")
+    if plot_file is not None:
+        require(
+            Path(plot_file).suffix.lower() in (".png", ".svg"),
+            f"figure file '{plot_file}' must end in .png or .svg",
+        )
+    table = read_table(from_file) if from_file else None
+    limits = {
+        k: parse_number(v, "--" + k.replace("_", "-"))
+        for k, v in dict(
+            min_per_request_tok_s=min_per_request_tok_s,
+            max_ttft_p50_ms=max_ttft_p50_ms,
+            max_ttft_p99_ms=max_ttft_p99_ms,
+            max_tpot_p50_ms=max_tpot_p50_ms,
+            max_tpot_p99_ms=max_tpot_p99_ms,
+        ).items()
+    }
+    run = {}
+    if table is None:  # a table given: nothing is swept, and --gpus/--conc/--rate go unread
+        if rate is not None:
+            run["rate"] = parse_floats(rate, "--rate")
+            if num_requests is not None:
+                run["num_requests"] = num_requests
+        run["conc"] = parse_ints(DEFAULT_CONC_TEXT if conc is None else conc, "--conc", MAX_CONCURRENCY)
+        run.update(
+            scheduler=scheduler, workers=parse_workers(workers), progress=progress, **scenario_kwargs(opts)
+        )
+        gpus = parse_ints(gpus, "--gpus")
+    result = run_search(gpus, objective, splits=parse_splits(splits), table=table, **limits, **run)
+    click.echo(result.text())
+    if plot_file is not None:
+        from .. import plot as pl
+
+        pl.save(pl.pareto(result), plot_file)
+        click.echo(f"wrote {plot_file}")
+
+
+@click.command()
+@click.argument("results")
+@click.option("--out-dir", default=".", show_default=True, help="folder for the figures")
+@click.option("--format", "fmt", default="png", show_default=True, help="png or svg")
+@click.option("--prefix", default="", help="prefix of the file names")
+def plot(results, out_dir, fmt, prefix):
+    """Figures of a sweep table: throughput vs concurrency, the trade-off curve, the time breakdown."""
+    from .. import plot as pl
+    from ..files import ensure_dir, read_table
+
+    ensure_dir(out_dir, "figure")  # before reading: a folder that cannot be made fails first
+    for path in pl.save_all(read_table(results), out_dir, fmt, prefix):
+        click.echo(f"wrote {path}")

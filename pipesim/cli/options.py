@@ -1,0 +1,248 @@
+"""What the commands share: the scenario and engine flags, and the parsers of list-valued
+flags (one clear line on bad input, see docs/bad-input.md)."""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+from ..checks import MAX_GPUS, MAX_WORKERS, whole
+from ..errors import UserError, require
+from ..scenario import DEFAULT_MODEL, DEFAULT_PROFILE
+from ..sweep import DEFAULT_CONC
+from ..workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
+
+DEFAULT_CONC_TEXT = ",".join(map(str, DEFAULT_CONC))
+
+
+def parse_layers(value: str | None):
+    if value is None:
+        return None
+    try:
+        return tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise UserError(
+            f"--layers '{value}' must be comma-separated whole numbers, e.g. 7,7,7,8,8,8,8,8"
+        ) from None
+
+
+def parse_ints(text: str, what: str, limit: int = MAX_GPUS) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; each from 1 to `limit`, at least one (the sweep checks them again)."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise UserError(f"{what} '{text}' must be comma-separated whole numbers >= 1, e.g. 1,8,32") from None
+    require(len(values) > 0, f"{what} is empty; give at least one whole number >= 1, e.g. 1,8,32")
+    for v in values:
+        require(v >= 1, f"{what}: {v!r} is not a whole number >= 1")
+        require(v <= limit, f"{what}: {v} is above the limit of {limit}")
+    return sorted(set(values))
+
+
+def parse_floats(text: str, what: str) -> list[float]:
+    """'0.5,1,2' -> [0.5, 1.0, 2.0]; each a finite number > 0, at least one."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise UserError(f"{what} '{text}' must be comma-separated numbers > 0, e.g. 0.5,1,2") from None
+    require(len(values) > 0, f"{what} is empty; give at least one number > 0, e.g. 0.5,1,2")
+    for v in values:
+        require(0 < v < float("inf"), f"{what}: {v:g} is not a number > 0")
+    return sorted(set(values))
+
+
+def parse_splits(text: str | None) -> list[tuple[int, int]] | None:
+    """'2x4,8x1' -> [(2, 4), (8, 1)] (TP x PP)."""
+    if text is None:
+        return None
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            tp, pp = (int(x) for x in part.lower().split("x"))
+        except ValueError:
+            raise UserError(
+                f"--splits '{text}': '{part}' is not TPxPP; allowed: comma-separated TPxPP with whole "
+                "numbers >= 1, e.g. 2x4,8x1"
+            ) from None
+        require(tp >= 1 and pp >= 1, f"--splits '{text}': '{part}' needs TP >= 1 and PP >= 1")
+        out.append((tp, pp))
+    require(len(out) > 0, "--splits is empty; give TPxPP pairs, e.g. 2x4,8x1")
+    return sorted(set(out))
+
+
+def parse_number(text: str | None, what: str) -> float | None:
+    """An optional number >= 0 given on the command line."""
+    if text is None:
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise UserError(f"{what} '{text}' is not a number") from None
+    require(math.isfinite(v) and v >= 0, f"{what} must be a finite number >= 0, got {text}")
+    return v
+
+
+def parse_workers(workers: int | None) -> int | None:
+    """--workers: unset (every core) or a whole number from 1 to MAX_WORKERS."""
+    return None if workers is None else whole(workers, "--workers", 1, MAX_WORKERS)
+
+
+def scenario_options(f):
+    """The scenario and engine flags every simulating command shares."""
+    options = [
+        click.option(
+            "--model",
+            default=None,
+            help=f"preset name or path of a Hugging Face config.json (the profile's if it names one) [default: {DEFAULT_MODEL}]",
+        ),
+        click.option(
+            "--profile",
+            default=None,
+            help=f"calibration profile name or directory (with --box: the box's own, see docs/boxes.md) [default: {DEFAULT_PROFILE}]",
+        ),
+        click.option(
+            "--engine",
+            type=click.Choice(["sglang", "vllm"]),
+            default=None,
+            help="engine [default: the profile's]",
+        ),
+        click.option(
+            "--engine-version",
+            default=None,
+            help="with --box and no --profile: the engine version of the measured tables [default: the newest]",
+        ),
+        click.option(
+            "--allow-foreign-profile",
+            is_flag=True,
+            default=False,
+            help="run a profile measured on another box, GPU or engine (its costs reported as borrowed)",
+        ),
+        click.option("--box", default=None, help="box preset or .toml [default: the profile's]"),
+        click.option(
+            "--nodes",
+            type=int,
+            default=1,
+            show_default=True,
+            help="a cluster of this many identical boxes (GPUs numbered node-major)",
+        ),
+        click.option(
+            "--network",
+            default=None,
+            help="what joins the nodes: ib-ndr-400, roce-200, eth-100, ... [default: the box's [network]]",
+        ),
+        click.option(
+            "--kv-cache-dtype",
+            default=None,
+            help="KV-cache dtype, as the engines name it: auto (the model's 16-bit dtype), bf16, fp16, "
+            "fp8, fp8_e4m3, fp8_e5m2 [default: auto]",
+        ),
+        click.option(
+            "--input-len",
+            default=DEFAULT_INPUT_LEN,
+            show_default=True,
+            help="prompt tokens: N or LO:HI (uniform)",
+        ),
+        click.option(
+            "--output-len",
+            default=DEFAULT_OUTPUT_LEN,
+            show_default=True,
+            help="output tokens: N or LO:HI (uniform)",
+        ),
+        click.option(
+            "--seed", type=int, default=0, show_default=True, help="random seed, a whole number >= 0"
+        ),
+        click.option("--max-running-requests", type=int, default=None, help="SGLang: total running requests"),
+        click.option(
+            "--pp-max-micro-batch-size",
+            type=int,
+            default=None,
+            help="SGLang: per-slot cap [default: max-running-requests // pp]",
+        ),
+        click.option(
+            "--pp-async-batch-depth",
+            type=int,
+            default=None,
+            help="SGLang: extra micro-batch slots [default 0]",
+        ),
+        click.option(
+            "--chunked-prefill-size",
+            type=int,
+            default=None,
+            help="SGLang: prefill chunk tokens [default by GPU memory]",
+        ),
+        click.option(
+            "--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly"
+        ),
+        click.option("--max-num-seqs", type=int, default=None, help="vLLM: total running requests"),
+        click.option("--max-num-batched-tokens", type=int, default=None, help="vLLM: token budget per batch"),
+        click.option(
+            "--async-scheduling/--no-async-scheduling",
+            default=None,
+            help="vLLM: async scheduling (one more batch in flight)",
+        ),
+        click.option(
+            "--kernel-scale",
+            type=float,
+            default=None,
+            help="what-if: every kernel takes this many times its calibrated time (0.5: a GPU twice as fast)",
+        ),
+        click.option(
+            "--allreduce-scale",
+            type=float,
+            default=None,
+            help="what-if: every TP collective takes this many times its calibrated time",
+        ),
+        click.option(
+            "--pcie-bandwidth-scale",
+            type=float,
+            default=None,
+            help="what-if: every link of the box carries this many times its bandwidth",
+        ),
+        click.option(
+            "--cpu-iteration-ms",
+            type=float,
+            default=None,
+            help="what-if: the scheduler's CPU time per iteration [default: the profile's]",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+SCENARIO_FLAGS = (
+    "model",
+    "profile",
+    "engine",
+    "engine_version",
+    "allow_foreign_profile",
+    "box",
+    "nodes",
+    "network",
+    "kv_cache_dtype",
+    "input_len",
+    "output_len",
+    "seed",
+    "max_running_requests",
+    "pp_max_micro_batch_size",
+    "pp_async_batch_depth",
+    "chunked_prefill_size",
+    "disable_cuda_graph",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "async_scheduling",
+    "kernel_scale",
+    "allreduce_scale",
+    "pcie_bandwidth_scale",
+    "cpu_iteration_ms",
+)
+
+
+def scenario_kwargs(opts: dict) -> dict:
+    """The shared flags as `build_scenario` keyword arguments (unset ones left out)."""
+    kw = {k: opts.pop(k) for k in SCENARIO_FLAGS}
+    kw["disable_cuda_graph"] = kw["disable_cuda_graph"] or None
+    return kw

@@ -1,0 +1,66 @@
+"""What pipesim ships: `pipesim boxes` (box presets) and `pipesim profiles` (calibration profiles)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group()
+def boxes():
+    """The box catalogue: presets, their numbers and where each comes from (docs/boxes.md)."""
+
+
+@boxes.command("list")
+def boxes_list():
+    """One line per preset: name, GPUs, GPU model, memory, interconnect."""
+    from ..hardware import box_names, load_box, summary_line
+
+    for name in box_names():
+        click.echo(summary_line(name, load_box(name)))
+
+
+@boxes.command("show")
+@click.argument("name")
+@click.option("--nodes", type=int, default=1, show_default=True, help="show a cluster of this many boxes")
+@click.option("--network", default=None, help="what joins the nodes [default: the box's [network]]")
+def boxes_show(name, nodes, network):
+    """Every field of box NAME (a preset or .toml) with its source, and the topology tree."""
+    from ..hardware import details, load_box
+
+    click.echo("\n".join(details(load_box(name, nodes, network))))
+
+
+@click.group()
+def profiles():
+    """List and inspect calibration profiles."""
+
+
+@profiles.command("list")
+def profiles_list():
+    """The shipped profiles."""
+    from ..profile import load_profile, profile_names
+
+    for name in profile_names():
+        p = load_profile(name)
+        click.echo(f"{name:40s} {p.engine} {p.engine_version:8s} box {p.box}")
+
+
+@profiles.command("show")
+@click.argument("name")
+def profiles_show(name):
+    """One profile: its box, engine, parameters and the source of every table."""
+    from ..profile import load_profile, profile_folder
+
+    p = load_profile(name)
+    click.echo(f"{p.name}: {p.meta.get('description', '')}")
+    click.echo(f"  folder {profile_folder(name)}")
+    click.echo(f"  box {p.box}, engine {p.engine} {p.engine_version}")
+    click.echo("  parameters:")
+    for k, v in vars(p.params).items():
+        src = p.meta.get("param_sources", {}).get(k, "")
+        click.echo(f"    {k:28s} {v!s:>12}   {src}")
+    click.echo("  tables:")
+    for t, df in p.tables.items():
+        click.echo(f"    {t:14s} {len(df):>7,} rows   {p.sources.get(t, '')}")
+    if p.deployment:
+        click.echo("  deployment flags: " + ", ".join(f"{k}={v}" for k, v in p.deployment.items()))

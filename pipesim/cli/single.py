@@ -1,0 +1,165 @@
+"""One scenario: `pipesim predict` and `pipesim trace`."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import require
+from .options import parse_layers, scenario_kwargs, scenario_options
+
+
+@click.command()
+@click.option(
+    "--tp",
+    "--tensor-parallel-size",
+    "--tp-size",
+    "tp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="tensor-parallel size (GPUs per stage)",
+)
+@click.option(
+    "--pp",
+    "--pipeline-parallel-size",
+    "--pp-size",
+    "pp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="pipeline-parallel size (stages)",
+)
+@click.option(
+    "--conc",
+    "--max-concurrency",
+    "conc",
+    type=int,
+    default=None,
+    help="closed-loop concurrency C (clients); one of --conc, --rate, --trace is needed",
+)
+@click.option(
+    "--rate",
+    "--request-rate",
+    "rate",
+    type=float,
+    default=None,
+    help="open-loop Poisson arrival rate, requests/s (instead of --conc)",
+)
+@click.option("--num-requests", type=int, default=None, help="requests to send with --rate or from --trace")
+@click.option(
+    "--trace",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="replay a CSV: arrival_s,input_tokens,output_tokens",
+)
+@click.option("--layers", default=None, help="explicit layers per stage, e.g. 7,7,7,8,8,8,8,8")
+@scenario_options
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of the table")
+@click.option(
+    "--intervals/--no-intervals",
+    default=True,
+    show_default=True,
+    help="prediction intervals (docs/uncertainty.md): 4 short runs more",
+)
+@click.option(
+    "--sensitivity", is_flag=True, help="a tornado: which parameters and workload assumptions move the answer"
+)
+@click.option(
+    "--step", type=float, default=0.2, show_default=True, help="--sensitivity: relative step of each item"
+)
+@click.option(
+    "--plot",
+    "plot_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="--sensitivity: write the tornado figure here (.png, .pdf, .svg)",
+)
+def predict(
+    tp, pp, conc, rate, num_requests, trace, layers, as_json, intervals, sensitivity, step, plot_file, **opts
+):
+    """Predict one scenario (default: Kimi K2.6 with SGLang on 8 x RTX PRO 6000)."""
+    from .. import api, report
+    from ..scenario import build_scenario
+
+    require(
+        plot_file is None or sensitivity, "--plot draws the sensitivity tornado: give --sensitivity with it"
+    )
+    scenario = build_scenario(
+        tp=tp,
+        pp=pp,
+        concurrency=conc,
+        rate_rps=rate,
+        num_requests=num_requests,
+        trace=trace,
+        layers=parse_layers(layers),
+        **scenario_kwargs(opts),
+    )
+    if sensitivity:
+        import json
+
+        from ..sensitivity import plot
+        from ..sensitivity import sensitivity as tornado
+
+        sens = tornado(scenario, step)
+        if plot_file:
+            plot(sens, plot_file)
+        click.echo(json.dumps(sens.to_dict(), indent=2) if as_json else sens.table())
+        return
+    result = api.run(scenario)
+    if intervals:
+        from ..uncertainty import attach
+
+        result = attach(result, scenario)
+    click.echo(report.to_json(result) if as_json else report.table(result))
+
+
+@click.command()
+@click.option(
+    "--tp",
+    "--tensor-parallel-size",
+    "--tp-size",
+    "tp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="tensor-parallel size",
+)
+@click.option(
+    "--pp",
+    "--pipeline-parallel-size",
+    "--pp-size",
+    "pp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="pipeline-parallel size",
+)
+@click.option(
+    "--conc", "--max-concurrency", "conc", type=int, default=None, help="closed-loop concurrency C (needed)"
+)
+@scenario_options
+@click.option("--out", default="trace.json", show_default=True, help="the Chrome trace event file (.json)")
+def trace(tp, pp, conc, out, **opts):
+    """A Chrome / Perfetto trace of one run: a track per GPU and per PP hop."""
+    from .. import trace as tr
+    from ..files import check_out_path
+
+    check_out_path(out, (".json",), "trace")
+    obj, result = tr.trace(tp, pp, conc, **scenario_kwargs(opts))
+    tr.write_trace(out, obj)
+    meta = obj["otherData"]
+    slices = sum(1 for e in obj["traceEvents"] if e["ph"] == "X")
+    click.echo(
+        f"wrote {out}: {slices:,} slices over {meta['run_ms'] / 1e3:,.2f} s simulated "
+        f"(measured window {meta['window_ms'][0] / 1e3:,.2f}-{meta['window_ms'][1] / 1e3:,.2f} s); "
+        "open it in https://ui.perfetto.dev"
+    )
+    click.echo(
+        f"output {result.output_throughput_tok_s:,.1f} tok/s, bubble {result.bubble_fraction:.0%} of GPU time"
+    )
+    for st in meta["stages"]:
+        click.echo(
+            f"  stage {st['stage']} (GPU {','.join(map(str, st['gpus']))}): {st['bubbles']:,} bubbles, "
+            f"{st['bubble_ms']:,.1f} ms idle ({st['idle_share']:.0%}: P2P wait {st['idle_p2p_share']:.0%}, "
+            f"CPU wait {st['idle_cpu_share']:.0%}, pipeline bubble {st['idle_bubble_share']:.0%})"
+        )
