@@ -28,6 +28,10 @@ MAX_SEED = 2**63  # numpy seeds are 64-bit
 # decode batch steps of one run (requests x output tokens / batch): a simulation runs
 # about 4 events a step at 10-50 thousand events a second, so this is a minute or two
 MAX_BATCH_STEPS = 500_000
+# a sweep: its scenarios (the product of its lists, counted before any is built) and the
+# decode batch steps of all of them together: 200 runs at the one-run limit, hours of one core
+MAX_SWEEP_SCENARIOS = 100_000
+MAX_SWEEP_BATCH_STEPS = 200 * MAX_BATCH_STEPS
 MAX_SIM_S = 1e6  # simulated-time horizon: a run stops here whatever its state
 MAX_JSON_DEPTH = 200  # nesting of a JSON or TOML file
 
@@ -139,6 +143,27 @@ def check_work(steps: float, how: str) -> None:
         f"this run needs about {steps:,.0f} decode batch steps ({how}), above the limit of "
         f"{MAX_BATCH_STEPS:,} (a minute or two of simulation); use fewer requests, shorter outputs or a "
         "larger concurrency",
+    )
+
+
+def check_sweep_size(combos: int, splits: int, loads: int) -> None:
+    """Refuse a sweep of more than MAX_SWEEP_SCENARIOS scenarios, before any is built."""
+    n = combos * splits * loads
+    require(
+        n <= MAX_SWEEP_SCENARIOS,
+        f"this sweep has {n:,} scenarios ({combos} box x engine x length combinations x {splits} splits x "
+        f"{loads} loads), above the limit of {MAX_SWEEP_SCENARIOS:,}; split it into several sweeps (fewer "
+        "values per list), each with its own --out",
+    )
+
+
+def check_sweep_work(steps: float, scenarios: int) -> None:
+    """Refuse a sweep whose scenarios together need more than MAX_SWEEP_BATCH_STEPS."""
+    require(
+        steps <= MAX_SWEEP_BATCH_STEPS,
+        f"this sweep's {scenarios:,} scenarios need about {steps:,.0f} decode batch steps together, above the "
+        f"limit of {MAX_SWEEP_BATCH_STEPS:,} (hours of simulation); split it into several sweeps (fewer "
+        "values per list), each with its own --out, or use shorter outputs",
     )
 
 

@@ -47,6 +47,33 @@ NUMBER_TABLE_COLUMNS = (
 )
 
 
+# text columns of a sweep table: read as text, so that a length '300' or a stage's '61'
+# layers stay what the sweep wrote
+TEXT_TABLE_COLUMNS = (
+    "box",
+    "gpu",
+    "model",
+    "profile",
+    "engine",
+    "input_len",
+    "output_len",
+    "split",
+    "layers_per_stage",
+    "decode_batch_per_slot",
+    "cap_reason",
+    "sweep_options",
+)
+
+
+def csv_kwargs() -> dict:
+    """pandas.read_csv arguments for a sweep table: text columns as text, floats read back
+    exactly as written (round trip: pandas 3's default, an option before)."""
+    import pandas as pd
+
+    exact = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
+    return {"dtype": {c: str for c in TEXT_TABLE_COLUMNS}, **exact}
+
+
 def check_out_path(path: str | Path, suffixes: tuple[str, ...], what: str) -> Path:
     """An output file: an allowed suffix and an existing directory, checked before any work."""
     out = Path(path)
@@ -127,7 +154,6 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
 
 def read_table(path: str | Path) -> pd.DataFrame:
     """A sweep table written by `write_table` (or `pipesim sweep --out`)."""
-    import numpy as np
     import pandas as pd
 
     p = Path(path)
@@ -141,15 +167,24 @@ def read_table(path: str | Path) -> pd.DataFrame:
     else:
         require(p.suffix.lower() == ".csv", f"sweep file '{p}' must end in .csv or .parquet")
         try:
-            # lengths are specs ("300" or "100:500"), as the sweep wrote them
-            df = pd.read_csv(p, dtype={"input_len": str, "output_len": str})
+            # lengths are specs ("300" or "100:500"), as the sweep wrote them (csv_kwargs)
+            df = pd.read_csv(p, **csv_kwargs())
         except Exception as exc:  # pandas raises many types for a malformed file
             raise UserError(f"sweep file '{p}': cannot read as CSV ({type(exc).__name__})") from None
+    return check_table(df, p)
+
+
+def check_table(df: pd.DataFrame, p: Path, allow_empty: bool = False) -> pd.DataFrame:
+    """A sweep table read from `p`: its key and ranked columns present, every number cell a
+    number (the ranked ones finite); number columns made numeric."""
+    import numpy as np
+    import pandas as pd
+
     missing = [c for c in TABLE_COLUMNS if c not in df.columns]
     require(not missing, f"'{p}' is not a pipesim sweep table: no column(s) {', '.join(missing)}")
     if "rate_rps" not in df.columns:  # written before open-loop sweeps: every row a closed loop
         df["rate_rps"] = 0.0
-    require(len(df) > 0, f"sweep file '{p}' has no rows")
+    require(allow_empty or len(df) > 0, f"sweep file '{p}' has no rows")
     for col in [c for c in df.columns if c in TABLE_COLUMNS or c in NUMBER_TABLE_COLUMNS]:
         values = pd.to_numeric(df[col], errors="coerce")
         bad = values.isna() & df[col].notna()

@@ -9,10 +9,16 @@ tqdm and of any state outside the call.
 from __future__ import annotations
 
 
-def bar(total: int | None, desc: str, progress: bool | None = None, unit: str = "run"):
-    """A tqdm bar over `total` units (its rate gives the ETA), to stderr."""
+def bar(total: int | None, desc: str, progress: bool | None = None, unit: str = "run", initial: int = 0):
+    """A tqdm bar over `total` units (its rate gives the ETA), to stderr. `initial`: units
+    done before (a resumed sweep's), counted but not in the rate."""
     from tqdm import tqdm
 
     return tqdm(
-        total=total, desc=desc, unit=unit, disable=None if progress is None else not progress, leave=False
+        total=total,
+        desc=desc,
+        unit=unit,
+        initial=initial,
+        disable=None if progress is None else not progress,
+        leave=False,
     )

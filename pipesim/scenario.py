@@ -274,9 +274,16 @@ def build_scenario(
         f"(max_position_embeddings of {mdl.name}); shorten the request",
     )
     settings = config.resolve(bx.gpu.memory_bytes, plan, mdl, memory.kv_tokens)
-    # a batch holds at most running_cap requests, and only as many as the KV cache fits
-    check_work(*workload_steps(workload, min(settings.running_cap, max(1, memory.kv_tokens // need))))
-    return Scenario(bx, mdl, plan, config, settings, memory, workload, prof, sources, whatif=changes)
+    scenario = Scenario(bx, mdl, plan, config, settings, memory, workload, prof, sources, whatif=changes)
+    check_work(*scenario_steps(scenario))
+    return scenario
+
+
+def scenario_steps(sc: Scenario) -> tuple[float, str]:
+    """The decode batch steps of a scenario's run (`workload_steps`): a batch holds at most
+    the engine's running cap of requests, and only as many as the KV cache fits."""
+    need = sc.workload.max_request_tokens
+    return workload_steps(sc.workload, min(sc.settings.running_cap, max(1, sc.memory.kv_tokens // need)))
 
 
 def workload_steps(w: Workload, running_cap: int) -> tuple[float, str]:

@@ -1,21 +1,27 @@
-"""Sweeps: every TP x PP split of a GPU count x every concurrency, one row each.
+"""Sweeps: every TP x PP split of a GPU count x every load x every box, engine, input and
+output length listed, one row each.
 
-A split is valid when the model fits and shards (`build_scenario` accepts it); the
-others are skipped with the reason it gave. Points run in parallel on local
-processes, or on a Dask distributed cluster; each point is deterministic for its
-seed, so the table is the same however it was run (rows sorted by gpus, tp, pp, conc).
+The scenarios are built and checked first (grid.py: invalid ones skipped with their
+reason, the total bounded). They run in parallel on local processes, or on a Dask
+distributed cluster (workers.py); each is deterministic for its seed, so the table is the
+same however it was run (rows sorted by box, engine, lengths, gpus, tp, pp, load). With an
+output file each row is written as it finishes and an interrupted sweep resumes where it
+stopped (stream.py).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .checks import MAX_CONCURRENCY, MAX_GPUS, MAX_WORKERS, is_int, whole
-from .errors import UserError, require
+from .errors import require
+from .files import TABLE_SUFFIXES
+from .grid import KEY_COLUMNS, build_grid, choices, row_key, split_name, splits_of
+from .progress import bar as progress_bar
 from .scenario import build_scenario
+from .workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
 
 if TYPE_CHECKING:  # pandas is imported where a table is built, so the CLI can read DEFAULT_CONC cheaply
     import pandas as pd
@@ -23,7 +29,6 @@ if TYPE_CHECKING:  # pandas is imported where a table is built, so the CLI can r
 DEFAULT_CONC = (1, 2, 4, 8, 16, 32, 64, 128)
 RUN_KEYS = ("warmup_requests", "measure_requests", "max_measure_requests", "ci_target")
 WALL_COLUMNS = ("sim_wall_s",)  # the only columns that differ between identical runs
-KEY_COLUMNS = ["gpus", "tp", "pp", "conc", "rate_rps"]
 
 
 def whole_numbers(values: int | Sequence[int], what: str, limit: int = MAX_GPUS) -> list[int]:
@@ -66,24 +71,30 @@ def load_column(df: pd.DataFrame) -> str:
     return "rate_rps" if "rate_rps" in df.columns and (df.rate_rps > 0).all() else "conc"
 
 
-def splits(gpus: int) -> list[tuple[int, int]]:
-    """Every (tp, pp) with tp x pp = gpus, TP largest first."""
-    return [(gpus // pp, pp) for pp in range(1, gpus + 1) if gpus % pp == 0]
-
-
-def split_name(tp: int, pp: int) -> str:
-    return f"TP{tp} x PP{pp}"
+splits = splits_of  # every (tp, pp) with tp x pp = gpus, TP largest first
+__all__ = ["KEY_COLUMNS", "split_name", "splits", "sweep"]
 
 
 # ---- one point -----------------------------------------------------------------------
 
 
-def run_point(tp: int, pp: int, load: float, kwargs: dict, run_kwargs: dict, open_loop: bool = False) -> dict:
+def run_point(
+    tp: int,
+    pp: int,
+    load: float,
+    kwargs: dict,
+    run_kwargs: dict,
+    open_loop: bool = False,
+    combo: dict | None = None,
+) -> dict:
     """One row of the sweep table: `load` is the closed-loop concurrency, or with
-    `open_loop` the Poisson arrival rate (req/s). Module-level so that worker
+    `open_loop` the Poisson arrival rate (req/s); `combo` the box, engine and lengths
+    of this scenario (beside `kwargs`, which all share). Module-level so that worker
     processes (local or Dask) can unpickle it."""
     from .api import simulate
     from .metrics import idle_breakdown
+
+    kwargs = {**kwargs, **(combo or {})}
 
     load_kw = dict(rate_rps=float(load)) if open_loop else dict(concurrency=int(load))
     scenario = build_scenario(tp=tp, pp=pp, **load_kw, **kwargs)
@@ -177,57 +188,45 @@ def _hi(spec) -> int:
 # ---- the sweep ---------------------------------------------------------------------------
 
 
-def _valid_splits(
-    gpu_counts: list[int], load: dict, kwargs: dict, only: list[tuple[int, int]] | None = None
-) -> tuple[list[tuple[int, int]], list[str]]:
-    """Splits build_scenario accepts, and 'TPa x PPb (N GPUs): reason' for the rest.
-    A reason every split shares (an unknown model, a bad knob) is not about the split:
-    it is raised as is."""
-    valid, reasons = [], {}
-    for g in gpu_counts:
-        for tp, pp in splits(g):
-            if only is not None and (tp, pp) not in only:
-                continue
-            try:
-                build_scenario(tp=tp, pp=pp, **load, **kwargs)
-                valid.append((tp, pp))
-            except UserError as exc:
-                reasons[(tp, pp)] = str(exc)
-    if not valid:
-        distinct = set(reasons.values())
-        if len(distinct) == 1 and len(reasons) > 1:
-            raise UserError(distinct.pop())
-        raise UserError(
-            f"no valid TP x PP split for {', '.join(map(str, gpu_counts))} GPUs: "
-            + "; ".join(f"{split_name(*k)}: {v}" for k, v in reasons.items())
-        )
-    skipped = [f"{split_name(tp, pp)} ({tp * pp} GPUs): {why}" for (tp, pp), why in reasons.items()]
-    return valid, skipped
-
-
 def sweep(
     gpus: int | Sequence[int] = 8,
     conc: int | Sequence[int] | None = DEFAULT_CONC,
     *,
     rate: float | Sequence[float] | None = None,
     splits: Sequence[tuple[int, int]] | None = None,
+    input_len: str | int | Sequence[str | int] = DEFAULT_INPUT_LEN,
+    output_len: str | int | Sequence[str | int] = DEFAULT_OUTPUT_LEN,
+    engine: str | Sequence[str] | None = None,
+    box: str | Sequence[str] | None = None,
     scheduler: str | None = None,
     workers: int | None = None,
     progress: bool | None = False,
+    out: str | Path | None = None,
+    resume: bool = False,
     **kwargs,
 ) -> pd.DataFrame:
     """Run every valid (tp, pp) with tp x pp in `gpus` at every closed-loop concurrency
     in `conc`, or, with `rate`, at every open-loop Poisson arrival rate (req/s; `conc`
-    is then not read; `num_requests` per point, default 200). `splits` [(tp, pp), ...]:
-    only these (their GPU counts are then the ones swept). Keyword arguments are those of `pipesim.predict` (model, profile,
-    engine, box, input_len, output_len, seed, engine knobs, warmup_requests, ...).
+    is then not read; `num_requests` per point, default 200), for every box, engine,
+    input length and output length listed (`input_len`, `output_len`, `engine`, `box`:
+    one value or a list; grid.py). `splits` [(tp, pp), ...]: only these (their GPU counts
+    are then the ones swept). Other keyword arguments are those of `pipesim.predict`
+    (model, profile, seed, engine knobs, warmup_requests, ...).
 
     `workers`: local processes (default: every core; 1 runs in this process).
     `scheduler`: a Dask scheduler address (tcp://host:port) to run on instead.
-    Returns one row per point, sorted by gpus, tp, pp, conc; `df.attrs["skipped"]`
-    lists the splits that were left out and why.
+    `out`: a .csv or .parquet file; each row is streamed to `out`.part as it finishes and
+    the table written to `out` at the end (stream.py). `resume`: keep the rows already
+    there (the part file of an interrupted sweep, or a finished `out`) and run the rest;
+    refused if they were written with other options.
+    Returns one row per scenario, sorted by box, engine, lengths, gpus, tp, pp, load;
+    `df.attrs["skipped"]` lists the scenarios that were left out and why.
     """
     import pandas as pd
+
+    from . import stream
+    from .files import check_out_path, write_table
+    from .workers import run_tasks
 
     only = None
     if splits is not None:
@@ -247,95 +246,63 @@ def sweep(
         kwargs["num_requests"] = kwargs.get("num_requests") or 200
     if workers is not None:
         workers = whole(workers, "workers", 1, MAX_WORKERS)
+    require(not resume or out is not None, "--resume continues the sweep in --out: give --out")
+    if out is not None:
+        check_out_path(out, TABLE_SUFFIXES, "output")
     run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
-    first = dict(rate_rps=loads[0]) if open_loop else dict(concurrency=loads[0])
-    valid, skipped = _valid_splits(gpu_counts, first, kwargs, only)
-    points = [(tp, pp, c) for tp, pp in valid for c in loads]
-
-    if scheduler:
-        rows = _run_dask(scheduler, points, kwargs, run_kwargs, progress, open_loop)
-    else:
-        rows = _run_local(points, kwargs, run_kwargs, workers, progress, open_loop)
-    df = pd.DataFrame(rows).sort_values(KEY_COLUMNS, kind="stable").reset_index(drop=True)
-    df.attrs["skipped"] = skipped
+    lists = dict(
+        box=choices(box, "box"),
+        engine=choices(engine, "engine"),
+        input_len=choices(input_len, "input length"),
+        output_len=choices(output_len, "output length"),
+    )
+    options = stream.options_text(kwargs, run_kwargs, open_loop)
+    done = stream.done_rows(out, options, resume) if out is not None else None  # refused before any work
+    grid = build_grid(gpu_counts, loads, open_loop, kwargs, lists, only)
+    have = set() if done is None else {row_key(r) for r in done[list(KEY_COLUMNS)].to_dict("records")}
+    todo = [p for p in grid.points if p.key not in have]
+    tasks = [(p.tp, p.pp, p.load, _given(grid.combos[p.combo])) for p in todo]
+    rows = []
+    writer = stream.PartWriter(stream.part_path(out), done) if out is not None else None
+    try:
+        # the rows done before start the count; tqdm's rate (so the ETA) counts only this run's
+        with progress_bar(len(grid.points), "sweep", progress, initial=len(grid.points) - len(todo)) as bar:
+            for row in run_tasks(run_point, tasks, kwargs, run_kwargs, open_loop, workers, scheduler):
+                row[stream.OPTIONS_COLUMN] = options
+                if writer is not None:
+                    writer.write(row)
+                rows.append(row)
+                bar.update()
+    finally:
+        if writer is not None:
+            writer.close()
+    new = pd.DataFrame(rows)
+    if done is None or not len(done):
+        df = new
+    else:  # the rows read back, then this run's (each typed as the file's reader types it)
+        df = pd.concat([done, new], ignore_index=True) if len(new) else done
+    df = sort_table(df)
+    df.attrs["skipped"] = list(grid.skipped)
+    if out is not None:
+        write_table(df, out)
+        stream.part_path(out).unlink(missing_ok=True)
     return df
 
 
-def _bar(total: int, progress: bool | None):
-    from tqdm import tqdm
-
-    # progress=None: a bar only on a terminal
-    return tqdm(total=total, desc="sweep", unit="run", disable=None if progress is None else not progress)
+def _given(combo: dict) -> dict:
+    """The box, engine and lengths a scenario was given (the defaults left out)."""
+    return {k: v for k, v in combo.items() if v is not None}
 
 
-def _run_local(points, kwargs, run_kwargs, workers, progress, open_loop=False) -> list[dict]:
-    n = min(workers or os.cpu_count() or 1, len(points))
-    rows = []
-    with _bar(len(points), progress) as bar:
-        if n <= 1:
-            for tp, pp, c in points:
-                rows.append(run_point(tp, pp, c, kwargs, run_kwargs, open_loop))
-                bar.update()
-            return rows
-        with ProcessPoolExecutor(
-            max_workers=n, initializer=_die_with_parent, initargs=(os.getpid(),)
-        ) as pool:
-            futures = [
-                pool.submit(run_point, tp, pp, c, kwargs, run_kwargs, open_loop) for tp, pp, c in points
-            ]
-            for fut in as_completed(futures):
-                rows.append(fut.result())
-                bar.update()
-    return rows
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """In a worker process: exit when the sweep's process dies (a killed parent would
-    otherwise leave its workers running). Linux: the kernel sends SIGKILL
-    (prctl PR_SET_PDEATHSIG); elsewhere a thread watches the parent's pid."""
-    import signal
-    import threading
-    import time
-
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def _run_dask(address: str, points, kwargs, run_kwargs, progress, open_loop=False) -> list[dict]:
-    try:
-        from dask.distributed import Client
-        from dask.distributed import as_completed as dask_completed
-    except ImportError:
-        raise UserError("--scheduler needs Dask: pip install 'pipesim[cluster]'") from None
-    try:
-        client = Client(address, timeout="10s", set_as_default=False)
-    except (OSError, TimeoutError) as exc:
-        raise UserError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
-    rows = []
-    with client, _bar(len(points), progress) as bar:
-        # the scenario inputs (a Profile object can be megabytes) go to each worker once
-        [shared] = client.scatter([kwargs], broadcast=True, hash=False)
-        futures = [
-            client.submit(run_point, tp, pp, c, shared, run_kwargs, open_loop, pure=False)
-            for tp, pp, c in points
-        ]
-        for fut in dask_completed(futures, loop=client.loop):
-            rows.append(fut.result())
-            bar.update()
-    return rows
+def sort_table(df: pd.DataFrame) -> pd.DataFrame:
+    """A sweep table in its order: box, engine, input and output lengths (by tokens), gpus,
+    tp, pp, conc, rate_rps."""
+    tokens = lambda col: col.map(lambda spec: tuple(int(x) for x in str(spec).split(":")))  # noqa: E731
+    return df.sort_values(
+        list(KEY_COLUMNS),
+        key=lambda col: tokens(col) if col.name in ("input_len", "output_len") else col,
+        kind="stable",
+    ).reset_index(drop=True)
 
 
 # ---- summaries ---------------------------------------------------------------------------
@@ -357,7 +324,14 @@ def best_by_conc(df: pd.DataFrame, column: str = "output_throughput_tok_s") -> p
 def summary(df: pd.DataFrame) -> str:
     """The human table of a sweep: output tok/s (per-request tok/s) by concurrency and
     split, the best split at each concurrency marked with *; in an open-loop sweep
-    (by arrival rate) an overloaded point is marked with ! (saturation.py)."""
+    (by arrival rate) an overloaded point is marked with ! (saturation.py). One table per
+    box, engine and lengths swept."""
+    combo = [c for c in KEY_COLUMNS[:4] if c in df.columns]
+    blocks = [_block(part) for _, part in df.groupby(combo, sort=False)] if combo else [_block(df)]
+    return "\n\n".join(blocks + ["\n".join(f"skipped {s}" for s in df.attrs.get("skipped", []))]).rstrip()
+
+
+def _block(df: pd.DataFrame) -> str:
     lc = load_column(df)
     splits_ = df[["gpus", "tp", "pp", "split"]].drop_duplicates().sort_values(["gpus", "tp", "pp"])
     best = {(r.gpus, getattr(r, lc)): (r.tp, r.pp) for r in best_by_conc(df).itertuples()}
@@ -389,6 +363,4 @@ def summary(df: pd.DataFrame) -> str:
                 mark = "!" + mark.strip()
             row += f"{mark + f'{r.output_throughput_tok_s:,.1f} ({r.per_request_tok_s:,.1f})':>{width}}"
         lines.append(row)
-    for s in df.attrs.get("skipped", []):
-        lines.append(f"skipped {s}")
     return "\n".join(lines)

@@ -59,19 +59,23 @@ def test_local_processes_give_the_serial_table(serial, profile):
     pd.testing.assert_frame_equal(deterministic(parallel), deterministic(serial))
 
 
-def test_dask_cluster_gives_the_local_table(profile):
+def test_dask_cluster_gives_the_local_table(profile, tmp_path):
     """Llama 3.1 8B on 2 GPUs: two splits (TP2, PP2) x two concurrencies, on a local
-    Dask cluster of two worker processes and on local processes: the same table."""
+    Dask cluster of two worker processes and on local processes: the same table, and
+    the same streamed to a file."""
+    from pipesim.files import read_table
+
     distributed = pytest.importorskip("distributed")
     args = dict(model="llama-3.1-8b", profile=profile, **SMALL)
     local = sweep(2, CONC, workers=2, **args)
     with distributed.LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
     ) as cluster:
-        remote = sweep(2, CONC, scheduler=cluster.scheduler_address, **args)
+        remote = sweep(2, CONC, scheduler=cluster.scheduler_address, out=tmp_path / "d.csv", **args)
     assert list(remote[["tp", "pp"]].drop_duplicates().itertuples(index=False, name=None)) == [(1, 2), (2, 1)]
     assert len(remote) == 4
     pd.testing.assert_frame_equal(deterministic(remote), deterministic(local))
+    pd.testing.assert_frame_equal(deterministic(read_table(tmp_path / "d.csv")), deterministic(local))
 
 
 def test_invalid_splits_are_skipped_with_the_reason(profile):

@@ -1,0 +1,162 @@
+"""The scenarios of a sweep: every combination of its lists (boxes x engines x input
+lengths x output lengths x TP x PP splits x loads), each named by its key.
+
+Every scenario is built (`build_scenario`) before any runs, so a bad one is said at once
+and the sweep's size and total work are known: both are bounded (checks.MAX_SWEEP_SCENARIOS,
+checks.MAX_SWEEP_BATCH_STEPS). A split the model does not fit, or a scenario above a
+limit, is skipped with the reason it gave. The key of a scenario is the values its row
+carries in KEY_COLUMNS (the resolved box and engine names, the length specs as the
+workload writes them), so a row read back from a file is matched to its scenario exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .checks import check_sweep_size, check_sweep_work
+from .errors import UserError, require
+from .scenario import build_scenario, scenario_steps
+
+KEY_COLUMNS = ("box", "engine", "input_len", "output_len", "gpus", "tp", "pp", "conc", "rate_rps")
+# the swept lists of scenario inputs: build_scenario's argument -> what the user calls it
+LIST_ARGS = {"box": "box", "engine": "engine", "input_len": "input length", "output_len": "output length"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One scenario: its key (KEY_COLUMNS), split, load (a concurrency, or an arrival rate
+    in req/s), the index of its box, engine and lengths in `Grid.combos`, and its work."""
+
+    key: tuple
+    tp: int
+    pp: int
+    load: float
+    combo: int
+    steps: float
+
+
+@dataclass(frozen=True)
+class Grid:
+    points: tuple[Point, ...]
+    combos: tuple[dict, ...]  # {box, engine, input_len, output_len}: the values given (None: default)
+    skipped: tuple[str, ...]  # 'TPa x PPb (N GPUs): reason' for the scenarios left out
+
+    @property
+    def work_steps(self) -> float:
+        return sum(p.steps for p in self.points)
+
+
+def choices(value, what: str) -> list:
+    """A sweep list: one value or a sequence of them -> the distinct values in the order given
+    (None: the default, one value). Lengths may be whole numbers or specs ('300', '100:500')."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    require(len(values) > 0, f"{what} is empty; give at least one value")
+    out, seen = [], set()
+    for v in values:
+        text = str(v) if isinstance(v, (str, int)) else repr(v) if v is None else getattr(v, "name", repr(v))
+        if text not in seen:
+            seen.add(text)
+            out.append(v)
+    return out
+
+
+def split_name(tp: int, pp: int) -> str:
+    return f"TP{tp} x PP{pp}"
+
+
+def splits_of(gpus: int) -> list[tuple[int, int]]:
+    """Every (tp, pp) with tp x pp = gpus, TP largest first."""
+    return [(gpus // pp, pp) for pp in range(1, gpus + 1) if gpus % pp == 0]
+
+
+def scenario_key(sc, load: float, open_loop: bool) -> tuple:
+    """The KEY_COLUMNS of a built scenario at `load`, as `sweep.run_point` writes them."""
+    w = sc.workload.describe()
+    tp, pp = sc.plan.tp, sc.plan.pp
+    conc, rate = (0, float(load)) if open_loop else (int(load), 0.0)
+    return (
+        sc.box.name,
+        sc.settings.describe()["engine"],
+        w["input_len"],
+        w["output_len"],
+        tp * pp,
+        tp,
+        pp,
+        conc,
+        rate,
+    )
+
+
+def row_key(row) -> tuple:
+    """The key of a sweep row (a dict or a table row), typed as `scenario_key` gives it."""
+    box, engine, inp, out, g, tp, pp, c, r = (row[k] for k in KEY_COLUMNS)
+    return (str(box), str(engine), str(inp), str(out), int(g), int(tp), int(pp), int(c), float(r))
+
+
+def _label(combo: dict, several: bool) -> str:
+    """' [box b, engine vllm, ...]' naming a combination, when the sweep has several."""
+    if not several:
+        return ""
+    parts = [f"{LIST_ARGS[k]} {getattr(v, 'name', v)}" for k, v in combo.items() if v is not None]
+    return f" [{', '.join(parts)}]" if parts else " [defaults]"
+
+
+def build_grid(
+    gpu_counts: list[int],
+    loads: list[float],
+    open_loop: bool,
+    kwargs: dict,
+    lists: dict[str, Sequence],
+    only: list[tuple[int, int]] | None = None,
+) -> Grid:
+    """Every scenario of the sweep, built and checked, in table order: by combination
+    (boxes, engines, input lengths, output lengths as listed), then gpus, tp, pp, load.
+    `lists` maps each of LIST_ARGS to its values. A split that no load accepts is skipped
+    with its reason, as is a single scenario; a reason every scenario shares (an unknown
+    model, a bad knob) is not about the sweep's lists and is raised as is."""
+    from itertools import product
+
+    combos = [dict(zip(LIST_ARGS, values, strict=True)) for values in product(*(lists[k] for k in LIST_ARGS))]
+    split_list = [(tp, pp) for g in gpu_counts for tp, pp in splits_of(g) if only is None or (tp, pp) in only]
+    split_list.sort(key=lambda s: (s[0] * s[1], s[0], s[1]))
+    check_sweep_size(len(combos), len(split_list), len(loads))
+    several = len(combos) > 1
+    points, reasons, seen = [], {}, {}
+    for i, combo in enumerate(combos):
+        given = {k: v for k, v in combo.items() if v is not None}
+        for tp, pp in split_list:
+            failed = {}
+            for load in loads:
+                load_kw = dict(rate_rps=load) if open_loop else dict(concurrency=int(load))
+                try:
+                    sc = build_scenario(tp=tp, pp=pp, **load_kw, **kwargs, **given)
+                except UserError as exc:
+                    failed[load] = str(exc)
+                    continue
+                key = scenario_key(sc, load, open_loop)
+                require(
+                    key not in seen,
+                    f"the sweep's lists give one scenario twice ({', '.join(map(str, key))}): "
+                    f"{_label(combos[seen.get(key, i)], True).strip(' []')} and {_label(combo, True).strip(' []')} "
+                    "resolve to the same box, engine and lengths; list each once",
+                )
+                seen[key] = i
+                points.append(Point(key, tp, pp, float(load), i, scenario_steps(sc)[0]))
+            name = f"{split_name(tp, pp)} ({tp * pp} GPUs){_label(combo, several)}"
+            if len(failed) == len(loads) and len(set(failed.values())) == 1:
+                reasons[name] = failed[loads[0]]  # the split, whatever the load
+            else:
+                what = "rate" if open_loop else "C"
+                reasons.update({f"{name} at {what}={load:g}": why for load, why in failed.items()})
+    if not points:
+        distinct = set(reasons.values())
+        if len(distinct) == 1 and len(reasons) > 1:
+            raise UserError(distinct.pop())
+        raise UserError(
+            f"no valid TP x PP split for {', '.join(map(str, gpu_counts))} GPUs: "
+            + "; ".join(f"{k.split(' (')[0]}: {v}" for k, v in reasons.items())
+        )
+    grid = Grid(tuple(points), tuple(combos), tuple(f"{k}: {v}" for k, v in reasons.items()))
+    check_sweep_work(grid.work_steps, len(grid.points))
+    return grid
