@@ -70,7 +70,7 @@ def simulate(
         warm, measure, cap, ci_target = 0, w.num_requests, w.num_requests, None
     t = time.perf_counter()
     costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
-    sim = Simulation(
+    sim = _simulation(scenario)(
         costs,
         w,
         scenario.settings.scheduler,
@@ -87,6 +87,24 @@ def simulate(
     result.provenance_shares = costs.provenance_shares()
     _check_completed(result, len(sim.finished), rec.end_s, scenario)
     return rec, result
+
+
+def _simulation(scenario: Scenario):
+    """The Simulation class for the plan: with DP ranks, dataparallel.py's."""
+    dp = getattr(scenario.plan, "dp", 1)
+    if dp == 1:
+        return Simulation
+    from functools import partial
+
+    from .dataparallel import DPSimulation, lock_step
+
+    engine = scenario.engine.name
+    return partial(
+        DPSimulation,
+        dp=dp,
+        lockstep=lock_step(scenario.model, engine, getattr(scenario.plan, "dp_attention", False)),
+        engine=engine,
+    )
 
 
 def _check_completed(result: Result, finished: int, end_s: float, scenario: Scenario) -> None:

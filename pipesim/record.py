@@ -92,10 +92,12 @@ class Recorder:
         end_s: float,
         events: int,
         engine_load: float | None = None,
+        dp: int = 1,
     ) -> Record:
-        """The finished run as a value (the lists are handed over, not copied)."""
+        """The finished run as a value (the lists are handed over, not copied). With
+        data parallelism (dp > 1, pp = 1) the rows are the DP ranks and there are no hops."""
         pp = len(stage_gpus)
-        names = tuple(hop_name(s, pp) for s in range(pp)) if pp > 1 else ()
+        names = tuple(hop_name(s, pp) for s in range(pp)) if pp > 1 and dp == 1 else ()
         return Record(
             compute=tuple(self.compute),
             comm=tuple(self.comm),
@@ -113,6 +115,7 @@ class Recorder:
             end_s=end_s,
             events=events,
             engine_load=engine_load,
+            dp=dp,
         )
 
 
@@ -138,9 +141,11 @@ class Record:
     # closed loop with more clients than the engine admits: the mean number of admitted
     # requests over the window (None: every client's request is admitted at once)
     engine_load: float | None = None
+    dp: int = 1  # data-parallel ranks: with dp > 1 the per-stage rows are the ranks (pp = 1)
 
     @property
     def pp(self) -> int:
+        """Rows of the per-stage lists: the pipeline stages, or the DP ranks."""
         return len(self.stage_gpus)
 
     @property

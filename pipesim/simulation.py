@@ -90,7 +90,7 @@ class Request:
 
 
 class MicroBatch:
-    __slots__ = ("seq", "slot", "decode", "prefill", "shape", "returned", "it", "cpu_launch_s")
+    __slots__ = ("seq", "slot", "decode", "prefill", "shape", "returned", "it", "cpu_launch_s", "rank")
 
     def __init__(
         self,
@@ -113,6 +113,7 @@ class MicroBatch:
         self.returned = env.event()
         self.it = 0  # the scheduler's slot iteration that launched it (SGLang PP)
         self.cpu_launch_s = env.now  # when the previous rank's CPU launched it
+        self.rank = 0  # the data-parallel rank whose scheduler formed it (dataparallel.py)
 
     @property
     def size(self) -> int:
@@ -186,12 +187,17 @@ class Simulation:
         self._seq = 0
         self._users = self._link_users()
         self._free_at = {d: 0.0 for links in self._users.values() for d in links}
-        self.inbox = [Channel(env) for _ in range(plan.pp)]
-        for s in range(plan.pp):
-            env.process(self._stage(s))
-        self.scheduler = engine_factory(self)
-        env.process(self.scheduler.run())
+        self._start(engine_factory)
         env.process(self._arrivals())
+
+    def _start(self, engine_factory: Callable[[EngineSimulation], EngineScheduler]) -> None:
+        """The stage processes and the engine's scheduler (data parallelism starts its
+        ranks instead: dataparallel.py)."""
+        self.inbox = [Channel(self.env) for _ in range(self.pp)]
+        for s in range(self.pp):
+            self.env.process(self._stage(s))
+        self.scheduler = engine_factory(self)
+        self.env.process(self.scheduler.run())
 
     # ---- links -----------------------------------------------------------------------
     def _link_users(self) -> dict:
@@ -307,8 +313,8 @@ class Simulation:
         self.env.timeout(end - self.env.now).callbacks.append(lambda _ev, s=s, mb=mb: self._deliver(s, mb))
 
     # ---- requests ---------------------------------------------------------------------
-    def launch(self, slot: int, decode: list, prefill: list) -> MicroBatch:
-        """The engine hands a formed micro-batch to the first stage."""
+    def launch(self, slot: int, decode: list, prefill: list, rank: int = 0) -> MicroBatch:
+        """The engine hands a formed micro-batch to the first stage (of its DP rank)."""
         prefill_tokens = sum(c for _, c, _ in prefill)
         graphed = self.settings.graphed(len(decode), prefill_tokens)
         pad = (
@@ -330,8 +336,8 @@ class Simulation:
                 "decode" if not prefill else ("prefill" if not decode else "mixed"),
             )
         )
-        mb.it = self.iteration
-        self.inbox[0].put(mb)
+        mb.it, mb.rank = self.iteration, rank
+        self.inbox[rank].put(mb)
         return mb
 
     def cpu(self, seconds: float) -> Generator[simpy.Event, None, None]:
