@@ -55,9 +55,8 @@ def simulate(
     w = scenario.workload
     plan = scenario.plan
     require(
-        plan.dp == 1 and plan.ep == 1,
-        f"{plan.label()}: data and expert parallel plans are validated and sized (memory per GPU) but not "
-        "simulated yet; run pipesim with --dp 1 --ep 1",
+        plan.dp == 1 or plan.pp == 1,
+        f"{plan.label()}: data parallel ranks are simulated without pipeline stages; use --pp 1 with --dp > 1",
     )
     queued = False
     if w.kind == "closed":
@@ -85,26 +84,23 @@ def simulate(
     rec = sim.record()
     result = collect(rec, sim.finished, scenario.describe(), time.perf_counter() - t)
     result.provenance_shares = costs.provenance_shares()
+    if plan.dp > 1:
+        result.data_parallel = sim.summary()
     _check_completed(result, len(sim.finished), rec.end_s, scenario)
     return rec, result
 
 
 def _simulation(scenario: Scenario):
-    """The Simulation class for the plan: with DP ranks, dataparallel.py's."""
-    dp = getattr(scenario.plan, "dp", 1)
-    if dp == 1:
+    """The Simulation class for the plan: with DP ranks, dataparallel.py's (in lock step
+    when the MoE layers span the ranks, `Plan.moe_spans_dp`)."""
+    plan = scenario.plan
+    if plan.dp == 1:
         return Simulation
     from functools import partial
 
-    from .dataparallel import DPSimulation, lock_step
+    from .dataparallel import DPSimulation
 
-    engine = scenario.engine.name
-    return partial(
-        DPSimulation,
-        dp=dp,
-        lockstep=lock_step(scenario.model, engine, getattr(scenario.plan, "dp_attention", False)),
-        engine=engine,
-    )
+    return partial(DPSimulation, dp=plan.dp, lockstep=plan.moe_spans_dp, engine=scenario.engine.name)
 
 
 def _check_completed(result: Result, finished: int, end_s: float, scenario: Scenario) -> None:

@@ -2,7 +2,7 @@
 
 SGLang `--dp-size N --enable-dp-attention` and vLLM `--data-parallel-size N` run one
 scheduler per DP rank: its own waiting queue, running requests and KV pool, on its own
-`tp` GPUs (rank r holds GPUs r*tp .. r*tp+tp-1, pp = 1). A front end spreads requests
+attention group of GPUs (`Plan.stage_gpus(0, r)`, pp = 1). A front end spreads requests
 over the ranks by the engine's rule (`route`). Then either
 
 - the ranks are independent replicas (a dense model; SGLang DP without DP attention):
@@ -95,12 +95,6 @@ class _Tap(Channel):
         self.ring()
 
 
-def lock_step(model, engine: str, dp_attention: bool) -> bool:
-    """Whether the DP ranks step together: a MoE model under vLLM (DPEngineCoreProc),
-    or under SGLang with DP attention; else they are independent replicas."""
-    return model.moe is not None and (engine == "vllm" or dp_attention)
-
-
 class DPSimulation(Simulation):
     """The ranks, their schedulers and the processes that run their batches."""
 
@@ -113,9 +107,10 @@ class DPSimulation(Simulation):
         if plan.pp != 1:
             raise ValueError("data parallelism is simulated with pp = 1")
         self.rec = Recorder(self.dp)
-        self.rank_gpus = tuple(tuple(range(r * plan.tp, (r + 1) * plan.tp)) for r in range(self.dp))
+        self.rank_gpus = tuple(plan.stage_gpus(0, r) for r in range(self.dp))
         self.ranks = [Rank(self, r, self.settings.kv_tokens) for r in range(self.dp)]
         self.dummy_steps = [0] * self.dp  # steps each rank ran a dummy batch in
+        self.steps = 0  # lock-step steps run
         self.routed: list[int] = []  # the rank each request went to, by request id
         self._rr = 0  # SGLang round-robin counter
         self._lb: list | None = None  # vLLM front end's [waiting, running] per rank
@@ -127,7 +122,7 @@ class DPSimulation(Simulation):
             env.process(self._lock_step())
         else:
             self.inbox = [Channel(env) for _ in range(self.dp)]
-            self._rings = [box.ring_links(g) if plan.tp > 1 else () for g in self.rank_gpus]
+            self._rings = [box.ring_links(g) if len(g) > 1 else () for g in self.rank_gpus]
             for ring in self._rings:
                 for d in ring:
                     self._free_at.setdefault(d, 0.0)
@@ -207,6 +202,7 @@ class DPSimulation(Simulation):
                 self._bell = env.event()
                 yield self._bell
             mbs = [ch.items.popleft() if ch.items else None for ch in inbox]
+            self.steps += 1
             parts, sync_s, moe_c, moe_a = self.step_costs.step([mb.shape if mb else None for mb in mbs])
             t0 = env.now
             t_moe = t0 + sync_s
@@ -236,6 +232,18 @@ class DPSimulation(Simulation):
         if finished:
             rank.kv_free += sum(r.kv_reserved for r in finished)
             rank.running -= len(finished)
+
+    def summary(self) -> dict:
+        """What the ranks did (Result.data_parallel): requests routed to each, and in
+        lock step the share of steps each rank ran a dummy batch in."""
+        per_rank = [0] * self.dp
+        for r in self.routed:
+            per_rank[r] += 1
+        out = {"ranks": self.dp, "lock_step": self.lockstep, "requests_per_rank": per_rank}
+        if self.lockstep:
+            out["steps"] = self.steps
+            out["dummy_step_share"] = [d / self.steps if self.steps else 0.0 for d in self.dummy_steps]
+        return out
 
     def record(self):
         rec = super().record()

@@ -2,9 +2,9 @@
 
 With DP attention (SGLang) or vLLM's DP for a MoE model, each DP rank runs the
 non-MoE part of every layer (attention, norms, dense layers, embedding, sampling) on
-its own batch and its own `tp` GPUs; the MoE layers then run once for the tokens of
-every rank, gathered over the whole group of `dp x tp` GPUs, the experts split over
-all of them. A step therefore costs
+its own batch and its own attention group (`Plan.attn_tp` GPUs); the MoE layers then
+run once for the tokens of every rank, gathered over every GPU of the stage
+(`Plan.moe_width`), the experts split over all of them. A step therefore costs
 
     max over ranks (rank part) + MoE part(gathered tokens) + gather / scatter
 
@@ -39,8 +39,11 @@ class DPStepCosts:
     def __init__(self, costs: CostModel, dp: int):
         self.costs, self.dp = costs, dp
         plan, model = costs.plan, costs.model
-        group = replace(plan, tp=plan.tp * dp)
-        self.group = CostModel(costs.box, model, group, costs.profile)
+        alone = dict(dp=1, dp_attention=False, moe_spans_dp=False)
+        # one rank: its attention group (SGLang DP attention: tp / dp GPUs)
+        self.rank = CostModel(costs.box, model, replace(plan, tp=plan.attn_tp, ep=1, **alone), costs.profile)
+        # the MoE layers: every GPU of the stage, the experts split ep ways
+        self.group = CostModel(costs.box, model, replace(plan, tp=plan.moe_width, **alone), costs.profile)
         layers = plan.stage_layers(0)
         self.n_moe = sum(1 for i in layers if model.is_moe_layer(i))
         self.n_dense = len(layers) - self.n_moe
@@ -75,7 +78,7 @@ class DPStepCosts:
         hit = self._rank_cache.get(key)
         if hit is None:
             ops = []
-            for o in self.costs.stage_ops(0, Shape(shape.decode, ctx, shape.prefill)):
+            for o in self.rank.stage_ops(0, Shape(shape.decode, ctx, shape.prefill)):
                 if o.name in MOE_OPS:
                     continue
                 if o.name == GATHER_OP:

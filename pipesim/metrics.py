@@ -183,6 +183,9 @@ class Result:
     intervals: dict = field(default_factory=dict)
     interval_basis: dict = field(default_factory=dict)  # what each part of the band contributed
     provenance_shares: dict = field(default_factory=dict)  # share of stage time by cost provenance (costs.py)
+    # data parallelism (dataparallel.py): ranks, lock step, requests per rank, dummy-step
+    # share per rank; empty with one rank
+    data_parallel: dict = field(default_factory=dict)
 
     @cached_property
     def requests(self) -> pd.DataFrame:

@@ -88,8 +88,24 @@ def table(result: Result) -> str:
         "",
         f"  GPU time: compute {sh['compute']:.0%}  all-reduce {sh['allreduce']:.0%}  idle (bubble) {sh['idle']:.0%};"
         f"  P2P links busy {r.p2p_share:.0%}, scheduler CPU busy {r.cpu_share:.0%}",
-        "  stage busy: " + "  ".join(f"s{i} {b:.0%}" for i, b in enumerate(r.stage_busy_fraction)),
+        ("  DP rank busy: " if r.data_parallel else "  stage busy: ")
+        + "  ".join(
+            f"{'r' if r.data_parallel else 's'}{i} {b:.0%}" for i, b in enumerate(r.stage_busy_fraction)
+        ),
     ]
+    if r.data_parallel:
+        dp = r.data_parallel
+        lines.append(
+            f"  DP{dp['ranks']} {'in lock step (MoE layers shared)' if dp['lock_step'] else 'independent replicas'}: "
+            f"requests per rank {'/'.join(map(str, dp['requests_per_rank']))}"
+            + (
+                "; dummy batches "
+                + "  ".join(f"r{i} {x:.0%}" for i, x in enumerate(dp["dummy_step_share"]))
+                + " of steps"
+                if dp["lock_step"]
+                else ""
+            )
+        )
     if len(r.decode_batch_per_slot) > 1:
         lines.append(
             "  decode batch per slot: "

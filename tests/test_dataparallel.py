@@ -182,3 +182,58 @@ def test_dense_replicas_double_throughput_under_ample_load():
 
     one, two = tok_s(0, 32), tok_s(2, 64)
     assert two / one == pytest.approx(2.0, rel=0.05)
+
+
+# ---- through the API ----------------------------------------------------------------------
+
+
+def test_sglang_dp_attention_splits_the_running_cap_and_the_chunk():
+    """server_args.py _handle_data_parallelism: chunked_prefill_size // dp_size with DP
+    attention; --max-running-requests is split over the DP workers
+    (max_running_requests // dp_size each)."""
+    base = pipesim.build_scenario(
+        model=QWEN_MOE, engine="sglang", tp=2, concurrency=8, profile=profile_for("sglang")
+    )
+    sc = pipesim.build_scenario(
+        model=QWEN_MOE,
+        engine="sglang",
+        tp=2,
+        dp=2,
+        dp_attention=True,
+        concurrency=8,
+        max_running_requests=64,
+        profile=profile_for("sglang"),
+    )
+    assert sc.settings.max_running_requests == 32
+    assert sc.settings.chunked_prefill_size == base.settings.chunked_prefill_size // 2
+
+
+@pytest.mark.parametrize(
+    "engine,model,kw",
+    [
+        ("vllm", QWEN_MOE, dict(tp=1, dp=2)),  # MoE: lock step
+        ("vllm", LLAMA, dict(tp=1, dp=2)),  # dense: replicas
+        ("sglang", QWEN_MOE, dict(tp=2, dp=2, dp_attention=True)),  # DP attention: lock step
+        ("sglang", LLAMA, dict(tp=1, dp=2)),  # SGLang DP without DP attention: replicas
+    ],
+    ids=["vllm-moe", "vllm-dense", "sglang-dp-attention", "sglang-replicas"],
+)
+def test_predict_reports_every_rank(engine, model, kw):
+    r = pipesim.predict(
+        model=model,
+        engine=engine,
+        profile=profile_for(engine),
+        conc=16,
+        input_len=64,
+        output_len=16,
+        ci_target=None,
+        **kw,
+    )
+    assert r.completed_requests > 0
+    assert len(r.stage_busy_fraction) == 2  # one row per DP rank
+    assert r.scenario["dp"] == 2
+
+
+def test_dp_with_pipeline_stages_is_refused():
+    with pytest.raises(pipesim.UserError, match="--pp 1 with --dp"):
+        pipesim.predict(model=LLAMA, engine="vllm", profile=profile_for("vllm"), tp=1, pp=2, dp=2, conc=4)

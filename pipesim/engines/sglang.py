@@ -132,7 +132,12 @@ class SGLangConfig:
         # model_runner.py: req pool = clamp(kv_tokens / context_len * 512, 2048, 4096);
         # max_running_requests = min(kv_tokens // 2, req pool) unless given.
         pool = min(max(int(kv_tokens / model.max_context * 512), 2048), 4096)
-        mrr = self.max_running_requests or min(kv_tokens // 2, pool)
+        # with DP attention every rank is a scheduler of its own (kv_tokens is one rank's
+        # pool); the given --max-running-requests is split over the ranks and the chunk
+        # divided by dp (docs/engines.md §8)
+        dp = plan.dp if plan.dp_attention else 1
+        given = self.max_running_requests and max(self.max_running_requests // dp, 1)
+        mrr = given or min(kv_tokens // 2, pool)
         mrr = max(1, min(mrr, pool))
         cap = self.pp_max_micro_batch_size or max(mrr // plan.pp, 1)
         slots = plan.pp + self.pp_async_batch_depth if plan.pp > 1 else 1
@@ -141,7 +146,7 @@ class SGLangConfig:
             pp_max_micro_batch_size=cap,
             pp_async_batch_depth=self.pp_async_batch_depth,
             slots=slots,
-            chunked_prefill_size=self.chunk_size(gpu_memory_bytes),
+            chunked_prefill_size=max(self.chunk_size(gpu_memory_bytes) // dp, 1),
             max_prefill_tokens=self.max_prefill_tokens,
             kv_tokens=kv_tokens,
             mem_fraction_static=self.memory_fraction(gpu_memory_bytes, plan.tp, plan.pp),
