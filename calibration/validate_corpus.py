@@ -73,7 +73,8 @@ def render(chk: X.Check) -> str:
         (
             f"Profiles used: {profiles}. A `roofline-<engine>` profile is the engine's scheduling with no "
             "measured tables and neutral parameters (no shipped profile was measured on these GPUs for these "
-            "models): every operation is priced by max(bytes / bandwidth, FLOPs / rate). Its band uses the "
+            "models): every kernel is priced by the roofline with the efficiency curves fitted on measured GPUs "
+            "(docs/roofline.md; nothing there is fitted to this corpus), collectives by NCCL's model. Its band uses the "
             "stated 25% calibration default, which this check shows to be far too narrow for a roofline-only "
             "prediction; the default is not changed to fit it."
         ),

@@ -121,13 +121,17 @@ def _catalogue_profile(folder: str, engine: str, version: str | None):
 
 def first_principles_profile(box: Box, engine: str):
     """No table for this GPU: every cost from the roofline (costs.py) on the box's
-    datasheet rates."""
+    datasheet rates, kernels through the efficiency curves fitted on measured GPUs
+    (roofline.py, docs/roofline.md)."""
     from .profile import Params, Profile, Tables
 
     meta = {
         "name": f"first-principles-{box.name}",
         "engine": engine,
         "built_by": "pipesim catalogue (no measured tables: roofline)",
-        "table_sources": {"all": "roofline on the box's datasheet rates (no measured table for this GPU)"},
+        "table_sources": {
+            "all": "roofline on the box's datasheet rates, kernel efficiency fitted on measured GPUs "
+            "(no measured table for this GPU; docs/roofline.md)"
+        },
     }
     return Profile(meta["name"], box.name, engine, "", Params(), meta, Tables(), box_spec=box)

@@ -6,6 +6,10 @@ stage's layers. Each operation is read from the profile's measured table
 
     t = max(bytes / memory_bandwidth, flops / tensor_rate) + kernel_floor
 
+(kernel_floor: the profile's shortest measured kernel). On a GPU whose profile has no
+measured kernel at all, the roofline is calibrated instead: per operation class an
+efficiency curve fitted on the GPUs that were measured (roofline.py, docs/roofline.md),
+tagged "roofline (fitted)".
 For MoE the bytes read grow with the expected number of distinct experts the batch
 touches, E * (1 - (1 - k/E)^T) under uniform routing. TP collectives come from the
 measured collective table by (group size, bytes), else from NCCL's ring model
@@ -32,6 +36,7 @@ from .model import Model
 from .plan import Plan
 from .profile import Profile
 from .quantization import BF16, WeightFormat, as_format
+from .roofline import PROVENANCE_FITTED, shipped_fit
 
 ACT_BYTES = 2  # activations are bf16
 # NCCL's own latency model for a ring with the LL protocol (physics.md §4):
@@ -40,7 +45,10 @@ NCCL_BASE_S, NCCL_STEP_S = 6.6e-6, 1.0e-6
 # Attention cost is smooth in context: decode contexts are bucketed to this many
 # tokens for the stage-time cache (relative error < 1% above ~3k tokens of context).
 CONTEXT_BUCKET = 32
-PROVENANCE = TABLE_PROVENANCE + ("roofline", "borrowed")
+PROVENANCE = TABLE_PROVENANCE + ("roofline", PROVENANCE_FITTED, "borrowed")
+# A profile with none of these measured has never timed a kernel on its GPU: its
+# roofline uses the efficiency curves fitted on measured GPUs (roofline.py).
+KERNEL_TABLES = ("gemm", "moe", "gqa_decode", "gqa_prefill", "mla_decode", "mla_prefill")
 
 
 class Op(NamedTuple):
@@ -84,10 +92,18 @@ class CostModel:
         self._hop_cache: dict = {}
         self._hop_time_cache: dict = {}
         self._kinds = tuple(self._stage_kind(s) for s in range(plan.pp))
+        measured = any(t in profile.tables for t in KERNEL_TABLES)
+        self.fitted = None if measured else shipped_fit()
+        self.roofline_source = PROVENANCE_FITTED if self.fitted else "roofline"
 
     # ---- primitive operations (per GPU) -------------------------------------------
-    def roofline(self, nbytes: float, flops: float, dtype: str = "bf16") -> float:
+    def roofline(self, nbytes: float, flops: float, dtype: str = "bf16", op: str = "memory") -> float:
+        """A kernel's time from its bytes and flops: on a GPU with no measured kernel,
+        the fitted efficiency curve of its operation class (roofline.py, docs/roofline.md),
+        else the datasheet rates plus the profile's measured kernel floor."""
         gpu = self.box.gpu
+        if self.fitted is not None:
+            return self.fitted.seconds(op, nbytes, flops, gpu.mem_bw_bytes_s, gpu.flops(dtype))
         return max(nbytes / gpu.mem_bw_bytes_s, flops / gpu.flops(dtype)) + self.floor_s
 
     def gemm(self, m: int, n: int, k: int, dtype: WeightFormat | str) -> tuple[float, str]:
@@ -109,7 +125,9 @@ class CostModel:
             if ok:
                 return total, weakest(*tags)
         nbytes = n * k * dtype.bytes_per_param + ACT_BYTES * (m * k + m * n)
-        return self.roofline(nbytes, 2.0 * m * n * k, dtype.compute), "roofline"
+        return self.roofline(
+            nbytes, 2.0 * m * n * k, dtype.compute, f"gemm_{dtype.compute}"
+        ), self.roofline_source
 
     def moe(self, tokens: int, tp: int) -> tuple[float, str]:
         """Routed experts of one MoE layer for `tokens` tokens, split over `tp` ranks."""
@@ -125,7 +143,8 @@ class CostModel:
             + ACT_BYTES * tokens * m.hidden * 2
         )
         flops = 2.0 * tokens * mo.topk * m.expert_params() / tp
-        return self.roofline(nbytes, flops, m.expert_dtype.compute), "roofline"
+        op = f"moe_{m.expert_dtype.kernel}"
+        return self.roofline(nbytes, flops, m.expert_dtype.compute, op), self.roofline_source
 
     def attention_decode(self, batch: int, context: int, tp: int) -> tuple[float, str]:
         m = self.model
@@ -143,7 +162,7 @@ class CostModel:
         if surface is not None and m.kv_cache_dtype == "bf16":  # the tables hold a bf16 KV cache
             return surface(batch, max(context, 1)) * 1e-3, surface.provenance(batch, max(context, 1))
         nbytes = batch * context * kv_elems * m.kv_bytes_per_element
-        return self.roofline(nbytes, flops), "roofline"
+        return self.roofline(nbytes, flops, op="attention_decode"), self.roofline_source
 
     def attention_prefill(self, chunk: int, prefix: int, tp: int) -> tuple[float, str]:
         """Causal attention of a `chunk`-token chunk after `prefix` cached tokens.
@@ -163,11 +182,12 @@ class CostModel:
             return surface(1, chunk) * 1e-3 * scale, surface.provenance(1, chunk)
         qk = (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim) if m.mla else 2 * m.head_dim
         flops = 2.0 * heads * chunk * (prefix + chunk / 2.0) * qk
-        return self.roofline(ACT_BYTES * chunk * m.hidden * 3 / tp, flops), "roofline"
+        nbytes = ACT_BYTES * chunk * m.hidden * 3 / tp
+        return self.roofline(nbytes, flops, op="attention_prefill"), self.roofline_source
 
     def elementwise(self, tokens: int, width: int, passes: float = 2.0) -> tuple[float, str]:
         """A norm / activation / rope kernel: reads and writes `passes` x tokens x width."""
-        return self.roofline(passes * tokens * width * ACT_BYTES, 0.0), "roofline"
+        return self.roofline(passes * tokens * width * ACT_BYTES, 0.0), self.roofline_source
 
     # ---- collectives and hops --------------------------------------------------------
     def collective(self, op: str, gpus: tuple[int, ...], nbytes: float) -> tuple[float, str]:
@@ -280,7 +300,7 @@ class CostModel:
 
         def add(name, result, count, kind="compute"):
             if count:
-                source = "borrowed" if foreign and result[1] != "roofline" else result[1]
+                source = "borrowed" if foreign and not result[1].startswith("roofline") else result[1]
                 ops.append(Op(name, result[0], count, source, kind))
 
         L = len(layers)

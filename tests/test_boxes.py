@@ -22,6 +22,7 @@ DATASHEET = {
     # NVIDIA H100 datasheet (SXM): 80 GB, 3.35 TB/s, 989 / 1,979 TFLOPS dense; NVLink 900 GB/s
     # bidirectional; HGX H100 P2P writes measured 371-377 GB/s (NVIDIA/nccl#1264)
     "h100-sxm-8x": (8, 80, 3.35, 989, 1979, 376),
+    "h100-sxm-4x": (4, 80, 3.35, 989, 1979, 376),  # four of the same GPUs behind the same NVSwitch
     # NVIDIA H200 datasheet: 141 GB, 4.8 TB/s, same Hopper rates, same NVLink 4 fabric
     "h200-sxm-8x": (8, 141, 4.8, 989, 1979, 376),
     # DGX B200: 1,440 GB / 8 GPUs; 72 PFLOPS FP8 sparse / 8 / 2 = 4.5 PFLOPS dense; NVLink 5 1.8 TB/s bidirectional

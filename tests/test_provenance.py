@@ -59,4 +59,4 @@ def test_box_without_tables_is_first_principles():
     sc = pipesim.build_scenario(box="l4-8x", tp=1, **SMALL)
     assert sc.profile.name == "first-principles-l4-8x" and not sc.profile.tables
     r = pipesim.run(sc, ci_target=None, measure_requests=4)
-    assert r.provenance_shares["roofline"] == pytest.approx(1.0)
+    assert r.provenance_shares["roofline (fitted)"] == pytest.approx(1.0)  # TP1: kernels only, fitted curves
