@@ -211,3 +211,104 @@ def test_rewriting_a_profile_keeps_its_other_files_and_measured_latencies(small_
     points = load_profile(small_profile).measured
     assert len(points) == 4
     assert [p.ttft_ms for p in points] == [598.0, 151.2, 598.0, 151.2]  # the samples' median_ttft_ms
+
+
+# ---- AIConfigurator, the nested layout aiconfigurator-core ships --------------------
+
+
+def _parquet(path: Path, rows: dict, version: str | None = None) -> None:
+    import pandas as pd
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path)
+    if version is not None:
+        (path.parent / "collection_meta.yaml").write_text(f"framework: vllm\nversion: '{version}'\n")
+
+
+@pytest.fixture
+def nested_system(tmp_path):
+    """A tiny <system>/<op>/<engine>/<version>/<table>.parquet tree: a GEMM measured
+    by two vLLM versions (different latencies), NCCL and the custom all-reduce."""
+    pytest.importorskip("pyarrow")
+    root = tmp_path / "h100_sxm"
+    for version, ms in (("0.19.0", 0.010), ("0.24.0", 0.020)):
+        _parquet(
+            root / "gemm" / "vllm" / version / "gemm_perf.parquet",
+            {
+                "kernel_source": ["vllm_default"] * 2,
+                "gemm_dtype": ["bfloat16"] * 2,
+                "m": [1, 8],
+                "n": [4096, 4096],
+                "k": [4096, 4096],
+                "latency": [ms, 2 * ms],
+            },
+            version,
+        )
+    comm = {"op_name": ["all_reduce"] * 2, "num_gpus": [2, 2], "message_size": [1024, 4096]}
+    _parquet(
+        root / "comm" / "nccl" / "2.29.2" / "nccl_perf.parquet",
+        {**comm, "nccl_dtype": ["half"] * 2, "latency": [0.008, 0.009]},
+    )
+    _parquet(
+        root / "comm" / "vllm" / "0.24.0" / "custom_allreduce_perf.parquet",
+        {
+            **comm,
+            "backend": ["custom_graph"] * 2,
+            "allreduce_dtype": ["bfloat16"] * 2,
+            "latency": [0.004, 0.005],
+        },
+        "0.24.0",
+    )
+    return root
+
+
+def test_nested_layout_reads_the_newest_version_and_says_which(nested_system):
+    from pipesim.calibrate.importers.aiconfigurator import build_tables
+
+    versions: dict = {}
+    tables = build_tables(nested_system, kernel_set="vllm", versions=versions)
+    assert list(tables["gemm"].latency_ms) == [0.020, 0.040]  # the 0.24.0 rows, in ms as stored
+    assert versions["gemm"] == "vllm 0.24.0 gemm_perf"
+    coll = tables["collectives"]
+    # message_size counts 2-byte elements: 1024 -> 2048 bytes; NCCL and the custom kernel both kept
+    assert sorted(zip(coll.impl, coll.nbytes, coll.latency_ms)) == [
+        ("custom", 2048, 0.004),
+        ("custom", 8192, 0.005),
+        ("nccl", 2048, 0.008),
+        ("nccl", 8192, 0.009),
+    ]
+    assert "moe" not in tables  # not measured: left out, not an error
+
+
+def test_import_aiconfigurator_engine_version_picks_the_older_tables(nested_system, tmp_path, capsys):
+    out = tmp_path / "prof"
+    args = ["calibrate", "import", "aiconfigurator", str(nested_system), "--out", str(out)]
+    cli_ok([*args, "--kernel-set", "vllm", "--box", "h100-sxm-8x", "--engine-version", "0.19.0"], capsys)
+    p = load_profile(out)
+    assert p.engine_version == "0.19.0" and list(p.tables["gemm"].latency_ms) == [0.010, 0.020]
+    assert "vllm 0.19.0 gemm_perf" in p.sources["gemm"]
+    code, _, err = run_cli(
+        [
+            *args[:-1],
+            str(tmp_path / "p2"),
+            "--kernel-set",
+            "vllm",
+            "--box",
+            "h100-sxm-8x",
+            "--engine-version",
+            "0.20.0",
+        ],
+        capsys,
+    )
+    assert (
+        code == 2 and "no vllm kernel tables at version 0.20.0; nothing to import" in err
+    )  # docs/bad-input.md
+
+
+def test_nested_layout_refuses_a_folder_whose_meta_names_another_version(nested_system):
+    from pipesim.calibrate.importers.aiconfigurator import build_tables
+
+    meta = nested_system / "gemm" / "vllm" / "0.24.0" / "collection_meta.yaml"
+    meta.write_text("framework: vllm\nversion: 0.23.0\n")
+    with pytest.raises(UserError, match="says version 0.23.0, but its folder is 0.24.0"):
+        build_tables(nested_system, kernel_set="vllm")

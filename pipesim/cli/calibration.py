@@ -25,11 +25,20 @@ def calibrate_import():
 @click.option("--kernel-set", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True)
 @click.option("--box", required=True, help="box preset or .toml the tables were measured on")
 @click.option("--name", default=None, help="profile name [default: the --out folder's name]")
-def import_aiconfigurator(system_dir, out, kernel_set, box, name):
-    """Tables from an AIConfigurator system folder (e.g. .../rtx_pro_6000_server)."""
+@click.option(
+    "--engine-version",
+    default=None,
+    help="the engine version whose tables to read (nested layout: <op>/<engine>/<version>/; "
+    "flat: the vllm-<version> subfolder) [default: the newest that measured each table]",
+)
+def import_aiconfigurator(system_dir, out, kernel_set, box, name, engine_version):
+    """Tables from an AIConfigurator system folder (e.g. .../rtx_pro_6000_server), flat or
+    as aiconfigurator-core ships it (<system>/<op>/<engine>/<version>/*.parquet)."""
     from ..calibrate.importers.aiconfigurator import import_profile
 
-    tables = import_profile(system_dir, out, kernel_set=kernel_set, box=box, name=name)
+    tables = import_profile(
+        system_dir, out, kernel_set=kernel_set, box=box, name=name, version=engine_version
+    )
     click.echo(f"wrote {out}: " + ", ".join(f"{k} {len(v)} rows" for k, v in tables.items()))
 
 

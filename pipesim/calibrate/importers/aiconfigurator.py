@@ -88,6 +88,12 @@ OP_FOLDERS = {
 }
 
 
+class NotMeasured(UserError):
+    """A table the nested layout does not hold (at the version asked for): that table is
+    left out. Anything else wrong with a folder (a version its meta contradicts) is an
+    error, not a table to skip."""
+
+
 def version_key(version: str) -> tuple:
     """Order engine versions: 0.5.10 after 0.5.9, 1.3.0rc20 after 1.3.0rc3."""
     return tuple(int(n) for n in re.findall(r"\d+", version))
@@ -118,13 +124,13 @@ class Layout:
             else []
         )
         if not found:
-            raise UserError(
+            raise NotMeasured(
                 f"{self.dir.name} has no {engine} measurement of {stem} (no {base}/<version>/{stem}.parquet)"
             )
         version = found[-1]
         if engine != "nccl" and self.version is not None:
             if self.version not in found:
-                raise UserError(
+                raise NotMeasured(
                     f"{self.dir.name}: {stem} was measured with {engine} {', '.join(found)}, "
                     f"not {self.version}; pick one of those with --engine-version"
                 )
@@ -145,6 +151,8 @@ class Layout:
             path = self._nested_folder(stem) / f"{stem}.parquet"
             return pd.read_parquet(path)
         folder = self.dir if stem == "nccl_perf" else self.flat_kernels
+        if folder.name.startswith("vllm-"):  # the flat layout names vLLM's version in its folder
+            self.versions[stem] = f"vllm {folder.name[len('vllm-') :]}"
         path = folder / f"{stem}.csv.gz"
         if not path.is_file():
             raise UserError(f"missing AIConfigurator table {path}")
@@ -318,9 +326,19 @@ def build_tables(
     if nested:
         layout = Layout(src_dir, kernel_set, version)
     elif kernel_set == "sglang":
+        if version is not None:
+            raise UserError(
+                f"{src_dir}: a flat folder's SGLang tables name no engine version; "
+                "--engine-version picks one in the nested layout or a vllm-<version> subfolder"
+            )
         layout = Layout(src_dir, "sglang", flat_kernels=src_dir)
     else:
         subdirs = sorted(p for p in src_dir.glob("vllm-*") if p.is_dir())
+        if version is not None:
+            found = ", ".join(p.name[len("vllm-") :] for p in subdirs) or "none"
+            subdirs = [p for p in subdirs if p.name == f"vllm-{version}"]
+            if not subdirs:
+                raise UserError(f"{src_dir} has no vllm-{version} subfolder (vLLM versions there: {found})")
         if len(subdirs) != 1:
             raise UserError(
                 f"{src_dir} needs exactly one vllm-* subfolder for kernel_set vllm, found {len(subdirs)}"
@@ -361,7 +379,7 @@ def build_tables(
     for name, make in parts.items():
         try:
             df = make()
-        except UserError:
+        except NotMeasured:
             if not nested:  # the flat layout holds every table; the nested one what was measured
                 raise
             continue
@@ -411,6 +429,11 @@ def import_profile(
     load_box(box)
     versions: dict = {}
     tables = build_tables(Path(system_dir), kernel_set=kernel_set, version=version, versions=versions)
+    at = f" at version {version}" if version else ""
+    require(
+        any(t in tables for t in ("gemm", "moe", "gqa_decode", "mla_decode")),
+        f"{system_dir}: no {kernel_set} kernel tables{at}; nothing to import",
+    )
     note = (
         f"AIConfigurator tables from {Path(system_dir).name} ({kernel_set} kernels), pipesim calibrate import"
     )
