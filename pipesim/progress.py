@@ -11,7 +11,8 @@ from __future__ import annotations
 
 def bar(total: int | None, desc: str, progress: bool | None = None, unit: str = "run", initial: int = 0):
     """A tqdm bar over `total` units (its rate gives the ETA), to stderr. `initial`: units
-    done before (a resumed sweep's), counted but not in the rate."""
+    done before (a resumed sweep's), counted but not in the rate. Every unit is drawn
+    (a unit is a whole run: no refresh interval hides the last ones)."""
     from tqdm import tqdm
 
     return tqdm(
@@ -21,4 +22,6 @@ def bar(total: int | None, desc: str, progress: bool | None = None, unit: str = 
         initial=initial,
         disable=None if progress is None else not progress,
         leave=False,
+        mininterval=0,
+        miniters=1,
     )

@@ -1,14 +1,10 @@
-"""The discrete-event simulation (SimPy): stages, links, micro-batches, requests.
+"""The discrete-event simulation (SimPy): requests, micro-batches, the engine's loop.
 
-One long-lived process per pipeline stage (its TP group of GPUs, which run in
-lock-step) takes micro-batches from its inbox in order, computes, runs its TP
-collectives, and hands the micro-batch to the hop process towards the next stage.
-After the last stage the sampled tokens travel back to the first stage, where the
-engine's scheduler (engines/) processes them and forms the next micro-batches.
-
-Every directed PCIe link is a first-come-first-served server: a TP collective or a PP
-hop occupies every link it crosses for its duration, so TP traffic and PP hops that
-share a link wait for each other (`Simulation._book`).
+The engine's scheduler (engines/) runs as a SimPy process on the first stage: it
+admits requests, forms micro-batches and hands them to the pipeline (pipeline.py:
+stages, links and hops, booked as free-at clocks), then waits for their outputs to
+come back (`MicroBatch.returned`) and updates the requests. Data parallelism
+(dataparallel.py) runs its ranks in place of the pipeline.
 
 Every busy interval is recorded once in a `Recorder` (record.py); `Simulation.record()`
 hands the finished run to metrics.py and trace.py as a frozen `Record`.
@@ -24,18 +20,17 @@ import simpy
 
 from .costs import CostModel, Shape
 from .engines.protocol import EngineScheduler, EngineSettings, EngineSimulation
+from .pipeline import Pipeline
 from .record import Batch, CountingEnvironment, Record, Recorder, TokenReturn
 from .steady import closed_loop_ci
 from .workload import Workload
 
-ACT_BYTES = 2
-TOKEN_ID_BYTES = 4
-
 
 class Channel:
-    """A FIFO hand-off between processes. Cheaper than `simpy.Store`: a put costs no
-    event, a take costs one only when the taker has to wait (physics.md §8: events per
-    simulated step decide the simulator's speed)."""
+    """A FIFO hand-off between processes (data parallelism's ranks, dataparallel.py).
+    Cheaper than `simpy.Store`: a put costs no event, a take costs one only when the
+    taker has to wait (physics.md §8: events per simulated step decide the
+    simulator's speed)."""
 
     __slots__ = ("env", "items", "waiter")
 
@@ -121,7 +116,7 @@ class MicroBatch:
 
 
 class Simulation:
-    """The pipeline and the request bookkeeping an engine scheduler drives."""
+    """The request bookkeeping an engine scheduler drives, and its pipeline (pipeline.py)."""
 
     def __init__(
         self,
@@ -172,145 +167,36 @@ class Simulation:
             params.detokenize_token_us * 1e-6,
         )
         self._detok_free_s = 0.0
-        # every PP rank runs the scheduler loop (docs/engines.md §2): ranks >= 1 keep a
-        # CPU free-at clock and the last slot iteration they ran
-        self._cpu_hop_s = params.cpu_hop_ms * 1e-3
-        self._rank_cpu = self.pp > 1 and (self.cpu_iteration_s > 0 or self._cpu_hop_s > 0)
-        self._rank_free_s = [0.0] * self.pp
-        self._rank_it = [-1] * self.pp
-        # async depth (docs/engines.md §3): the last rank holds a batch's outputs until
-        # its loop is `depth` iterations further (the send waits only for that batch's
-        # own compute: the forward runs on its own stream)
-        self.depth = getattr(settings, "pp_async_batch_depth", 0) if self.pp > 1 else 0
-        self.iteration = -1  # the first rank's current slot iteration
-        self._parked: deque[MicroBatch] = deque()  # computed on the last stage, outputs held
+        self.pipe = Pipeline(
+            env,
+            costs,
+            self.rec,
+            depth=getattr(settings, "pp_async_batch_depth", 0),
+            cpu_iteration_s=self.cpu_iteration_s,
+            cpu_hop_s=params.cpu_hop_ms * 1e-3,
+            complete=lambda mb: self._complete(mb),  # looked up per call: tests wrap it
+        )
+        self._free_at = self.pipe._free_at  # the links' free-at times (DP replicas add theirs)
+        self.inbox: list[Channel] | None = None  # data parallelism's rank inboxes
         self._seq = 0
-        self._users = self._link_users()
-        self._free_at = {d: 0.0 for links in self._users.values() for d in links}
         self._start(engine_factory)
+        self.pipe.rec = self.rec  # the recorder _start settled on (DP: a row per rank)
         env.process(self._arrivals())
 
     def _start(self, engine_factory: Callable[[EngineSimulation], EngineScheduler]) -> None:
-        """The stage processes and the engine's scheduler (data parallelism starts its
-        ranks instead: dataparallel.py)."""
-        self.inbox = [Channel(self.env) for _ in range(self.pp)]
-        for s in range(self.pp):
-            self.env.process(self._stage(s))
+        """The engine's scheduler on the pipeline (data parallelism starts its ranks
+        instead: dataparallel.py)."""
         self.scheduler = engine_factory(self)
         self.env.process(self.scheduler.run())
 
-    # ---- links -----------------------------------------------------------------------
-    def _link_users(self) -> dict:
-        """The directed links each user crosses: a stage's TP ring, a PP hop."""
-        plan, box, costs = self.costs.plan, self.costs.box, self.costs
-        users: dict = {}
-        for s in range(plan.pp):
-            users[("ar", s)] = box.ring_links(plan.stage_gpus(s)) if plan.tp > 1 else ()
-            users[("hop", s)] = costs.hop_links(s, (s + 1) % plan.pp) if plan.pp > 1 else ()
-        return users
-
     def _book(self, links: tuple, seconds: float) -> tuple[float, float]:
-        """Occupy `links` for `seconds`, first come first served: the transfer starts
-        when every link it crosses is free. This is a SimPy Resource of capacity one
-        per link, acquired for all links at once in request order, kept as each link's
-        free-at time so that it costs no event."""
-        free = self._free_at
-        start = self.env.now
-        for d in links:
-            if free[d] > start:
-                start = free[d]
-        end = start + seconds
-        for d in links:
-            free[d] = end
-        if start > self.env.now:
-            self.rec.link_wait.append((self.env.now, start))
-        return start, end
-
-    # ---- pipeline processes ---------------------------------------------------------
-    def _stage(self, s: int) -> Generator[simpy.Event, None, None]:
-        env, stage_time = self.env, self.costs.stage_time
-        inbox, items = self.inbox[s], self.inbox[s].items
-        compute_log, comm_log = self.rec.compute[s], self.rec.comm[s]
-        ring = self._users[("ar", s)]
-        rank_cpu = self._rank_cpu and s > 0
-        while True:
-            if not items:
-                yield inbox.wait()
-            mb = items.popleft()
-            if rank_cpu:
-                launch_s = self._rank_launch(s, mb)
-                if launch_s > env.now:  # the GPU waits for this rank's CPU
-                    yield env.timeout(launch_s - env.now)
-            compute_s, comm_s = stage_time(s, mb.shape)
-            t0 = env.now
-            yield env.timeout(compute_s)
-            compute_log.append((t0, env.now))
-            if comm_s:
-                start, end = self._book(ring, comm_s)
-                yield env.timeout(end - env.now)
-                comm_log.append((start, end))
-            self._send(s, mb)
-
-    def _rank_launch(self, s: int, mb: MicroBatch) -> float:
-        """When rank `s`'s CPU launches `mb` (docs/engines.md §2): after its own slot
-        iterations up to this one, empty ones included, each `cpu_iteration_ms`, and
-        after the previous rank's iteration for this slot plus the pickled metadata
-        relay (`cpu_hop_ms`). A free-at clock: no event unless the GPU must wait."""
-        iterations = mb.it - self._rank_it[s] if self._rank_it[s] >= 0 else 1
-        launch_s = (
-            max(
-                self._rank_free_s[s] + (iterations - 1) * self.cpu_iteration_s,
-                mb.cpu_launch_s + self._cpu_hop_s,
-            )
-            + self.cpu_iteration_s
-        )
-        self._rank_free_s[s], self._rank_it[s] = launch_s, mb.it
-        mb.cpu_launch_s = launch_s
-        return launch_s
+        """Occupy `links` for `seconds` from now, first come first served
+        (`Pipeline._book`; data parallelism's replicas book their rings here)."""
+        return self.pipe._book(links, self.env.now, seconds)
 
     def next_iteration(self) -> None:
-        """The first rank starts its next slot iteration (SGLang PP): held outputs whose
-        release that iteration reaches go out."""
-        self.iteration += 1
-        if self._parked:
-            self._release()
-
-    def _release(self) -> None:
-        """Send the held outputs the last rank's loop has reached (docs/engines.md §3):
-        the batch of iteration j goes out at the last rank's iteration j + depth (taken
-        as the first rank's: the ranks run the same loop)."""
-        parked, depth = self._parked, self.depth
-        while parked and parked[0].it + depth <= self.iteration:
-            self._hop_out(self.pp - 1, parked.popleft())
-
-    def _hop_seconds(self, s: int, mb: MicroBatch) -> float:
-        if s == self.pp - 1:
-            return self.costs.hop_time(s, 0, mb.size * TOKEN_ID_BYTES)
-        # hidden states + residual, bf16, for every token of the micro-batch
-        return self.costs.hop_time(s, s + 1, mb.shape.tokens * 2 * self.costs.model.hidden * ACT_BYTES)
-
-    def _deliver(self, s: int, mb: MicroBatch) -> None:
-        if s == self.pp - 1:
-            self._complete(mb)
-        else:
-            self.inbox[s + 1].put(mb)
-
-    def _send(self, s: int, mb: MicroBatch) -> None:
-        """Hand a micro-batch to the next stage (from the last: token ids to stage 0).
-        The stage does not wait: engines send asynchronously (isend)."""
-        if self.pp == 1:
-            self._complete(mb)
-            return
-        if s == self.pp - 1 and self.depth:
-            self._parked.append(mb)
-            self._release()
-            return
-        self._hop_out(s, mb)
-
-    def _hop_out(self, s: int, mb: MicroBatch) -> None:
-        start, end = self._book(self._users[("hop", s)], self._hop_seconds(s, mb))
-        self.rec.hops[s].append((start, end))
-        self.env.timeout(end - self.env.now).callbacks.append(lambda _ev, s=s, mb=mb: self._deliver(s, mb))
+        """The first rank starts its next slot iteration (SGLang PP; pipeline.py)."""
+        self.pipe.next_iteration()
 
     # ---- requests ---------------------------------------------------------------------
     def launch(self, slot: int, decode: list, prefill: list, rank: int = 0) -> MicroBatch:
@@ -336,8 +222,11 @@ class Simulation:
                 "decode" if not prefill else ("prefill" if not decode else "mixed"),
             )
         )
-        mb.it, mb.rank = self.iteration, rank
-        self.inbox[rank].put(mb)
+        mb.it, mb.rank = self.pipe.iteration, rank
+        if self.inbox is None:
+            self.pipe.launch(mb)
+        else:
+            self.inbox[rank].put(mb)
         return mb
 
     def cpu(self, seconds: float) -> Generator[simpy.Event, None, None]:
@@ -361,8 +250,10 @@ class Simulation:
         self._load_s += self.running * (now - self._load_t)
         self._load_t = now
 
-    def _complete(self, mb: MicroBatch) -> None:
-        """Sampled tokens are back on the first stage: update requests, free finished ones."""
+    def _complete(self, mb: MicroBatch) -> list[Request]:
+        """Sampled tokens are back on the first stage: update requests, free finished
+        ones; returns them. `mb.returned` carries them to the engine: the pipeline
+        triggers it at the return (its value is this return's), a DP rank here."""
         now = self.env.now
         produced = 0
         finished = []
@@ -395,9 +286,10 @@ class Simulation:
             if self.completed >= self.target and not self.stop.triggered and self._steady():
                 self.stop.succeed()
         self.scheduler.on_return(mb, finished)
-        mb.returned.succeed(finished)
+        if not mb.returned.triggered:
+            mb.returned.succeed(finished)
         if self.workload.kind != "closed" or self.stop.triggered or not finished:
-            return
+            return finished
         # a client sends its next request once its response has fully arrived: after the
         # detokenizer has handled this step's outputs (one process, serial; docs/engines.md §1)
         if self._detok_step_s or self._detok_token_s:
@@ -407,9 +299,10 @@ class Simulation:
             self.env.timeout(done - now).callbacks.append(
                 lambda _ev, clients=[r.client for r in finished]: self._resend(clients)
             )
-            return
+            return finished
         for r in finished:
             self._arrive(r.client)
+        return finished
 
     def _resend(self, clients: list) -> None:
         if not self.stop.triggered:
@@ -494,6 +387,8 @@ class Simulation:
         """The finished run as a value: what metrics.py and trace.py read."""
         plan = self.costs.plan
         t1 = self.env.now
+        if self.inbox is None:  # the pipeline's rows booked ahead (DP records its own)
+            self.pipe.settle(t1)
         t0 = self.warmup_end_s if self.workload.kind == "closed" else 0.0
         return self.rec.freeze(
             stage_gpus=tuple(tuple(plan.stage_gpus(s)) for s in range(plan.pp)),
