@@ -1,0 +1,28 @@
+"""A non-editable install ships every subpackage and data file: pyproject.toml lists
+packages by hand, so a new subpackage or data file left out of it breaks
+`pip install pipesim` while an editable checkout still works."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatch
+from pathlib import Path
+
+from pipesim._toml import toml_reader
+
+REPO = Path(__file__).resolve().parent.parent
+SETUP = toml_reader.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_every_subpackage_is_listed():
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "pipesim").rglob("__init__.py")}
+    missing = sorted(found - set(SETUP["packages"]))
+    assert not missing, f"pyproject.toml [tool.setuptools] packages lacks {missing}"
+
+
+def test_every_data_file_matches_a_package_data_pattern():
+    data = REPO / "pipesim" / "data"
+    patterns = SETUP["package-data"]["pipesim.data"]
+    for f in data.rglob("*"):
+        if f.is_file() and f.suffix != ".py" and "__pycache__" not in f.parts:
+            rel = f.relative_to(data).as_posix()
+            assert any(fnmatch(rel, p) for p in patterns), f"pipesim/data/{rel} is not shipped"
