@@ -85,7 +85,14 @@ def build_trace(rec: Record, result: Result) -> dict:
     sc = result.scenario
     batches = rec.batches
     events: list[dict] = [
-        _meta("process_name", TRACK_GPUS, 0, f"GPUs (TP{rec.tp} x PP{rec.pp}, {sc['model']})"),
+        _meta(
+            "process_name",
+            TRACK_GPUS,
+            0,
+            f"GPUs (DP{rec.dp} x TP{rec.tp}, {sc['model']})"
+            if rec.dp > 1
+            else f"GPUs (TP{rec.tp} x PP{rec.pp}, {sc['model']})",
+        ),
         _meta("process_sort_index", TRACK_GPUS, 0, TRACK_GPUS),
         _meta("process_name", TRACK_HOPS, 0, "PP hops (PCIe)"),
         _meta("process_sort_index", TRACK_HOPS, 0, TRACK_HOPS),
@@ -99,7 +106,10 @@ def build_trace(rec: Record, result: Result) -> dict:
 
     def batch_args(i: int, stage: int) -> dict:
         # Stages and hops serve micro-batches first come first served, so the i-th
-        # interval of every stage and hop is the i-th micro-batch launched.
+        # interval of every stage and hop is the i-th micro-batch launched. DP ranks
+        # (rows of a dp > 1 record) each run their own batches: no such order.
+        if rec.dp > 1:
+            return {"dp_rank": stage}
         d = {"micro_batch": i, "stage": stage}
         if i < len(batches):
             b = batches[i]
@@ -111,7 +121,10 @@ def build_trace(rec: Record, result: Result) -> dict:
         for rank, gpu in enumerate(rec.stage_gpus[s]):
             events.append(
                 _meta(
-                    "thread_name", TRACK_GPUS, gpu, f"GPU {gpu}: stage {s}, TP rank {rank} ({layers} layers)"
+                    "thread_name",
+                    TRACK_GPUS,
+                    gpu,
+                    f"GPU {gpu}: {'DP rank' if rec.dp > 1 else 'stage'} {s}, TP rank {rank} ({layers} layers)",
                 )
             )
             events.append(_meta("thread_sort_index", TRACK_GPUS, gpu, gpu))
@@ -130,7 +143,7 @@ def build_trace(rec: Record, result: Result) -> dict:
                 )
             for i, (a, b) in enumerate(rec.comm[s]):
                 events.append(_slice("all-reduce", "allreduce", a, b, TRACK_GPUS, gpu, batch_args(i, s)))
-    if rec.pp > 1:
+    if rec.hop_names:  # PP hops (none with one stage, nor between DP ranks)
         for s, name in enumerate(rec.hop_names):
             dst = (s + 1) % rec.pp
             src_g, dst_g = rec.stage_gpus[s], rec.stage_gpus[dst]

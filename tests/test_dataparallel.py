@@ -237,3 +237,26 @@ def test_predict_reports_every_rank(engine, model, kw):
 def test_dp_with_pipeline_stages_is_refused():
     with pytest.raises(pipesim.UserError, match="--pp 1 with --dp"):
         pipesim.predict(model=LLAMA, engine="vllm", profile=profile_for("vllm"), tp=1, pp=2, dp=2, conc=4)
+
+
+def test_trace_names_dp_ranks():
+    """The trace of a DP run has one GPU track per rank's GPU, named by its DP rank."""
+    from pipesim.api import simulate
+    from pipesim.trace import build_trace
+
+    sc = pipesim.build_scenario(
+        model=QWEN_MOE,
+        engine="vllm",
+        profile=profile_for("vllm"),
+        tp=1,
+        dp=2,
+        concurrency=4,
+        input_len=32,
+        output_len=8,
+    )
+    rec, res = simulate(sc, ci_target=None)
+    names = [
+        e["args"]["name"] for e in build_trace(rec, res)["traceEvents"] if e.get("name") == "thread_name"
+    ]
+    assert any(n.startswith("GPU 0: DP rank 0") for n in names)
+    assert any(n.startswith("GPU 1: DP rank 1") for n in names)
