@@ -227,10 +227,12 @@ class DPSimulation(Simulation):
         count give back what the finished requests held."""
         rank = self.ranks[mb.rank]
         self.scheduler = rank.scheduler
+        held = {r.rid: r.kv_reserved for r in mb.decode}
+        held.update((r.rid, r.kv_reserved) for r, _, _ in mb.prefill)
         super()._complete(mb)
         finished = mb.returned.value
         if finished:
-            rank.kv_free += sum(r.kv_reserved for r in finished)
+            rank.kv_free += sum(held[r.rid] for r in finished)
             rank.running -= len(finished)
 
     def summary(self) -> dict:
