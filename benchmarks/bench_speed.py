@@ -7,8 +7,8 @@
 2. sim wall time at C = 4096 against C = 64 under the default profile's running cap
    of 64 (TP2 x PP4): the horizon follows the requests the engine admits;
 3. peak resident memory of an open-loop run of 20,000 requests against 2,000;
-4. events per stage visit (PP8, C = 256) and events per second against a bare SimPy
-   loop of the same event count;
+4. events per stage visit (PP8 at C = 256, TP2 x PP4 at C = 64) and the simulation's
+   wall time against a bare SimPy loop (bench_sim.bare_simpy) of one event per visit;
 5. the CountingEnvironment against plain simpy.Environment on the same bare loop;
 6. (`--only sweep`) the wall time of a 1,000-scenario sweep on two local processes:
    the four 8-GPU splits x concurrencies 1..250, 100 output tokens, each row streamed to
@@ -26,6 +26,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from bench_sim import bare_simpy  # the bare SimPy loop both benchmarks compare against
 
 PREDICT = ["-m", "pipesim.cli", "predict", "--tp", "2", "--pp", "4", "--conc", "64"]
 
@@ -95,44 +97,35 @@ def memory(reps: int) -> dict:
     return {"rss_2000_mb": a, "rss_20000_mb": b, "ratio": b / a}
 
 
-def bare_loop(n_events: int, counting: bool) -> float:
-    import simpy
-
-    from pipesim.record import CountingEnvironment
-
-    env = CountingEnvironment() if counting else simpy.Environment()
-
-    def proc(env):
-        while True:
-            yield env.timeout(1.0)
-
-    for _ in range(8):
-        env.process(proc(env))
-    t = time.perf_counter()
-    env.run(until=n_events / 8)
-    return n_events / (time.perf_counter() - t)
-
-
 def events(reps: int) -> dict:
+    """Events per stage visit, and the simulation's wall time against a bare SimPy
+    loop of one event per stage visit, both measured in this process."""
     from pipesim.api import simulate
     from pipesim.scenario import build_scenario
 
-    rows = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        rec, r = simulate(build_scenario(tp=1, pp=8, concurrency=256))
-        dt = time.perf_counter() - t
-        visits = sum(len(c) for c in rec.compute)
-        ev_s = r.sim_events / r.sim_wall_s
-        bare = bare_loop(r.sim_events, counting=False)
-        rows.append((r.sim_events / visits, ev_s / bare, dt))
-    plain = [bare_loop(200_000, False) for _ in range(reps)]
-    counting = [bare_loop(200_000, True) for _ in range(reps)]
-    return {
-        "events_per_stage_visit": statistics.median(x[0] for x in rows),
-        "events_per_s_vs_bare": statistics.median(x[1] for x in rows),
-        "counting_env_vs_plain": statistics.median(counting) / statistics.median(plain),
-    }
+    out = {}
+    for name, tp, pp, conc in (("pp8_c256", 1, 8, 256), ("tp2pp4_c64", 2, 4, 64)):
+        rows = []
+        for _ in range(reps):
+            rec, r = simulate(build_scenario(tp=tp, pp=pp, concurrency=conc))
+            visits = sum(len(c) for c in rec.compute)
+            bare_s = visits / bare_simpy(visits, counting=False)
+            rows.append(
+                (
+                    r.sim_events / visits,
+                    r.sim_wall_s / bare_s,
+                    r.sim_events / r.sim_wall_s / bare_simpy(r.sim_events, counting=False),
+                )
+            )
+        out[name] = {
+            "events_per_stage_visit": statistics.median(x[0] for x in rows),
+            "sim_wall_vs_bare_loop_of_one_event_per_visit": statistics.median(x[1] for x in rows),
+            "events_per_s_vs_bare": statistics.median(x[2] for x in rows),
+        }
+    plain = [bare_simpy(200_000, counting=False) for _ in range(reps)]
+    counting = [bare_simpy(200_000, counting=True) for _ in range(reps)]
+    out["counting_env_vs_plain"] = statistics.median(counting) / statistics.median(plain)
+    return out
 
 
 def sweep_1000(reps: int) -> dict:

@@ -130,12 +130,14 @@ def predict(
     max_measure_requests: int | None = None,
     ci_target: float | None = CI_TARGET,
     intervals: bool = False,
+    ensemble: bool = False,
     **kwargs: object,
 ) -> Result:
     """Predict one scenario. Keyword arguments are those of `build_scenario`
     (model, profile, engine, box, layers, rate_rps, num_requests, trace, input_len,
     output_len, seed) and the engine's knobs (e.g. max_running_requests).
-    `intervals=True` adds prediction intervals (pipesim.uncertainty: a few short runs more)."""
+    `intervals=True` adds prediction intervals (pipesim.uncertainty), their workload
+    part from the run itself; `ensemble=True` takes it from a few short runs more."""
     scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
     result = run(
         scenario,
@@ -147,5 +149,5 @@ def predict(
     if intervals:
         from .uncertainty import attach
 
-        result = attach(result, scenario)
+        result = attach(result, scenario, "ensemble" if ensemble else "run")
     return result

@@ -160,10 +160,12 @@ def _keys(cols: dict, names) -> np.ndarray:
 def _groups(cols: dict, by: tuple[str, ...]):
     """(key, columns of its rows in table order) per distinct value of the `by`
     columns, keys sorted (as a DataFrame groupby)."""
-    keys = list(zip(*(np.asarray(cols[c]).astype(str).tolist() for c in by)))
-    for key in sorted(set(keys)):
-        mask = np.fromiter((k == key for k in keys), dtype=bool, count=len(keys))
-        yield (key[0] if len(by) == 1 else key), {c: np.asarray(v)[mask] for c, v in cols.items()}
+    rows: dict = {}
+    for i, key in enumerate(zip(*(np.asarray(cols[c]).astype(str).tolist() for c in by))):
+        rows.setdefault(key, []).append(i)  # one pass over the rows, not one per group
+    for key in sorted(rows):
+        idx = np.asarray(rows[key], dtype=np.intp)
+        yield (key[0] if len(by) == 1 else key), {c: np.asarray(v)[idx] for c, v in cols.items()}
 
 
 def _check_units_and_sizes(cols: dict, table: str, origin: str) -> None:

@@ -7,9 +7,13 @@ half-width of a "likely" band (about 80% coverage, a 1.28-sigma band):
     its leave-one-out errors say; the 80% quantile of |LOO error| over the measured
     points of the scenario's regime (C = 1 or batched, PP or TP only), where at least
     MIN_POINTS exist; otherwise DEFAULT_CALIBRATION_REL, said so in the basis;
-(b) workload: what the user did not pin (a fixed length stands for lengths that vary,
-    the seed for arrival order, a front-end cost if the profile has one): the spread
-    of a small ensemble of short runs (ENSEMBLE_RUNS);
+(b) workload: the spread of what the user did not pin, at the size of a short run
+    (C warm-up, max(2C, 16) measured; an open loop's whole run). By default from the
+    run itself (`run_spread`: batch means over stretches of its measured requests,
+    arrival order and sampling at the lengths as given, no extra run); with
+    `workload="ensemble"` (`--ensemble`), and always for open loops and traces (a
+    member is a whole run there), from ENSEMBLE_RUNS short runs more, which also
+    widen fixed lengths and move a front-end cost (`ensemble_spread`);
 (c) simulation: the run's own 95% confidence half-width, rescaled to 80%.
 
 They are combined in quadrature, rel = sqrt(a^2 + b^2 + c^2), and the band is
@@ -22,6 +26,8 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from .metrics import percentile
 
 # metrics that get a band (the table's headline numbers)
 HEADLINE = (
@@ -41,6 +47,8 @@ MIN_POINTS = 5  # fewer measured points than this in a regime: too few for a qua
 # that, the conservative end used where a profile has too few points to speak for itself.
 DEFAULT_CALIBRATION_REL = 0.25
 ENSEMBLE_RUNS = 4  # short runs: seeds 1..4, lengths spread, front-end cost +-50%
+RUN_BATCHES = 4  # the run's own spread: at least this many stretches of its requests
+WORKLOAD_METHODS = ("run", "ensemble", "none")
 LENGTH_SPREAD = 0.5  # a fixed length N stands for uniform [N(1-s), N(1+s)] (same mean)
 FRONTEND_SPREAD = 0.5
 
@@ -151,6 +159,74 @@ def ensemble_spread(scenario, runs: int = ENSEMBLE_RUNS) -> dict:
     return out
 
 
+def member_requests(scenario) -> int:
+    """Measured requests of one ensemble member: a closed loop's short run measures
+    max(2A, 16), A the requests the engine admits at once (api.simulate); an open loop
+    or a trace is measured whole."""
+    from .api import admitted_concurrency
+
+    w = scenario.workload
+    if w.kind != "closed":
+        return 0  # the whole run
+    return max(2 * admitted_concurrency(scenario), 16)
+
+
+def _stretch_values(cols: dict, idx: np.ndarray, throughput: float) -> dict:
+    """The headline metrics of one stretch of the run's requests."""
+    speeds = cols["decode_tok_s"][idx]
+    speeds = speeds[np.isfinite(speeds)]
+    out = {
+        "output_throughput_tok_s": throughput,
+        "per_request_tok_s": float(speeds.mean()) if len(speeds) else np.nan,
+    }
+    for m, col, q in (
+        ("ttft_ms_p50", "ttft_ms", 50),
+        ("ttft_ms_p99", "ttft_ms", 99),
+        ("tpot_ms_p50", "tpot_ms", 50),
+        ("tpot_ms_p99", "tpot_ms", 99),
+    ):
+        x = cols[col][idx]
+        x = x[np.isfinite(x)]
+        out[m] = percentile(x, q)
+    return out
+
+
+def run_spread(result, scenario) -> dict:
+    """Part (b) of a closed loop from the run itself, no extra run. Its measured
+    requests, in completion order, are cut into k stretches of at least one member's
+    size (k = requests // member size), or into RUN_BATCHES smaller ones when the run
+    holds fewer members than that; each stretch is one sample of every headline
+    metric, throughput as steady.py estimates it: C x sum(output) / sum(latency)
+    (renewal-reward, robust to the waves a fixed-length loop runs in). A member's
+    spread is the samples' standard deviation x sqrt(stretch / member size) (a mean
+    over n requests varies as 1/sqrt(n)); metric -> Z_LIKELY x that / mean."""
+    cols = result.request_columns
+    n = len(cols["finish_s"])
+    member = member_requests(scenario) or n
+    k = n // member if n >= RUN_BATCHES * member else RUN_BATCHES
+    if n < 2 * k:
+        return dict.fromkeys(HEADLINE, 0.0)
+    finish, out_len = cols["finish_s"], cols["output_len"].astype(float)
+    if scenario.workload.kind != "closed":
+        raise ValueError("run_spread is for closed loops (an open loop's member is a whole run)")
+    w = scenario.workload
+    e2e_s = cols["e2e_ms"] * 1e-3
+    samples = []
+    for g in np.array_split(np.argsort(finish, kind="stable"), k):
+        lat = e2e_s[g].sum()
+        samples.append(
+            _stretch_values(cols, g, w.concurrency * out_len[g].sum() / lat if lat > 0 else np.nan)
+        )
+    scale = math.sqrt((n / k) / member)
+    spread = {}
+    for m in HEADLINE:
+        x = np.array([v[m] for v in samples], dtype=float)
+        x = x[np.isfinite(x)]
+        ok = len(x) >= 2 and x.mean() != 0
+        spread[m] = float(Z_LIKELY * x.std(ddof=1) * scale / abs(x.mean())) if ok else 0.0
+    return spread
+
+
 def band(value: float, rel: float) -> tuple[float, float]:
     """The multiplicative band [v / (1 + rel), v (1 + rel)]."""
     if not math.isfinite(value):
@@ -158,14 +234,31 @@ def band(value: float, rel: float) -> tuple[float, float]:
     return (value / (1 + rel), value * (1 + rel))
 
 
-def intervals(result, scenario, ensemble: bool = True, runs: int = ENSEMBLE_RUNS) -> tuple[dict, dict]:
+def intervals(result, scenario, workload: str = "run", runs: int = ENSEMBLE_RUNS) -> tuple[dict, dict]:
     """(intervals, basis) for a Result of `scenario`: metric -> (lo, hi), and what each
-    part contributed. `ensemble=False` is the cheap form (a) + (c), no extra run."""
+    part contributed. `workload` is how part (b) is estimated (WORKLOAD_METHODS): "run"
+    from the run itself (no extra run), "ensemble" from `runs` short runs more, "none"
+    left out ((a) + (c) only)."""
+    if workload not in WORKLOAD_METHODS:
+        raise ValueError(f"workload must be one of {', '.join(WORKLOAD_METHODS)}, got {workload!r}")
     w = scenario.workload
     cal = calibration_spread(
         scenario.profile, scenario.plan.tp, scenario.plan.pp, w.concurrency if w.kind == "closed" else None
     )
-    ens = ensemble_spread(scenario, runs) if ensemble else {m: 0.0 for m in HEADLINE}
+    if workload == "ensemble" or (workload == "run" and w.kind != "closed"):
+        # an open loop's or a trace's member is a whole run, which its own run cannot
+        # be cut into: the ensemble, whatever was asked
+        ens = ensemble_spread(scenario, runs)
+        how = f"{runs} short runs (seeds, lengths +-{LENGTH_SPREAD:.0%}, front-end cost +-{FRONTEND_SPREAD:.0%})"
+    elif workload == "run":
+        ens = run_spread(result, scenario)
+        how = (
+            "the run's own spread: batch means over short-run-sized stretches of its requests "
+            "(arrival order and sampling at the lengths as given; --ensemble also widens them)"
+        )
+    else:
+        ens = dict.fromkeys(HEADLINE, 0.0)
+        how = "not estimated (calibration and simulation only)"
     v = result.output_throughput_tok_s
     ci = (
         result.output_throughput_ci_tok_s / v * Z_LIKELY / Z_CI
@@ -182,18 +275,17 @@ def intervals(result, scenario, ensemble: bool = True, runs: int = ENSEMBLE_RUNS
         "coverage": LIKELY_COVERAGE,
         "calibration": cal.basis,
         "calibration_regime": cal.regime,
-        "workload": f"{runs} short runs (seeds, lengths +-{LENGTH_SPREAD:.0%}, front-end cost +-{FRONTEND_SPREAD:.0%})"
-        if ensemble
-        else "not run (--no-intervals ensemble: calibration and simulation only)",
+        "workload": how,
+        "workload_method": workload,
         "rule": "relative half-widths in quadrature; band [v/(1+r), v(1+r)]",
         "parts": parts,
     }
     return out, basis
 
 
-def attach(result, scenario, ensemble: bool = True, runs: int = ENSEMBLE_RUNS):
+def attach(result, scenario, workload: str = "run", runs: int = ENSEMBLE_RUNS):
     """The result with its `intervals` and `interval_basis` filled in."""
-    iv, basis = intervals(result, scenario, ensemble, runs)
+    iv, basis = intervals(result, scenario, workload, runs)
     return replace(result, intervals=iv, interval_basis=basis)
 
 

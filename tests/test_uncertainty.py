@@ -95,7 +95,7 @@ def test_parts_combine_in_quadrature_and_the_band_holds_the_value():
     from pipesim.api import run
 
     sc = build_scenario(tp=1, pp=1, concurrency=4, **FAST)
-    r = U.attach(run(sc), sc, ensemble=True, runs=3)
+    r = U.attach(run(sc), sc, workload="ensemble", runs=3)
     for m in U.HEADLINE:
         p = r.interval_basis["parts"][m]
         assert p["combined"] == pytest.approx(
@@ -103,7 +103,7 @@ def test_parts_combine_in_quadrature_and_the_band_holds_the_value():
         )
         lo, hi = r.intervals[m]
         assert lo < getattr(r, m) < hi
-    cheap = U.attach(run(sc), sc, ensemble=False)
+    cheap = U.attach(run(sc), sc, workload="none")
     assert all(cheap.interval_basis["parts"][m]["workload"] == 0 for m in U.HEADLINE)
 
 
@@ -117,3 +117,99 @@ def test_cli_prints_and_serialises_intervals(capsys):
     assert lo < d["output_throughput_tok_s"] < hi
     main(args + ["--json", "--no-intervals"])
     assert "intervals" not in json.loads(capsys.readouterr().out)
+
+
+# ---- part (b) from the run itself ---------------------------------------------------
+
+
+def _closed_result(sc, throughputs, per_stretch):
+    """A Result whose measured requests form consecutive stretches of `per_stretch`
+    requests, stretch i at closed-loop throughput throughputs[i]: every request has 100
+    output tokens and latency C x 100 / throughputs[i] (renewal-reward: C x output /
+    latency is the stretch's throughput)."""
+    from pipesim.metrics import Result
+
+    c = sc.workload.concurrency
+    out, e2e, finish = [], [], []
+    t = 0.0
+    for tput in throughputs:
+        for _ in range(per_stretch):
+            out.append(100)
+            e2e.append(c * 100 / tput * 1e3)
+            t += 1.0
+            finish.append(t)
+    n = len(out)
+    cols = {
+        "output_len": np.array(out),
+        "e2e_ms": np.array(e2e),
+        "finish_s": np.array(finish),
+        "ttft_ms": np.full(n, 50.0),
+        "tpot_ms": np.full(n, 20.0),
+        "decode_tok_s": np.full(n, 50.0),
+    }
+    fields = {f: 1.0 for f in Result.__dataclass_fields__ if f not in ("request_columns", "stage_columns")}
+    fields.update(scenario={}, window_s=(0.0, t), request_columns=cols, stage_columns={})
+    return Result(**fields)
+
+
+def test_run_spread_is_the_spread_of_member_sized_stretches():
+    # C = 4: a member measures max(2 x 4, 16) = 16 requests; 64 requests are 4 stretches
+    # of one member each, at 100, 100, 120, 80 tok/s: std (ddof 1) = sqrt(800 / 3)
+    sc = build_scenario(tp=1, pp=1, concurrency=4, **FAST)
+    assert U.member_requests(sc) == 16
+    r = _closed_result(sc, [100, 100, 120, 80], 16)
+    spread = U.run_spread(r, sc)
+    assert spread["output_throughput_tok_s"] == pytest.approx(U.Z_LIKELY * math.sqrt(800 / 3) / 100)
+    assert spread["ttft_ms_p50"] == 0 and spread["tpot_ms_p99"] == 0  # equal in every stretch
+
+
+def test_run_spread_scales_short_stretches_to_a_member():
+    # 32 requests, fewer than 4 members: 4 stretches of 8, each half a member, so a
+    # member's spread is the stretches' x sqrt(8 / 16)
+    sc = build_scenario(tp=1, pp=1, concurrency=4, **FAST)
+    r = _closed_result(sc, [100, 100, 120, 80], 8)
+    spread = U.run_spread(r, sc)["output_throughput_tok_s"]
+    assert spread == pytest.approx(U.Z_LIKELY * math.sqrt(800 / 3) / 100 * math.sqrt(0.5))
+
+
+def test_default_intervals_run_no_extra_simulation_for_a_closed_loop(monkeypatch):
+    import pipesim
+
+    def boom(*a, **k):
+        raise AssertionError("the ensemble ran")
+
+    monkeypatch.setattr(U, "ensemble_spread", boom)
+    r = pipesim.predict(1, 1, 4, intervals=True, **FAST)
+    assert r.interval_basis["workload_method"] == "run"
+    assert all(lo <= getattr(r, m) <= hi for m, (lo, hi) in r.intervals.items())
+
+
+def test_open_loops_take_the_ensemble(monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        U, "ensemble_spread", lambda sc, runs: calls.append(runs) or dict.fromkeys(U.HEADLINE, 0.0)
+    )
+    from pipesim.api import run
+
+    sc = build_scenario(tp=1, pp=1, rate_rps=5.0, num_requests=20, **FAST)
+    U.attach(run(sc), sc)
+    assert calls == [U.ENSEMBLE_RUNS]
+
+
+def test_cli_ensemble_flag(capsys):
+    args = [
+        "predict",
+        "--conc",
+        "4",
+        "--model",
+        "llama-3.1-8b",
+        "--input-len",
+        "16",
+        "--output-len",
+        "8",
+        "--json",
+    ]
+    main(args + ["--ensemble"])
+    assert json.loads(capsys.readouterr().out)["interval_basis"]["workload_method"] == "ensemble"
+    main(args)
+    assert json.loads(capsys.readouterr().out)["interval_basis"]["workload_method"] == "run"

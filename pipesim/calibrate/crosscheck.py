@@ -341,7 +341,7 @@ def check(corpus: pd.DataFrame, progress=None) -> Check:
             )
             continue
         result = simulate(sc)
-        _iv, basis = intervals(result, sc, ensemble=False)
+        _iv, basis = intervals(result, sc, workload="none")
         pred = _predicted(result, str(sc.workload.input_len), str(sc.workload.output_len))
         if progress:
             progress(run_id)

@@ -59,7 +59,12 @@ from .options import parse_layers, scenario_kwargs, scenario_options
     "--intervals/--no-intervals",
     default=True,
     show_default=True,
-    help="prediction intervals (docs/uncertainty.md): 4 short runs more",
+    help="prediction intervals (docs/uncertainty.md), no extra run",
+)
+@click.option(
+    "--ensemble",
+    is_flag=True,
+    help="intervals: the workload part from 4 short runs more (seeds, widened lengths, front-end cost)",
 )
 @click.option(
     "--sensitivity", is_flag=True, help="a tornado: which parameters and workload assumptions move the answer"
@@ -75,7 +80,20 @@ from .options import parse_layers, scenario_kwargs, scenario_options
     help="--sensitivity: write the tornado figure here (.png, .pdf, .svg)",
 )
 def predict(
-    tp, pp, conc, rate, num_requests, trace, layers, as_json, intervals, sensitivity, step, plot_file, **opts
+    tp,
+    pp,
+    conc,
+    rate,
+    num_requests,
+    trace,
+    layers,
+    as_json,
+    intervals,
+    ensemble,
+    sensitivity,
+    step,
+    plot_file,
+    **opts,
 ):
     """Predict one scenario (default: Kimi K2.6 with SGLang on 8 x RTX PRO 6000)."""
     from .. import api, report
@@ -83,6 +101,9 @@ def predict(
 
     require(
         plot_file is None or sensitivity, "--plot draws the sensitivity tornado: give --sensitivity with it"
+    )
+    require(
+        not ensemble or intervals, "--ensemble estimates the intervals: drop --no-intervals or --ensemble"
     )
     scenario = build_scenario(
         tp=tp,
@@ -109,7 +130,7 @@ def predict(
     if intervals:
         from ..uncertainty import attach
 
-        result = attach(result, scenario)
+        result = attach(result, scenario, "ensemble" if ensemble else "run")
     click.echo(report.to_json(result) if as_json else report.table(result))
 
 
