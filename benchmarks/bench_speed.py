@@ -15,13 +15,16 @@
    a CSV as it finishes; and the resume of the finished file (nothing left to run).
 
 Each figure is the median of `--reps` repetitions, the two sides of a ratio measured
-alternately so that a noisy machine hurts both alike.
+alternately (and, for whole processes, paired run by run) so that a noisy machine
+hurts both alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,10 +35,21 @@ from bench_sim import bare_simpy  # the bare SimPy loop both benchmarks compare 
 PREDICT = ["-m", "pipesim.cli", "predict", "--tp", "2", "--pp", "4", "--conc", "64"]
 
 
-def wall(cmd: list[str]) -> float:
+# children run as an installed package does: bytecode cached after the first run (an
+# environment that turns bytecode writing off would time compiling pipesim's source)
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of a whole child process (CPU from the OS's accounting of
+    the finished child: robust on a machine shared with other jobs)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    subprocess.run([sys.executable, *cmd], check=True, capture_output=True)
-    return time.perf_counter() - t
+    subprocess.run([sys.executable, *cmd], check=True, capture_output=True, env=CHILD_ENV)
+    wall_s = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall_s, cpu_s
 
 
 def child(code: str) -> dict:
@@ -45,9 +59,10 @@ def child(code: str) -> dict:
 
 def predict_vs_bare(reps: int) -> dict:
     bare, pred = [], []
+    timed(PREDICT)  # writes the bytecode and the table cache
     for _ in range(reps):
-        bare.append(wall(["-c", "import numpy, simpy"]))
-        pred.append(wall(PREDICT))
+        bare.append(timed(["-c", "import numpy, simpy"]))
+        pred.append(timed(PREDICT))
     code = (
         "import sys, json; from pipesim.cli import main\n"
         "sys.argv = ['pipesim', 'predict', '--tp', '2', '--pp', '4', '--conc', '64', '--json']\n"
@@ -56,8 +71,15 @@ def predict_vs_bare(reps: int) -> dict:
         " 'matplotlib': 'matplotlib' in sys.modules, 'scipy': 'scipy' in sys.modules, 'dask': 'dask' in sys.modules}))"
     )
     loaded = child(code)
-    b, p = statistics.median(bare), statistics.median(pred)
-    return {"bare_s": b, "predict_s": p, "ratio": p / b, "loaded": loaded}
+    cpu = [p[1] / b[1] for b, p in zip(bare, pred)]
+    wall = [p[0] / b[0] for b, p in zip(bare, pred)]
+    return {
+        "bare_cpu_s": statistics.median(b[1] for b in bare),
+        "predict_cpu_s": statistics.median(p[1] for p in pred),
+        "ratio_cpu": statistics.median(cpu),
+        "ratio_wall": statistics.median(wall),
+        "loaded": loaded,
+    }
 
 
 def sim_wall(tp: int, pp: int, conc: int) -> tuple[float, float, int]:
