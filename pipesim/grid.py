@@ -61,6 +61,23 @@ def choices(value, what: str) -> list:
     return out
 
 
+def check_lists(lists: dict[str, Sequence]) -> None:
+    """Each listed value is one a scenario takes: a known engine, a box that loads, a
+    length spec. Said at once: a typo in one value would otherwise skip all its scenarios."""
+    from .engines import ENGINES
+    from .hardware import load_box
+    from .workload import Lengths
+
+    for e in lists["engine"]:
+        require(e is None or e in ENGINES, f"unknown engine '{e}'; known: {', '.join(ENGINES)}")
+    for b in lists["box"]:
+        if isinstance(b, str):
+            load_box(b)
+    for k in ("input_len", "output_len"):
+        for v in lists[k]:
+            Lengths.parse(v, LIST_ARGS[k])
+
+
 def split_name(tp: int, pp: int) -> str:
     return f"TP{tp} x PP{pp}"
 
@@ -117,6 +134,7 @@ def build_grid(
     model, a bad knob) is not about the sweep's lists and is raised as is."""
     from itertools import product
 
+    check_lists(lists)
     combos = [dict(zip(LIST_ARGS, values, strict=True)) for values in product(*(lists[k] for k in LIST_ARGS))]
     split_list = [(tp, pp) for g in gpu_counts for tp, pp in splits_of(g) if only is None or (tp, pp) in only]
     split_list.sort(key=lambda s: (s[0] * s[1], s[0], s[1]))

@@ -283,6 +283,7 @@ def sweep(
         df = pd.concat([done, new], ignore_index=True) if len(new) else done
     df = sort_table(df)
     df.attrs["skipped"] = list(grid.skipped)
+    df.attrs["kept"] = len(df) - len(new)  # rows a resume found in the file
     if out is not None:
         write_table(df, out)
         stream.part_path(out).unlink(missing_ok=True)

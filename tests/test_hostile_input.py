@@ -232,6 +232,7 @@ def hostile_files(t: Path) -> Path:
     (t / "sw-binary.csv").write_bytes(b"\x00\xff" * 100)
     (t / "sw-nocols.csv").write_text("a,b\n1,2\n")
     (t / "sw-parquet.parquet").write_text("not parquet")
+    _resume_files(t)
 
     bench = {"max_concurrency": 4, "output_throughput": 100.0, "completed": 10}
     (t / "bench-inf.json").write_text(
@@ -250,6 +251,31 @@ def hostile_files(t: Path) -> Path:
     (t / "plainfolder" / "mine.txt").write_text("keep me")
     shutil.copytree(src, t / "target")
     return t
+
+
+def _resume_files(t: Path) -> None:
+    """Part files of an interrupted `sweep --conc 1` (FAST): a scenario twice, rows of
+    another seed, binary bytes, text in a number column."""
+    import csv
+    import io
+
+    from pipesim.stream import options_text
+
+    mine = options_text({"model": "llama-3.1-8b"}, {}, False)
+    other = options_text({"model": "llama-3.1-8b", "seed": 5}, {}, False)
+    cols = ["box", "engine", "input_len", "output_len", "gpus", "tp", "pp", "conc", "rate_rps"]
+    cols += ["output_throughput_tok_s", "per_request_tok_s", "sweep_options"]
+    row = ["rtx-pro-6000-server-8x", "sglang", "16", "8", 8, 8, 1, 1, 0.0, 100.0, 50.0]
+
+    def part(name: str, *rows: list) -> None:
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows([cols, *rows])
+        (t / f"{name}.csv.part").write_text(buf.getvalue())
+
+    part("rs-dup", row + [mine], row + [mine])
+    part("rs-seed", row + [other])
+    part("rs-text", row[:7] + ["one"] + row[8:] + [mine])
+    (t / "rs-binary.csv.part").write_bytes(b"\x00\xff" * 50 + b"\n")
 
 
 D = "{t}"
@@ -525,6 +551,37 @@ CASES += [
     (["sweep", "--conc", "1", "--out", f"{D}/sw.txt", *FAST], "must end in .csv or .parquet"),
     (["sweep", "--conc", "1", "--out", f"{D}/nodir/sw.csv", *FAST], "does not exist"),
     (["sweep", "--conc", "1,", "--gpus", ",", *FAST], "--gpus is empty"),
+    (["sweep", "--conc", ",".join(map(str, range(1, 30_001))), *FAST], "above the limit of 100,000"),
+    (["sweep", "--conc", "1", "--engine", "sglang,tgi", *FAST], "unknown engine 'tgi'"),
+    (["sweep", "--conc", "1", "--box", "nobox,rtx-pro-6000-server-8x", *FAST], "unknown box 'nobox'"),
+    (["sweep", "--conc", "1", "--box", "h200-1x,,l4-8x", *FAST], "--box 'h200-1x,,l4-8x' has an empty item"),
+    (["sweep", "--conc", "1", *FAST, "--input-len", "64,1e3"], "input length '1e3' is not a token count"),
+    (["sweep", "--conc", "1", *FAST, "--output-len", "8,0"], "output length '0': need 1 <= LO <= HI"),
+    (["sweep", "--conc", "1", "--resume", *FAST], "--resume continues the sweep in --out: give --out"),
+    (
+        ["sweep", "--conc", "1", "--out", f"{D}/sw-ok.csv", "--resume", *FAST],
+        "has no column sweep_options, so its sweep's options are unknown",
+    ),
+    (
+        ["sweep", "--conc", "1", "--out", f"{D}/rs-dup.csv", *FAST],
+        "holds the rows of an interrupted sweep; pass --resume to finish it",
+    ),
+    (
+        ["sweep", "--conc", "1", "--out", f"{D}/rs-dup.csv", "--resume", *FAST],
+        "line 3 repeats the scenario of line 2",
+    ),
+    (
+        ["sweep", "--conc", "1", "--out", f"{D}/rs-seed.csv", "--resume", *FAST],
+        "was written by a sweep with other options (seed: 5 in the file, default now)",
+    ),
+    (
+        ["sweep", "--conc", "1", "--out", f"{D}/rs-text.csv", "--resume", *FAST],
+        "column conc: 'one' is not a number",
+    ),
+    (
+        ["sweep", "--conc", "1", "--out", f"{D}/rs-binary.csv", "--resume", *FAST],
+        "rs-binary.csv.part: cannot read as CSV",
+    ),
     (["search", "--gpus", "100000000000", *FAST], "--gpus: 100000000000 is above the limit of 65536"),
     (["search", "--conc", "1", "--workers", "0", *FAST], "--workers must be a whole number >= 1, got 0"),
     (["search", "--from", f"{D}/sw-text.csv"], "column output_throughput_tok_s: 'fast' is not a number"),

@@ -185,3 +185,22 @@ def test_list_arguments_expand_to_their_product(tmp_path):
     at = df[(df.engine == "vllm") & (df.input_len == "96") & (df.output_len == "24")]
     pd.testing.assert_frame_equal(deterministic(at), deterministic(one))
     assert set(KEY_COLUMNS) <= set(read_table(tmp_path / "s.csv").columns)
+
+
+def test_cli_lists_and_resume(tmp_path, capsys):
+    from pipesim.cli import main
+
+    out = tmp_path / "s.csv"
+    argv = ["sweep", "--gpus", "1", "--conc", "1", "--model", "llama-3.1-8b", "--workers", "1"]
+    argv += ["--engine", "sglang,vllm", "--input-len", "64,96", "--output-len", "24", "--out", str(out)]
+    main(argv)
+    df = read_table(out)
+    assert [(r.engine, r.input_len) for r in df.itertuples()] == [
+        ("sglang", "64"),
+        ("sglang", "96"),
+        ("vllm", "64"),
+        ("vllm", "96"),
+    ]
+    assert "4 points in" in capsys.readouterr().out
+    main([*argv, "--resume"])
+    assert "(4 kept from the file, 0 run)" in capsys.readouterr().out

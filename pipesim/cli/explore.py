@@ -8,6 +8,7 @@ from ..checks import MAX_CONCURRENCY
 from ..errors import require
 from .options import (
     DEFAULT_CONC_TEXT,
+    list_kwargs,
     parse_floats,
     parse_ints,
     parse_number,
@@ -15,6 +16,7 @@ from .options import (
     parse_workers,
     scenario_kwargs,
     scenario_options,
+    sweep_scenario_options,
 )
 
 
@@ -49,8 +51,18 @@ from .options import (
     help="open-loop Poisson arrival rates (req/s) instead of concurrencies",
 )
 @click.option("--num-requests", type=int, default=None, help="requests per point with --rate [default: 200]")
-@scenario_options
-@click.option("--out", default=None, help="write the table to this .csv or .parquet file")
+@sweep_scenario_options
+@click.option(
+    "--out",
+    default=None,
+    help="write the table to this .csv or .parquet file (each row to OUT.part as it finishes)",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    default=False,
+    help="finish the sweep in --out: run only the scenarios not in it (refused if its options differ)",
+)
 @click.option(
     "--workers",
     type=int,
@@ -61,37 +73,51 @@ from .options import (
     "--scheduler", default=None, help="run on a Dask cluster: its scheduler address, tcp://HOST:PORT"
 )
 @click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
-def sweep(gpus, splits, conc, rate, num_requests, out, workers, scheduler, progress, **opts):
-    """Every valid TP x PP split for the GPU count(s) x every load: a table."""
+def sweep(gpus, splits, conc, rate, num_requests, out, resume, workers, scheduler, progress, **opts):
+    """Every valid TP x PP split for the GPU count(s) x every load x every engine, box and
+    length listed: a table."""
     import time
 
-    from ..files import TABLE_SUFFIXES, check_out_path, write_table
+    from ..stream import part_path
     from ..sweep import summary
     from ..sweep import sweep as run_sweep
 
     require(conc is None or rate is None, "give --conc or --rate, not both")
-    if out is not None:
-        check_out_path(out, TABLE_SUFFIXES, "output")
     load = dict(conc=parse_ints(DEFAULT_CONC_TEXT if conc is None else conc, "--conc"))
     if rate is not None:
         load.update(
             rate=parse_floats(rate, "--rate"), **({"num_requests": num_requests} if num_requests else {})
         )
     t = time.perf_counter()
-    df = run_sweep(
-        parse_ints(gpus, "--gpus"),
-        splits=parse_splits(splits),
-        scheduler=scheduler,
-        workers=parse_workers(workers),
-        progress=progress,
-        **load,
-        **scenario_kwargs(opts),
-    )
+    try:
+        df = run_sweep(
+            parse_ints(gpus, "--gpus"),
+            splits=parse_splits(splits),
+            scheduler=scheduler,
+            workers=parse_workers(workers),
+            progress=progress,
+            out=out,
+            resume=resume,
+            **load,
+            **list_kwargs(scenario_kwargs(opts)),
+        )
+    except KeyboardInterrupt:
+        part = part_path(out) if out is not None else None
+        if part is not None and part.is_file():
+            rows = max(0, part.read_bytes().count(b"\n") - 1)
+            click.echo(
+                f"\npipesim: {rows} finished rows are in {part}; add --resume to finish the sweep", err=True
+            )
+        raise
     wall_s = time.perf_counter() - t
     click.echo(summary(df))
-    click.echo(f"{len(df)} points in {wall_s:.1f} s" + (f" on {scheduler}" if scheduler else ""))
+    kept = df.attrs.get("kept", 0)
+    click.echo(
+        f"{len(df)} points in {wall_s:.1f} s"
+        + (f" on {scheduler}" if scheduler else "")
+        + (f" ({kept} kept from the file, {len(df) - kept} run)" if kept else "")
+    )
     if out is not None:
-        write_table(df, out)
         click.echo(f"wrote {out}")
 
 

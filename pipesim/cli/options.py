@@ -90,8 +90,10 @@ def parse_workers(workers: int | None) -> int | None:
     return None if workers is None else whole(workers, "--workers", 1, MAX_WORKERS)
 
 
-def scenario_options(f):
-    """The scenario and engine flags every simulating command shares."""
+def scenario_options(f, lists: bool = False):
+    """The scenario and engine flags every simulating command shares; with `lists` (a
+    sweep's), --engine, --box, --input-len and --output-len take comma-separated lists."""
+    several = lambda example: f", or several: {example}" if lists else ""  # noqa: E731
     options = [
         click.option(
             "--model",
@@ -105,9 +107,10 @@ def scenario_options(f):
         ),
         click.option(
             "--engine",
-            type=click.Choice(["sglang", "vllm"]),
+            type=None if lists else click.Choice(["sglang", "vllm"]),
             default=None,
-            help="engine [default: the profile's]",
+            metavar="ENGINE[,..]" if lists else None,
+            help=f"engine{several('sglang,vllm')} [default: the profile's]",
         ),
         click.option(
             "--engine-version",
@@ -120,7 +123,9 @@ def scenario_options(f):
             default=False,
             help="run a profile measured on another box, GPU or engine (its costs reported as borrowed)",
         ),
-        click.option("--box", default=None, help="box preset or .toml [default: the profile's]"),
+        click.option(
+            "--box", default=None, help=f"box preset or .toml{several('BOX,BOX')} [default: the profile's]"
+        ),
         click.option(
             "--nodes",
             type=int,
@@ -143,13 +148,13 @@ def scenario_options(f):
             "--input-len",
             default=DEFAULT_INPUT_LEN,
             show_default=True,
-            help="prompt tokens: N or LO:HI (uniform)",
+            help=f"prompt tokens: N or LO:HI (uniform){several('256,1024')}",
         ),
         click.option(
             "--output-len",
             default=DEFAULT_OUTPUT_LEN,
             show_default=True,
-            help="output tokens: N or LO:HI (uniform)",
+            help=f"output tokens: N or LO:HI (uniform){several('128,512')}",
         ),
         click.option(
             "--seed", type=int, default=0, show_default=True, help="random seed, a whole number >= 0"
@@ -213,6 +218,11 @@ def scenario_options(f):
     return f
 
 
+def sweep_scenario_options(f):
+    """The scenario flags of a sweep: engine, box and lengths may be lists (`list_kwargs`)."""
+    return scenario_options(f, lists=True)
+
+
 SCENARIO_FLAGS = (
     "model",
     "profile",
@@ -246,3 +256,29 @@ def scenario_kwargs(opts: dict) -> dict:
     kw = {k: opts.pop(k) for k in SCENARIO_FLAGS}
     kw["disable_cuda_graph"] = kw["disable_cuda_graph"] or None
     return kw
+
+
+LIST_FLAGS = {"engine": "--engine", "box": "--box", "input_len": "--input-len", "output_len": "--output-len"}
+LIST_EXAMPLES = {
+    "--engine": "sglang,vllm",
+    "--box": "h100-sxm-8x,h200-sxm-8x",
+    "--input-len": "256,1024",
+    "--output-len": "128,512",
+}
+
+
+def parse_list(text: str, what: str) -> list[str]:
+    """'a,b' -> ['a', 'b']: distinct, in the order given; an empty item is one line."""
+    parts = [p.strip() for p in str(text).split(",")]
+    require(
+        all(parts),
+        f"{what} '{text}' has an empty item; give comma-separated values, e.g. {what} {LIST_EXAMPLES.get(what, 'a,b')}",
+    )
+    return list(dict.fromkeys(parts))
+
+
+def list_kwargs(kw: dict) -> dict:
+    """A sweep's scenario keyword arguments with its list flags split (grid.py checks each value)."""
+    return {
+        k: parse_list(v, LIST_FLAGS[k]) if k in LIST_FLAGS and v is not None else v for k, v in kw.items()
+    }
