@@ -9,10 +9,18 @@ tqdm and of any state outside the call.
 from __future__ import annotations
 
 
-def bar(total: int | None, desc: str, progress: bool | None = None, unit: str = "run", initial: int = 0):
+def bar(
+    total: int | None,
+    desc: str,
+    progress: bool | None = None,
+    unit: str = "run",
+    initial: int = 0,
+    leave: bool = False,
+):
     """A tqdm bar over `total` units (its rate gives the ETA), to stderr. `initial`: units
-    done before (a resumed sweep's), counted but not in the rate. Every unit is drawn
-    (a unit is a whole run: no refresh interval hides the last ones)."""
+    done before (a resumed sweep's), counted but not in the rate; `leave`: the final count
+    stays on the terminal. Every unit is drawn (a unit is a whole run: no refresh interval
+    hides the last ones)."""
     from tqdm import tqdm
 
     return tqdm(
@@ -21,7 +29,7 @@ def bar(total: int | None, desc: str, progress: bool | None = None, unit: str = 
         unit=unit,
         initial=initial,
         disable=None if progress is None else not progress,
-        leave=False,
+        leave=leave,
         mininterval=0,
         miniters=1,
     )

@@ -266,7 +266,9 @@ def sweep(
     writer = stream.PartWriter(stream.part_path(out), done) if out is not None else None
     try:
         # the rows done before start the count; tqdm's rate (so the ETA) counts only this run's
-        with progress_bar(len(grid.points), "sweep", progress, initial=len(grid.points) - len(todo)) as bar:
+        with progress_bar(
+            len(grid.points), "sweep", progress, initial=len(grid.points) - len(todo), leave=True
+        ) as bar:
             for row in run_tasks(run_point, tasks, kwargs, run_kwargs, open_loop, workers, scheduler):
                 row[stream.OPTIONS_COLUMN] = options
                 if writer is not None:
