@@ -324,6 +324,11 @@ CASES = [
         "sensitivity step must be between 0 and 1",
         None,
     ),
+    (
+        ["predict", "--conc", "1", "--ensemble", "--no-intervals", *FAST],
+        "--ensemble estimates the intervals: drop --no-intervals or --ensemble",
+        None,
+    ),
     (["predict", "--conc", "1", "--nodes", "0", *FAST], "--nodes must be a whole number >= 1, got 0", None),
     (
         ["predict", "--conc", "1", "--nodes", "2", "--network", "carrier-pigeon", *FAST],
