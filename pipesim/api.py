@@ -24,8 +24,9 @@ def run(scenario: Scenario, **kwargs: object) -> Result:
 
 def admitted_concurrency(scenario: Scenario) -> int:
     """How many of a closed loop's C requests the engine runs at once: at most C, its
-    running cap, and the requests of mean length its KV cache holds (whole-request
-    reservation at admission, Simulation.admit). Clients beyond it only queue."""
+    running cap, and the requests of mean length its KV cache holds whole (an
+    estimate: the engines take KV as requests grow and evict when it runs out,
+    docs/engines.md §4). Clients beyond it only queue."""
     w, s = scenario.workload, scenario.settings
     per_request = max(1.0, w.input_len.mean + w.output_len.mean)
     return max(1, min(w.concurrency, s.running_cap, int(s.kv_tokens // per_request)))

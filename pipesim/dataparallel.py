@@ -61,6 +61,10 @@ class Rank:
     def launch(self, slot: int, decode: list, prefill: list) -> MicroBatch:
         return self.sim.launch(slot, decode, prefill, rank=self.index)
 
+    def requeue(self, req: Request, front: bool) -> None:
+        """Evict a running request for KV back into this rank's queue (engines/kv.py)."""
+        self.sim.requeue(req, front, self)
+
     def cpu(self, seconds: float) -> Generator[simpy.Event, None, None]:
         return self.sim.cpu(seconds)
 
@@ -229,11 +233,14 @@ class DPSimulation(Simulation):
         self.scheduler = rank.scheduler
         held = {r.rid: r.kv_reserved for r in mb.decode}
         held.update((r.rid, r.kv_reserved) for r, _, _ in mb.prefill)
+        # requests the engine evicted while this batch carried them are no longer running
+        evicted = {r.rid for r in mb.decode if r.queued is not None}
+        evicted.update(r.rid for r, _, _ in mb.prefill if r.queued is not None)
         super()._complete(mb)
         finished = mb.returned.value
         if finished:
             rank.kv_free += sum(held[r.rid] for r in finished)
-            rank.running -= len(finished)
+            rank.running -= sum(1 for r in finished if r.rid not in evicted)
 
     def summary(self) -> dict:
         """What the ranks did (Result.data_parallel): requests routed to each, and in

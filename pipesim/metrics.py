@@ -188,6 +188,13 @@ class Result:
     mean_requests_per_microbatch: float
     mean_decode_batch: float
     decode_batch_per_slot: list  # mean decode batch of each micro-batch slot (0: unused)
+    # vLLM: mean requests of the batches in each in-flight group (launch number mod
+    # max_concurrent_batches), the analogue of decode_batch_per_slot; None for SGLang
+    group_sizes: list | None
+    # running requests evicted for KV in the window (SGLang retract_decode, vLLM
+    # recompute preemption; docs/engines.md §4), and in the whole run
+    preemptions: int
+    preemptions_total: int
     completed_requests: int
     sim_events: int
     sim_wall_s: float
@@ -246,6 +253,20 @@ def _per_slot(batches: list[Batch], slots: int) -> list[float]:
         if b.kind == "decode" and b.slot < slots:
             sums[b.slot] += b.requests
             counts[b.slot] += 1
+    return [s / c if c else 0.0 for s, c in zip(sums, counts)]
+
+
+def _per_group(batches: list[Batch], groups: int, t0: float, t1: float) -> list[float] | None:
+    """Mean requests of each in-flight group's batches in [t0, t1]: vLLM has no slots,
+    but with n batches in flight the engine blocks on the oldest and refills it, so the
+    i-th launched batch carries the requests of batch i - n (group i mod n)."""
+    if groups < 1:
+        return None
+    sums, counts = [0.0] * groups, [0] * groups
+    for i, b in enumerate(batches):
+        if t0 <= b.launch_s <= t1:
+            sums[i % groups] += b.requests
+            counts[i % groups] += 1
     return [s / c if c else 0.0 for s, c in zip(sums, counts)]
 
 
@@ -342,6 +363,9 @@ def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float)
         mean_requests_per_microbatch=float(np.mean([b.requests for b in batches])) if batches else 0.0,
         mean_decode_batch=float(np.mean(decode_sizes)) if decode_sizes else 0.0,
         decode_batch_per_slot=_per_slot(batches, rec.slots),
+        group_sizes=_per_group(rec.batches, rec.groups, t0, t1),
+        preemptions=sum(1 for t, _ in rec.evictions if t0 < t <= t1),
+        preemptions_total=len(rec.evictions),
         completed_requests=n_done,
         sim_events=rec.events,
         sim_wall_s=wall_s,

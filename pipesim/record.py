@@ -8,7 +8,7 @@ reads the Simulation itself, so a metric can be checked on a Record built by han
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from heapq import heappush
 from typing import NamedTuple
 
@@ -70,7 +70,7 @@ class Recorder:
     """The rows of a run in progress, appended once each. Per-stage lists are indexed
     by stage; hops are per stage too (the hop out of that stage)."""
 
-    __slots__ = ("compute", "comm", "hops", "cpu", "tokens", "batches", "link_wait")
+    __slots__ = ("compute", "comm", "hops", "cpu", "tokens", "batches", "link_wait", "evictions", "kv_free")
 
     def __init__(self, stages: int) -> None:
         self.compute: list[list[Interval]] = [[] for _ in range(stages)]
@@ -80,6 +80,9 @@ class Recorder:
         self.tokens: list[TokenReturn] = []
         self.batches: list[Batch] = []
         self.link_wait: list[Interval] = []  # waits for a shared PCIe link
+        # (time_s, rid): a running request evicted for KV (SGLang retract, vLLM preempt)
+        self.evictions: list[tuple[float, int]] = []
+        self.kv_free: list[tuple[float, int]] = []  # (launch_s, KV tokens free), per batch
 
     def freeze(
         self,
@@ -87,6 +90,7 @@ class Recorder:
         stage_gpus: tuple[tuple[int, ...], ...],
         layers_per_stage: tuple[int, ...],
         slots: int,
+        groups: int = 0,
         clients: int | None,
         window_s: tuple[float, float],
         end_s: float,
@@ -107,9 +111,12 @@ class Recorder:
             tokens=self.tokens,
             batches=self.batches,
             link_wait=self.link_wait,
+            evictions=self.evictions,
+            kv_free=self.kv_free,
             stage_gpus=stage_gpus,
             layers_per_stage=layers_per_stage,
             slots=slots,
+            groups=groups,
             clients=clients,
             window_s=window_s,
             end_s=end_s,
@@ -142,6 +149,12 @@ class Record:
     # requests over the window (None: every client's request is admitted at once)
     engine_load: float | None = None
     dp: int = 1  # data-parallel ranks: with dp > 1 the per-stage rows are the ranks (pp = 1)
+    # running requests evicted for KV, (time_s, rid) (SGLang retract_decode, vLLM preemption)
+    evictions: list = field(default_factory=list)
+    kv_free: list = field(default_factory=list)  # (launch_s, KV-cache tokens free) per batch
+    # vLLM: batches in flight (max_concurrent_batches); the i-th launched batch is in
+    # group i mod groups (0: the engine has micro-batch slots instead)
+    groups: int = 0
 
     @property
     def pp(self) -> int:

@@ -25,6 +25,11 @@ def _slot_note(per_slot: list) -> str:
     return ""
 
 
+def _evicted(engine: str) -> str:
+    """What the engine calls evicting a running request for KV (docs/engines.md §4)."""
+    return "retractions" if engine == "sglang" else "preemptions"
+
+
 _SHORT = {"user": "user", "profile deployment": "profile", "engine default": "default"}
 
 
@@ -84,7 +89,8 @@ def table(result: Result) -> str:
         f"  TPOT   p50 / p99      {_ms(r.tpot_ms_p50):>12} / {_ms(r.tpot_ms_p99)}"
         + _likely_pair(r, "tpot_ms"),
         *([f"  load                  {r.saturation['text']}"] if r.saturation else []),
-        f"  requests/micro-batch  {r.mean_requests_per_microbatch:10.1f}   (decode batches: {r.mean_decode_batch:.1f})",
+        f"  requests/micro-batch  {r.mean_requests_per_microbatch:10.1f}   (decode batches: {r.mean_decode_batch:.1f})"
+        f"   KV {_evicted(eng['engine'])} {r.preemptions} ({r.preemptions_total} in the run)",
         "",
         f"  GPU time: compute {sh['compute']:.0%}  all-reduce {sh['allreduce']:.0%}  idle (bubble) {sh['idle']:.0%};"
         f"  P2P links busy {r.p2p_share:.0%}, scheduler CPU busy {r.cpu_share:.0%}",
@@ -111,6 +117,12 @@ def table(result: Result) -> str:
             "  decode batch per slot: "
             + "  ".join(f"m{i} {b:.1f}" for i, b in enumerate(r.decode_batch_per_slot))
             + _slot_note(r.decode_batch_per_slot)
+        )
+    if r.group_sizes and len(r.group_sizes) > 1:
+        lines.append(
+            "  batch per in-flight group: "
+            + "  ".join(f"g{i} {b:.1f}" for i, b in enumerate(r.group_sizes))
+            + _slot_note(r.group_sizes).replace("slots", "groups")
         )
     if r.intervals:
         lines.append(

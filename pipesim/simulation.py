@@ -64,6 +64,9 @@ class Request:
         "kv_reserved",
         "inflight",
         "admit_s",
+        "prefill_len",
+        "evicted",
+        "queued",
     )
 
     def __init__(self, rid: int, arrival_s: float, input_len: int, output_len: int, client: int = -1):
@@ -77,11 +80,16 @@ class Request:
         self.finish_s = -1.0
         self.kv_reserved = 0
         self.inflight = 0  # batches in flight that carry this request
-        self.admit_s = -1.0  # when the engine admitted it (left the waiting queue)
+        self.admit_s = -1.0  # when the engine first admitted it (left the waiting queue)
+        self.prefill_len = input_len  # tokens its (re-)prefill computes: prompt + outputs so far
+        self.evicted = 0  # times the engine evicted it to free KV (retract / preempt)
+        self.queued: deque | None = None  # evicted: the waiting queue it is back in
 
     @property
     def context(self) -> int:
-        return self.prefilled + self.generated
+        """Tokens in its KV cache once prefilled (an evicted request re-prefills its
+        outputs with its prompt: prefill_len - input_len of them)."""
+        return self.input_len + self.generated
 
 
 class MicroBatch:
@@ -222,6 +230,8 @@ class Simulation:
                 "decode" if not prefill else ("prefill" if not decode else "mixed"),
             )
         )
+        if self.inbox is None:  # one KV pool (DP ranks keep their own)
+            self.rec.kv_free.append((self.env.now, self.kv_free))
         mb.it, mb.rank = self.pipe.iteration, rank
         if self.inbox is None:
             self.pipe.launch(mb)
@@ -237,12 +247,36 @@ class Simulation:
             self.rec.cpu.append((t0, self.env.now))
 
     def admit(self, req: Request) -> None:
-        """Reserve KV for the whole request (prompt + output) at admission."""
-        req.kv_reserved = req.input_len + req.output_len
-        self.kv_free -= req.kv_reserved
+        """The engine takes a waiting request; it schedules the KV memory itself as it
+        forms batches (engines/kv.py). An evicted request prefills its prompt and the
+        outputs it had (recompute)."""
+        req.queued = None
+        req.prefilled = req.scheduled = 0
+        req.prefill_len = req.input_len + req.generated
         self._count_load()
         self.running += 1
-        req.admit_s = self.env.now
+        if req.admit_s < 0:
+            req.admit_s = self.env.now
+
+    def requeue(self, req: Request, front: bool, pool: EngineSimulation | None = None) -> None:
+        """The engine evicts a running request to free KV (SGLang retract_decode, vLLM
+        recompute preemption; docs/engines.md §4): its memory goes back to the pool and
+        it waits again, at the front (vLLM) or the back (SGLang) of the queue. `pool`:
+        the engine's view when it is not this simulation (a DP rank)."""
+        pool = self if pool is None else pool
+        pool.kv_free += req.kv_reserved
+        req.kv_reserved = 0
+        req.evicted += 1
+        req.queued = pool.waiting
+        self._count_load()
+        self.running -= 1
+        if pool is not self:
+            pool.running -= 1
+        self.rec.evictions.append((self.env.now, req.rid))
+        if front:
+            pool.waiting.appendleft(req)
+        else:
+            pool.waiting.append(req)
 
     def _count_load(self) -> None:
         """Add the running count's time since its last change (the engine's load)."""
@@ -260,11 +294,12 @@ class Simulation:
         for r, chunk, _ in mb.prefill:
             r.inflight -= 1
             r.prefilled += chunk
-            if r.prefilled == r.input_len:
-                r.generated = 1
-                r.first_token_s = now
+            if r.prefilled == r.prefill_len:
+                r.generated += 1
+                if r.first_token_s < 0:
+                    r.first_token_s = now
                 produced += 1
-                if r.output_len == 1:
+                if r.generated == r.output_len:
                     finished.append(r)
         for r in mb.decode:
             r.inflight -= 1
@@ -278,7 +313,11 @@ class Simulation:
             self.finished.append(r)
             self.kv_free += r.kv_reserved
             self._count_load()
-            self.running -= 1
+            if r.queued is not None:  # evicted while a batch carried it (vLLM): it leaves the queue
+                r.queued.remove(r)
+                r.queued = None
+            else:
+                self.running -= 1
             self.completed += 1
             if self.completed == self.warmup_requests:
                 self.warmup_end_s = now
@@ -394,6 +433,7 @@ class Simulation:
             stage_gpus=tuple(tuple(plan.stage_gpus(s)) for s in range(plan.pp)),
             layers_per_stage=tuple(plan.layers_per_stage),
             slots=self.settings.slots,
+            groups=getattr(self.settings, "max_concurrent_batches", 0),
             clients=self.workload.concurrency if self.workload.kind == "closed" else None,
             window_s=(t0, t1),
             end_s=t1,

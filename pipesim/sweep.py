@@ -141,6 +141,9 @@ def run_point(
         "mean_requests_per_microbatch": r.mean_requests_per_microbatch,
         "mean_decode_batch": r.mean_decode_batch,
         "decode_batch_per_slot": ";".join(f"{b:.3f}" for b in r.decode_batch_per_slot),
+        # vLLM's in-flight groups (plot.bubble_cause reads them where present); SGLang: none
+        "group_sizes": ";".join(f"{b:.3f}" for b in r.group_sizes) if r.group_sizes else None,
+        "preemptions": r.preemptions,
         **caps(sc),
         "overloaded": bool(sat.get("overloaded", False)),
         "served_req_s": sat.get("served_rate_req_s", float("nan")),
@@ -154,8 +157,8 @@ def run_point(
 def caps(sc: dict) -> dict:
     """What bounds the requests running at once in a scenario (`Result.scenario`):
     the engine's running cap (SGLang max_running_requests, vLLM max_num_seqs),
-    SGLang's per-slot cap times its slots, and the KV cache (whole requests of the
-    workload's largest size). `effective_cap` is the smallest: a closed loop with
+    SGLang's per-slot cap times its slots, and the KV cache (the requests of the
+    workload's largest size it holds whole, as they are when they finish). `effective_cap` is the smallest: a closed loop with
     more clients than that only queues, so throughput flattens there; `cap_reason`
     names the bound."""
     eng, w = sc["engine"], sc["workload"]

@@ -8,6 +8,8 @@ slices; a bubble is a gap on a GPU track. Times are written in whole nanoseconds
 (ts and dur are microseconds with three decimals) so that slices that touch in the
 simulation touch in the file, never overlap.
 
+Counter tracks show each slot's occupancy (vLLM: each in-flight group's) and the
+free KV cache over time; an instant marks each request evicted for KV (`counters`).
 The file's metadata carries each stage's idle time split by cause
 (`metrics.idle_breakdown`).
 """
@@ -76,6 +78,49 @@ def flows(rec: Record) -> list[dict]:
             if ph == "f":
                 ev["bp"] = "e"
             out.append(ev)
+    return out
+
+
+def _counter(name: str, t_s: float, args: dict) -> dict:
+    return {
+        "name": name,
+        "cat": "counter",
+        "ph": "C",
+        "ts": _ns(t_s) / 1e3,
+        "pid": TRACK_CPU,
+        "tid": 0,
+        "args": args,
+    }
+
+
+def counters(rec: Record, engine: str) -> list[dict]:
+    """Counter tracks ("ph": "C") on the scheduler process: each micro-batch slot's
+    occupancy (SGLang: requests in the slot's latest batch; vLLM: in the latest batch of
+    each in-flight group, launch number mod max_concurrent_batches), the free KV-cache
+    tokens after each batch was formed, and an instant event per request the engine
+    evicted for KV (SGLang retract_decode, vLLM preemption; docs/engines.md §4)."""
+    groups = rec.groups if rec.groups > 1 else 0
+    n = groups or rec.slots
+    word = "group" if groups else "slot"
+    out = [_counter(f"{word} {k} occupancy", 0.0, {"requests": 0}) for k in range(n)]
+    for i, b in enumerate(rec.batches):
+        k = i % groups if groups else b.slot
+        out.append(_counter(f"{word} {k} occupancy", b.launch_s, {"requests": b.requests}))
+    out += [_counter("KV cache", t, {"free tokens": free}) for t, free in rec.kv_free]
+    what = "retract" if engine == "sglang" else "preempt"
+    out += [
+        {
+            "name": what,
+            "cat": "kv",
+            "ph": "i",
+            "s": "p",
+            "ts": _ns(t) / 1e3,
+            "pid": TRACK_CPU,
+            "tid": 0,
+            "args": {"rid": rid},
+        }
+        for t, rid in rec.evictions
+    ]
     return out
 
 
@@ -160,6 +205,7 @@ def build_trace(rec: Record, result: Result) -> dict:
         events += flows(rec)
     for a, b in rec.cpu:
         events.append(_slice("schedule", "cpu", a, b, TRACK_CPU, 0))
+    events += counters(rec, sc["engine"]["engine"])
     events.append(
         _slice(
             "measurement window",

@@ -88,6 +88,30 @@ def simulate(scenario, warmup_requests: int, measure_requests: int, setup=None, 
     return sim
 
 
+def small_kv_scenario(engine: str, tokens_wanted: int = 1500, **workload):
+    """Llama-3.1-8B on PP2 with the memory fraction set so the KV pool holds about
+    `tokens_wanted` tokens (a few requests), so the KV cache decides admission.
+    `workload` overrides the closed loop of 16 clients, prompts 100:200, outputs 10:60."""
+    from pipesim.memory import stage_weight_bytes
+
+    profile = profile_for(engine)
+    base = pipesim.build_scenario(
+        tp=1, pp=2, concurrency=1, model="llama-3.1-8b", engine=engine, profile=profile
+    )
+    worst = max(stage_weight_bytes(base.model, base.plan, s) for s in range(2))
+    per_token = max(base.memory.kv_bytes_per_token)
+    frac = (worst + tokens_wanted * per_token) / base.box.gpu.memory_bytes
+    knob = {"mem_fraction_static": frac} if engine == "sglang" else {"gpu_memory_utilization": frac}
+    load = {"concurrency": 16, "input_len": "100:200", "output_len": "10:60", "seed": 9, **workload}
+    if "rate_rps" in workload:
+        del load["concurrency"]
+    sc = pipesim.build_scenario(
+        tp=1, pp=2, model="llama-3.1-8b", engine=engine, profile=profile, **load, **knob
+    )
+    assert 0.6 * tokens_wanted <= sc.memory.kv_tokens <= 1.4 * tokens_wanted
+    return sc
+
+
 def record_launches(sim) -> list:
     """Wrap sim.launch; returns a list that fills with
     (time, slot, [decode requests], [(request, chunk, prefix)], micro-batch)."""

@@ -161,3 +161,15 @@ def test_rows_carry_what_caps_the_running_requests(profile):
     assert pp8.effective_cap == min(64, pp8.kv_request_cap)
     assert pp8.cap_reason in ("running cap", "per-slot cap x slots")
     assert [float(x) for x in pp8.decode_batch_per_slot.split(";")].__len__() == 8
+
+
+def test_vllm_rows_carry_group_sizes(vllm_profile):
+    # vLLM's in-flight groups (the analogue of decode_batch_per_slot) as a ';'-joined
+    # column, one entry per batch in flight (max_concurrent_batches: pp with PP, async
+    # scheduling off; 2 at PP 1, where it is on by default); the eviction count too
+    df = sweep(4, [4], profile=vllm_profile, engine="vllm", model="llama-3.1-8b", workers=1, **SMALL)
+    assert len(df) == 3
+    for row in df.itertuples():
+        groups = [float(x) for x in str(row.group_sizes).split(";")]
+        assert len(groups) == (row.pp if row.pp > 1 else 2) and all(g >= 0 for g in groups)
+        assert row.preemptions == 0

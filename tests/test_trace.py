@@ -7,6 +7,7 @@ import json
 from collections import defaultdict
 
 import pytest
+from conftest import small_kv_scenario
 
 from pipesim.cli import main
 from pipesim.metrics import covered_s, gaps, idle_breakdown, merge
@@ -38,6 +39,11 @@ def validate(trace: dict) -> None:
             assert set(ev["args"]) == {key}
         elif ev["ph"] in ("s", "t", "f"):  # flow events: an id and a time, bound to a slice
             assert isinstance(ev["id"], int) and isinstance(ev["ts"], (int, float)) and ev["cat"] == "flow"
+        elif ev["ph"] == "C":  # a counter sample: numeric series values at a time
+            assert ev["args"] and all(isinstance(v, (int, float)) for v in ev["args"].values())
+            assert ev["ts"] >= 0
+        elif ev["ph"] == "i":  # an instant event, process-scoped
+            assert ev["s"] == "p" and ev["ts"] >= 0
         else:
             raise AssertionError(f"unexpected event phase {ev['ph']}")
 
@@ -284,3 +290,45 @@ def test_flow_arrows_link_each_micro_batch_across_stages(tp2pp4):
         # alternating GPU (stage s, TP rank 0) and hop (out of stage s) tracks
         assert [e["pid"] for e in chain] == [1, 2] * pp
         assert chain[-1]["bp"] == "e"
+
+
+# ---- counter tracks: slot / in-flight group occupancy, free KV, evictions ------------------
+
+
+def occupancy(trace: dict) -> dict:
+    """Counter series name -> [(ts us, requests)] of the occupancy tracks."""
+    out = defaultdict(list)
+    for ev in trace["traceEvents"]:
+        if ev["ph"] == "C" and ev["name"].endswith("occupancy"):
+            out[ev["name"]].append((ev["ts"], ev["args"]["requests"]))
+    return out
+
+
+def test_slot_occupancy_counters_follow_the_launched_batches(tp2pp4):
+    # one sample per launched micro-batch on its slot's track (after a zero at t = 0),
+    # valued at the batch's requests: what the engine put in that slot at that time
+    rec, r, trace = tp2pp4
+    occ = occupancy(trace)
+    assert set(occ) == {f"slot {k} occupancy" for k in range(rec.slots)}
+    for k in range(rec.slots):
+        mine = [b for b in rec.batches if b.slot == k]
+        assert [v for _, v in occ[f"slot {k} occupancy"]] == [0] + [b.requests for b in mine]
+    kv = [ev for ev in trace["traceEvents"] if ev["ph"] == "C" and ev["name"] == "KV cache"]
+    assert len(kv) == len(rec.batches)
+    assert all(0 <= ev["args"]["free tokens"] <= r.scenario["kv_cache_tokens"] for ev in kv)
+
+
+def test_vllm_group_counters_and_preempt_instants():
+    # vLLM has no slots: the i-th batch belongs to in-flight group i mod
+    # max_concurrent_batches; every preemption is an instant on the scheduler track
+    sc = small_kv_scenario("vllm", 1500, concurrency=16, output_len="100:300")
+    rec, result = simulate(sc, warmup_requests=8, measure_requests=24, ci_target=None)
+    trace = build_trace(rec, result)
+    validate(trace)
+    occ = occupancy(trace)
+    n = sc.settings.max_concurrent_batches
+    assert set(occ) == {f"group {k} occupancy" for k in range(n)}
+    assert [v for _, v in occ["group 1 occupancy"]] == [0] + [b.requests for b in rec.batches[1::n]]
+    marks = [ev for ev in trace["traceEvents"] if ev["ph"] == "i" and ev["name"] == "preempt"]
+    assert len(marks) == result.preemptions_total == len(rec.evictions) > 0
+    assert result.group_sizes is not None and len(result.group_sizes) == n

@@ -25,10 +25,12 @@ class EngineSimulation(Protocol):
 
     waiting: deque[Request]  # arrived, not yet admitted, in arrival order
     running: int  # admitted, not finished
-    kv_free: int  # KV-cache tokens not reserved by admitted requests
+    kv_free: int  # KV-cache tokens no request holds (engines take them as batches form)
     cpu_iteration_s: float  # scheduler CPU time per formed batch (profile)
 
     def admit(self, req: Request) -> None: ...
+
+    def requeue(self, req: Request, front: bool) -> None: ...  # evict for KV (engines/kv.py)
 
     def launch(self, slot: int, decode: list, prefill: list) -> MicroBatch: ...
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 from ..errors import require
+from .kv import CLIP_MAX_NEW_TOKENS, NewTokenRatio, retract_estimate, take
 from .protocol import EngineSimulation
 
 if TYPE_CHECKING:
@@ -202,6 +203,7 @@ class SGLangScheduler:
         self.inflight: list = [None] * settings.slots
         self.chunked = None  # request whose prompt is partly prefilled
         self.cpu_s = sim.cpu_iteration_s
+        self.ratio = NewTokenRatio()  # schedule_conservativeness 1.0 (SGLang's default)
 
     def run(self) -> Generator[simpy.Event, object, None]:
         """One pass per slot, in SGLang's order (`event_loop_pp`, docs/engines.md §2-3):
@@ -240,6 +242,7 @@ class SGLangScheduler:
                     worked = True
             if not worked:
                 owed = 0.0
+                self.ratio.reset()  # the server idles (self_check_during_idle)
                 yield sim.wait_arrival()
 
     def form(self, slot: int) -> tuple[list, list] | None:
@@ -248,37 +251,91 @@ class SGLangScheduler:
         if prefill:
             return [], prefill
         running = self.slot_running[slot]
-        if running:
+        if running and self._decode_memory(running):
             return list(running), []
         return None
 
+    def _decode_memory(self, running: list) -> bool:
+        """`update_running_batch` (docs/engines.md §4): a decode step needs one KV token
+        per request (page size 1, `check_decode_mem`); without them `retract_decode`
+        evicts requests, else the ratio decays. Takes the step's tokens; False when
+        not even one request can decode (SGLang asserts there)."""
+        sim = self.sim
+        if sim.kv_free < len(running):
+            self.retract(running)
+        else:
+            self.ratio.step()
+        if sim.kv_free < len(running):
+            return False
+        for r in running:
+            take(sim, r, 1)
+        return True
+
+    def retract(self, running: list) -> None:
+        """`ScheduleBatch.retract_decode`: order by (outputs, -prompt) descending and
+        evict from the end (fewest outputs, then longest prompt) until the rest can
+        decode one step, at least one and never the last; the evicted free their KV and
+        join the back of the waiting queue (`_extend_requests_to_queue`), to re-prefill
+        prompt and outputs; the ratio becomes `retract_estimate` of the kept."""
+        sim = self.sim
+        keep = sorted(running, key=lambda r: (r.generated, -r.input_len), reverse=True)
+        first = True
+        while (first or sim.kv_free < len(keep)) and len(keep) > 1:
+            first = False
+            r = keep.pop()
+            r.slot = -1
+            sim.requeue(r, front=False)
+        running[:] = [r for r in running if r.queued is None]
+        self.ratio.value = retract_estimate(running)
+
     def _prefill(self, slot: int) -> list:
+        """`PrefillAdder` over the waiting queue (docs/engines.md §4): a request is
+        admitted while its prefill + min(max_new, CLIP) + one page is below the free KV
+        less the reservation: the slot's running requests' remaining outputs (clipped)
+        times `new_token_ratio`, plus the whole remaining output of each request
+        admitted in this pass (a truncated chunk reserves none)."""
         sim, s = self.sim, self.s
         budget = min(s.chunked_prefill_size, s.max_prefill_tokens)
         chunks = []
         if self.chunked is not None:  # a chunked request continues in any slot
             r = self.chunked
-            chunk = min(r.input_len - r.scheduled, budget)
-            chunks.append((r, chunk, r.scheduled))
-            r.scheduled += chunk
-            budget -= chunk
-            if r.scheduled == r.input_len:
+            chunk = min(r.prefill_len - r.scheduled, budget, sim.kv_free)
+            if chunk > 0:
+                take(sim, r, chunk)
+                chunks.append((r, chunk, r.scheduled))
+                r.scheduled += chunk
+                budget -= chunk
+            if r.scheduled == r.prefill_len:
                 self.chunked = None
         room = s.pp_max_micro_batch_size - len(self.slot_running[slot]) - len(chunks)
+        if not sim.waiting or budget <= 0 or room <= 0:
+            return chunks
+        ratio = self.ratio.value
+        offset = sum(min(r.output_len - r.generated, CLIP_MAX_NEW_TOKENS) for r in self.slot_running[slot])
+        offset *= ratio
+        if self.chunked is None and chunks:
+            r = chunks[0][0]  # the chunked request's last chunk reserves its outputs
+            offset += min(r.output_len - r.generated, CLIP_MAX_NEW_TOKENS)
         while sim.waiting and budget > 0 and room > 0:
             r = sim.waiting[0]
-            if sim.running >= s.max_running_requests or sim.kv_free < r.input_len + r.output_len:
+            if sim.running >= s.max_running_requests:
                 break
+            prefill = r.input_len + r.generated
+            max_new = min(r.output_len - r.generated, CLIP_MAX_NEW_TOKENS)
+            if prefill + max_new + 1 >= sim.kv_free - offset:
+                break  # AddReqResult.NO_TOKEN
             sim.waiting.popleft()
             sim.admit(r)
-            chunk = min(r.input_len, budget)
+            chunk = min(r.prefill_len, budget)
+            take(sim, r, chunk)
             chunks.append((r, chunk, 0))
             r.scheduled = chunk
             budget -= chunk
             room -= 1
-            if chunk < r.input_len:
+            if chunk < r.prefill_len:
                 self.chunked = r
                 break
+            offset += max_new
         return chunks
 
     def on_return(self, mb: MicroBatch, finished: list[Request]) -> None:
@@ -286,7 +343,7 @@ class SGLangScheduler:
         finished ones leave it."""
         running = self.slot_running[mb.slot]
         for r, _, _ in mb.prefill:
-            if r.prefilled == r.input_len and r.output_len > 1:
+            if r.prefilled == r.prefill_len and r.generated < r.output_len:
                 r.slot = mb.slot
                 running.append(r)
         if finished:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 from ..errors import require
+from .kv import VLLM_BLOCK_SIZE, blocks_for, take
 from .protocol import EngineSimulation
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class VLLMConfig:
             tokens,
             async_on,
             inflight,
-            kv_tokens,
+            kv_tokens // VLLM_BLOCK_SIZE * VLLM_BLOCK_SIZE,  # whole blocks (num_gpu_blocks)
             self.gpu_memory_utilization,
             max(sizes, default=0),
             sizes,
@@ -157,6 +158,7 @@ class VLLMScheduler:
         self.pp = sim.pp
         self.step = 0
         self.eligible: dict[int, int] = {}
+        self.computed: dict[int, int] = {}  # rid -> num_computed_tokens once scheduled
 
     def run(self) -> Generator[simpy.Event, object, None]:
         """Launch while the queue has room and a batch can be formed, else block on
@@ -175,45 +177,87 @@ class VLLMScheduler:
             yield sim.wait_arrival()
 
     def form(self) -> tuple[list, list] | None:
-        """(decode requests, prefill chunks) of the next batch, or None."""
+        """(decode requests, prefill chunks) of the next batch, or None.
+
+        KV as `Scheduler.schedule` does it (docs/engines.md §4): each scheduled request
+        gets the blocks its computed tokens need (`allocate_slots`); when a running
+        request cannot, the last running request is preempted (FCFS
+        `self.running.pop()`), until it can or it preempted itself; after a preemption
+        no waiting request is admitted in that step; a waiting request whose first chunk
+        finds no blocks stops admission."""
         sim, s = self.sim, self.s
         budget = s.max_num_batched_tokens
         decode, prefill = [], []
-        for r in self.active:  # running first (vLLM V1 order)
-            if budget <= 0:
-                break
-            if r.scheduled < r.input_len:
+        preempted = False
+        i = 0
+        while i < len(self.active) and budget > 0:  # running first (vLLM V1 order)
+            r = self.active[i]
+            i += 1
+            if r.scheduled < r.prefill_len:
                 # prompt chunks advance at schedule time, so a prompt can be in several batches
-                chunk = min(r.input_len - r.scheduled, budget)
-                prefill.append((r, chunk, r.scheduled))
-                r.scheduled += chunk
-                budget -= chunk
-            elif r.prefilled < r.input_len and self.repeat == 1:
+                n = min(r.prefill_len - r.scheduled, budget)
+            elif r.prefilled < r.prefill_len and self.repeat == 1:
                 continue  # the prompt's last chunk is in flight
             elif (
                 r.inflight < self.repeat
                 and r.generated + r.inflight < r.output_len
                 and (not r.inflight or self.eligible.get(r.rid, 0) <= self.step)
             ):
+                n = 1
+            else:
+                continue
+            while not self._allocate(r, n):
+                preempted = True
+                victim = self.active.pop()
+                self._preempt(victim)
+                if victim is r:
+                    break
+            if r.queued is not None:
+                break  # it could not be scheduled
+            if n == 1 and r.scheduled >= r.prefill_len:
                 decode.append(r)
-                budget -= 1
                 if self.pp > 1 and self.repeat > 1:
                     self.eligible[r.rid] = self.step + self.pp
-        while sim.waiting and budget > 0 and len(self.active) < s.max_num_seqs:
+            else:
+                prefill.append((r, n, r.scheduled))
+                r.scheduled += n
+            budget -= n
+        while not preempted and sim.waiting and budget > 0 and len(self.active) < s.max_num_seqs:
             r = sim.waiting[0]
-            if sim.kv_free < r.input_len + r.output_len:
+            if r.inflight:
+                break  # preempted with a batch still in flight: it resumes once that is back
+            n = min(r.input_len + r.generated, budget)
+            if not self._allocate(r, n, fresh=True):
                 break
             sim.waiting.popleft()
             sim.admit(r)
             self.active.append(r)
-            chunk = min(r.input_len, budget)
-            prefill.append((r, chunk, 0))
-            r.scheduled = chunk
-            budget -= chunk
+            prefill.append((r, n, 0))
+            r.scheduled = n
+            budget -= n
         if not decode and not prefill:
             return None
         self.step += 1
         return decode, prefill
+
+    def _allocate(self, r, n: int, fresh: bool = False) -> bool:
+        """`KVCacheManager.allocate_slots`: the blocks `r` needs for `n` more computed
+        tokens (ceil(computed / block_size) in all), or False when the pool lacks them."""
+        sim = self.sim
+        computed = n + (0 if fresh else self.computed.get(r.rid, 0))
+        need = blocks_for(computed) * VLLM_BLOCK_SIZE - (0 if fresh else r.kv_reserved)
+        if need > sim.kv_free:
+            return False
+        take(sim, r, need)
+        self.computed[r.rid] = computed
+        return True
+
+    def _preempt(self, r) -> None:
+        """`_preempt_request`: free its blocks, num_computed_tokens = 0, to the front of
+        the waiting queue (recompute: it prefills prompt and outputs again)."""
+        self.computed.pop(r.rid, None)
+        self.eligible.pop(r.rid, None)
+        self.sim.requeue(r, front=True)
 
     def on_return(self, mb: MicroBatch, finished: list[Request]) -> None:
         """Finished requests leave the running set."""
@@ -222,3 +266,4 @@ class VLLMScheduler:
             self.active = [r for r in self.active if id(r) not in done]
             for r in finished:
                 self.eligible.pop(r.rid, None)
+                self.computed.pop(r.rid, None)

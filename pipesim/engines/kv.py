@@ -1,0 +1,84 @@
+"""KV-cache bookkeeping shared by the engines: memory is taken when a batch is formed
+and given back when a request finishes or is evicted (docs/engines.md §4).
+
+The simulation keeps the pool (`kv_free`, tokens) and frees a finished request's
+`kv_reserved`; an engine takes tokens for the work it schedules with `take`, in its
+own unit (SGLang: tokens, page size 1; vLLM: whole blocks), and evicts a running
+request with `Simulation.requeue` (SGLang `retract_decode`, vLLM recompute
+preemption), which gives its memory back and returns it to the waiting queue.
+
+SGLang's admission estimate (`NewTokenRatio`) lives here too: its constants are the
+engine's environment defaults (python/sglang/srt/environ.py, read at 00ff98d3; the
+same values were `global_config` defaults in earlier trees).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..simulation import Request
+    from .protocol import EngineSimulation
+
+# SGLANG_INIT_NEW_TOKEN_RATIO, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR,
+# SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION,
+# SGLANG_RETRACT_DECODE_STEPS (docs/engines.md §4)
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+CLIP_MAX_NEW_TOKENS = 4096
+RETRACT_DECODE_STEPS = 20
+
+# vLLM's default KV block size on CUDA (CacheConfig.block_size, docs/engines.md §4)
+VLLM_BLOCK_SIZE = 16
+
+
+def take(sim: EngineSimulation, req: Request, tokens: int) -> None:
+    """Give `req` `tokens` more KV-cache tokens from the pool (the caller checked room)."""
+    req.kv_reserved += tokens
+    sim.kv_free -= tokens
+
+
+def blocks_for(tokens: int, block_size: int = VLLM_BLOCK_SIZE) -> int:
+    """Blocks that hold `tokens` (`KVCacheManager.allocate_slots` rounds up:
+    cdiv(num_computed + num_new, block_size))."""
+    return -(-tokens // block_size)
+
+
+class NewTokenRatio:
+    """SGLang's estimate of the share of a running request's remaining output that it
+    will still need KV for (`Scheduler.init_new_token_ratio` and
+    `update_running_batch`, docs/engines.md §4):
+
+    - starts at `init` = SGLANG_INIT_NEW_TOKEN_RATIO x schedule_conservativeness (at
+      most 1), with floor `min` = init x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR;
+    - every decode batch that needs no retraction lowers it by
+      (init - min) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS, down to the floor;
+    - a retraction sets it to `retract_decode`'s new estimate;
+    - an idle server resets it to `init`.
+    """
+
+    __slots__ = ("init", "floor", "decay", "value")
+
+    def __init__(self, schedule_conservativeness: float = 1.0):
+        self.init = min(INIT_NEW_TOKEN_RATIO * schedule_conservativeness, 1.0)
+        self.floor = min(self.init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        self.decay = (self.init - self.floor) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.value = self.init
+
+    def step(self) -> None:
+        """A decode batch went ahead without retraction."""
+        self.value = max(self.value - self.decay, self.floor)
+
+    def reset(self) -> None:
+        """The server went idle."""
+        self.value = self.init
+
+
+def retract_estimate(remaining: list[Request]) -> float:
+    """`retract_decode`'s new ratio from the requests it keeps: (tokens decoded +
+    SGLANG_RETRACT_DECODE_STEPS x requests) / (their max_new_tokens + 1), at most 1
+    (older trees divided by the sum alone)."""
+    decoded = sum(r.generated for r in remaining)
+    max_new = sum(r.output_len for r in remaining)
+    return min(1.0, (decoded + RETRACT_DECODE_STEPS * len(remaining)) / (max_new + 1))

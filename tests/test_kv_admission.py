@@ -1,0 +1,289 @@
+"""KV admission and eviction as the engines do it (docs/engines.md §4; SGLang read at
+00ff98d3: schedule_policy.py `PrefillAdder`, scheduler.py `update_running_batch`,
+schedule_batch.py `retract_decode`; vLLM at 000fc94b: vllm/v1/core/sched/scheduler.py
+`Scheduler.schedule`, `_preempt_request`, kv_cache_manager.py `allocate_slots`)."""
+
+from collections import deque
+
+import pytest
+from conftest import simulate, small_kv_scenario
+
+import pipesim
+from pipesim.engines import kv
+from pipesim.engines.sglang import SGLangScheduler, SGLangSettings
+from pipesim.engines.vllm import VLLMScheduler, VLLMSettings
+from pipesim.simulation import Request
+
+
+class FakeSim:
+    """The part of the Simulation a scheduler's `form` uses, with a hand-set pool."""
+
+    def __init__(self, kv_free: int, pp: int = 1):
+        self.waiting: deque = deque()
+        self.kv_free, self.running, self.pp = kv_free, 0, pp
+        self.cpu_iteration_s = 0.0
+        self.requeued: list = []
+
+    def admit(self, req: Request) -> None:
+        req.queued = None
+        req.prefilled = req.scheduled = 0
+        req.prefill_len = req.input_len + req.generated
+        self.running += 1
+
+    def requeue(self, req: Request, front: bool) -> None:
+        self.kv_free += req.kv_reserved
+        req.kv_reserved, req.queued = 0, self.waiting
+        req.evicted += 1
+        self.running -= 1
+        self.requeued.append(req)
+        (self.waiting.appendleft if front else self.waiting.append)(req)
+
+
+def decoding(rid: int, input_len: int, generated: int, output_len: int, held: int) -> Request:
+    """A request past its prefill, holding `held` KV tokens."""
+    r = Request(rid, 0.0, input_len, output_len)
+    r.prefilled = r.scheduled = input_len
+    r.generated, r.kv_reserved = generated, held
+    return r
+
+
+def sglang(kv_free: int, cap: int = 64) -> tuple[FakeSim, SGLangScheduler]:
+    st = SGLangSettings(
+        max_running_requests=256,
+        pp_max_micro_batch_size=cap,
+        pp_async_batch_depth=0,
+        slots=1,
+        chunked_prefill_size=8192,
+        max_prefill_tokens=16384,
+        kv_tokens=10**6,
+        mem_fraction_static=0.9,
+        cuda_graph_max_bs=0,
+    )
+    sim = FakeSim(kv_free)
+    return sim, SGLangScheduler(sim, st)
+
+
+# ---- SGLang: new_token_ratio ---------------------------------------------------------------
+
+
+def test_new_token_ratio_starts_decays_and_floors():
+    # Scheduler.init_new_token_ratio: init 0.7 x conservativeness 1.0, floor 0.7 x 0.14,
+    # decay (init - floor) / 600 per decode step without retraction
+    t = kv.NewTokenRatio()
+    assert t.value == pytest.approx(0.7)
+    assert t.floor == pytest.approx(0.098)
+    for _ in range(300):
+        t.step()
+    assert t.value == pytest.approx((0.7 + 0.098) / 2)
+    for _ in range(300):
+        t.step()
+    assert t.value == pytest.approx(0.098)
+    for _ in range(50):
+        t.step()
+    assert t.value == pytest.approx(0.098)  # never below the floor
+    t.reset()
+    assert t.value == pytest.approx(0.7)  # an idle server starts again from init
+
+
+def test_conservativeness_scales_and_caps_init():
+    assert kv.NewTokenRatio(2.0).value == 1.0  # min(0.7 x 2, 1)
+    assert kv.NewTokenRatio(0.5).floor == pytest.approx(0.35 * 0.14)
+
+
+def test_retract_estimate_formula():
+    # retract_decode: (decoded + 20 x kept) / (sum max_new_tokens + 1), at most 1
+    kept = [decoding(0, 10, 30, 100, 0), decoding(1, 10, 50, 200, 0)]
+    assert kv.retract_estimate(kept) == pytest.approx((80 + 40) / 301)
+    assert kv.retract_estimate([decoding(2, 10, 95, 100, 0)]) == 1.0
+
+
+# ---- SGLang: PrefillAdder -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra,admitted", [(0, False), (1, True)])
+def test_prefill_adder_reserves_for_the_slot_by_ratio(extra, admitted):
+    # add_one_req: input + min(max_new, 4096) + page(1) must be < rem_total_tokens =
+    # free - sum over the slot's running of min(max_new - generated, 4096) x ratio
+    running = [decoding(0, 100, 20, 220, 120), decoding(1, 100, 50, 150, 150)]
+    offset = (200 + 100) * 0.7
+    need = 300 + 200 + 1
+    sim, sched = sglang(int(need + offset) + extra)
+    sched.slot_running[0] = running
+    sim.waiting.append(Request(7, 0.0, 300, 200))
+    chunks = sched._prefill(0)
+    assert bool(chunks) is admitted
+    if admitted:
+        assert chunks[0][1] == 300 and sim.kv_free == int(need + offset) + extra - 300
+
+
+def test_prefill_adder_clips_the_output_estimate():
+    # CLIP_MAX_NEW_TOKENS = 4096: a 100k-token max_new reserves 4096
+    sim, sched = sglang(100 + 4096 + 2)
+    sim.waiting.append(Request(0, 0.0, 100, 100_000))
+    assert sched._prefill(0)
+
+
+def test_prefill_adder_counts_requests_admitted_in_the_same_pass():
+    # each admitted request's input and max_new come off the budget for the next one
+    sim, sched = sglang(2 * (100 + 50) + 1)
+    for i in range(3):
+        sim.waiting.append(Request(i, 0.0, 100, 50))
+    chunks = sched._prefill(0)
+    # the first fits (151 < 301); the second needs 151 < 301 - 100 (taken) - 50 (reserved) = 151: no
+    assert [c[0].rid for c in chunks] == [0]
+
+
+# ---- SGLang: retract_decode -----------------------------------------------------------------
+
+
+def test_retract_decode_order_count_and_requeue():
+    # sort by (outputs, -prompt) descending, evict from the end until the rest can decode
+    # one token each; at least one; evicted go to the back of the waiting queue
+    gens, prompts = [5, 1, 3, 1, 2], [10, 10, 10, 20, 10]
+    running = [decoding(i, p, g, 100, 1) for i, (g, p) in enumerate(zip(gens, prompts))]
+    sim, sched = sglang(1)
+    sim.waiting.append(Request(9, 0.0, 10, 10))
+    sched.slot_running[0] = running
+    sched.retract(running)
+    # free 1 -> evict (1 output, prompt 20): free 2 < 4 -> evict (1, 10): free 3 >= 3, stop
+    assert [r.rid for r in sim.requeued] == [3, 1]
+    assert [r.rid for r in running] == [0, 2, 4]
+    assert [r.rid for r in sim.waiting] == [9, 3, 1]
+    assert sched.ratio.value == pytest.approx((5 + 3 + 2 + 20 * 3) / (300 + 1))
+
+
+def test_retract_decode_evicts_at_least_one_never_the_last():
+    running = [decoding(i, 10, 5, 100, 1) for i in range(3)]
+    sim, sched = sglang(100)  # room for all: still one goes (first_iter)
+    sched.retract(running)
+    assert len(sim.requeued) == 1 and len(running) == 2
+    alone = [decoding(5, 10, 5, 100, 1)]
+    sim, sched = sglang(0)
+    sched.retract(alone)
+    assert not sim.requeued and len(alone) == 1
+
+
+def test_decode_without_memory_retracts_and_takes_one_token_each():
+    # check_decode_mem: 4 requests need 4 tokens, 2 free -> retract the fewest-output one
+    # (frees its 11), then the 3 kept take one token each
+    running = [decoding(i, 10, i + 1, 100, 11) for i in range(4)]
+    sim, sched = sglang(2)
+    sched.slot_running[0] = running
+    decode, prefill = sched.form(0)
+    assert [r.rid for r in sim.requeued] == [0] and not prefill
+    assert [r.rid for r in decode] == [1, 2, 3]
+    assert sim.kv_free == 2 + 11 - 3 and all(r.kv_reserved == 12 for r in decode)
+
+
+# ---- vLLM: blocks and recompute preemption -------------------------------------------------
+
+
+@pytest.mark.parametrize("tokens,blocks", [(1, 1), (16, 1), (17, 2), (256, 16), (257, 17)])
+def test_vllm_blocks_are_ceil_over_16(tokens, blocks):
+    # allocate_slots: cdiv(num_computed_tokens + num_new_tokens, block_size), block_size 16
+    assert kv.blocks_for(tokens) == blocks
+
+
+def vllm(kv_free: int, seqs: int = 64) -> tuple[FakeSim, VLLMScheduler]:
+    st = VLLMSettings(seqs, 8192, False, 1, 10**6, 0.9, 0)
+    sim = FakeSim(kv_free)
+    return sim, VLLMScheduler(sim, st)
+
+
+def running_vllm(sched: VLLMScheduler, rid: int, computed: int, output_len: int = 100) -> Request:
+    """A decoding request whose last token's KV lands at position `computed`."""
+    r = decoding(rid, computed - 1, 1, output_len, kv.blocks_for(computed - 1) * 16)
+    sched.computed[rid] = computed - 1
+    sched.active.append(r)
+    return r
+
+
+def test_vllm_admission_takes_whole_blocks_and_reserves_nothing_ahead():
+    sim, sched = vllm(64)
+    sim.waiting.append(Request(0, 0.0, 40, 5000))  # 3 blocks; its 5000 outputs reserve nothing
+    sim.waiting.append(Request(1, 0.0, 20, 10))  # 2 blocks: 48 + 32 > 64, stops admission
+    _, prefill = sched.form()
+    assert [(r.rid, n) for r, n, _ in prefill] == [(0, 40)]
+    assert prefill[0][0].kv_reserved == 48 and sim.kv_free == 16
+
+
+def test_vllm_preempts_the_last_running_to_the_queue_front():
+    sim, sched = vllm(0)
+    a = running_vllm(sched, 0, 33)  # its next token needs a third block
+    b = running_vllm(sched, 1, 20)
+    c = running_vllm(sched, 2, 30)  # latest admitted: preempted first
+    sim.waiting.append(Request(9, 0.0, 10, 10))
+    decode, prefill = sched.form()
+    assert sim.requeued == [c] and [r.rid for r in sim.waiting] == [2, 9]
+    assert c.kv_reserved == 0 and 2 not in sched.computed
+    assert decode == [a, b] and a.kv_reserved == 48
+    assert not prefill  # after a preemption no waiting request is admitted in that step
+
+
+def test_vllm_request_that_preempts_itself_is_not_scheduled():
+    sim, sched = vllm(0)
+    a = running_vllm(sched, 0, 17)  # needs a second block; nobody else to preempt
+    assert sched.form() is None
+    assert sim.requeued == [a] and sim.waiting[0] is a and sim.kv_free == 16
+
+
+# ---- in a simulation: tight KV evicts, ample KV never does, every request completes ---------
+
+
+def open_loop_done(sim, n: int) -> None:
+    assert sim.completed == n
+    assert all(r.finish_s > 0 and r.generated == r.output_len for r in sim.requests)
+    assert sim.kv_free == sim.settings.kv_tokens  # every token given back
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_tight_kv_evicts_and_every_request_completes(engine):
+    sc = small_kv_scenario(
+        engine, 1500, rate_rps=500.0, num_requests=30, input_len="100:200", output_len="100:300"
+    )
+    sim = simulate(sc, 0, 30)
+    open_loop_done(sim, 30)
+    evicted = [r for r in sim.requests if r.evicted]
+    assert len(sim.rec.evictions) == sum(r.evicted for r in sim.requests) > 0
+    assert evicted and all(r.first_token_s > 0 for r in evicted)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_ample_kv_never_evicts(engine):
+    sc = small_kv_scenario(
+        engine, 60_000, rate_rps=500.0, num_requests=30, input_len="100:200", output_len="100:300"
+    )
+    sim = simulate(sc, 0, 30)
+    open_loop_done(sim, 30)
+    assert not sim.rec.evictions
+
+
+def test_vllm_blocks_held_follow_computed_tokens():
+    # at every launch a decoding request holds ceil(computed / 16) blocks, computed =
+    # prompt + outputs (the newest token's KV is written by this step), async off
+    sc = small_kv_scenario("vllm", 4000, concurrency=8, output_len="30:60")
+    bad = []
+
+    def setup(sim):
+        orig = sim.launch
+
+        def launch(slot, decode, prefill):
+            for r in decode:
+                if r.kv_reserved != kv.blocks_for(r.input_len + r.generated) * 16:
+                    bad.append((r.rid, r.kv_reserved, r.input_len + r.generated))
+            return orig(slot, decode, prefill)
+
+        sim.launch = launch
+
+    simulate(sc, 8, 16, setup)
+    assert not bad
+
+
+def test_result_and_table_report_evictions():
+    sc = small_kv_scenario("sglang", 1500, concurrency=16, output_len="100:300")
+    r = pipesim.run(sc, warmup_requests=8, measure_requests=24, ci_target=None)
+    assert r.preemptions_total >= r.preemptions > 0
+    assert r.to_dict()["preemptions"] == r.preemptions
+    from pipesim.report import table
+
+    assert f"KV retractions {r.preemptions} ({r.preemptions_total} in the run)" in table(r)
