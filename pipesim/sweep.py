@@ -142,7 +142,7 @@ def run_point(
         "mean_decode_batch": r.mean_decode_batch,
         "decode_batch_per_slot": ";".join(f"{b:.3f}" for b in r.decode_batch_per_slot),
         # vLLM's in-flight groups (plot.bubble_cause reads them where present); SGLang: none
-        "group_sizes": ";".join(f"{b:.3f}" for b in r.group_sizes) if r.group_sizes else None,
+        "group_sizes": ";".join(f"{b:.3f}" for b in r.group_sizes) if r.group_sizes else float("nan"),
         "preemptions": r.preemptions,
         **caps(sc),
         "overloaded": bool(sat.get("overloaded", False)),
