@@ -53,9 +53,9 @@ class Rank:
         self.scheduler: EngineScheduler | None = None
 
     def admit(self, req: Request) -> None:
-        """Reserve the request's KV in this rank's pool (and count it in the engine's load)."""
+        """Count the request in this rank and in the engine's load; the rank's engine
+        takes its KV from this rank's pool as it forms batches (engines/kv.py)."""
         self.sim.admit(req)
-        self.kv_free -= req.kv_reserved
         self.running += 1
 
     def launch(self, slot: int, decode: list, prefill: list) -> MicroBatch:
