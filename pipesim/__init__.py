@@ -21,7 +21,7 @@ _EXPORTS = {
     "Scenario": "scenario",
     "Result": "metrics",
     "UserError": "errors",
-    "whatif": "whatif",
+    "whatif": "api",
 }
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"

@@ -11,6 +11,7 @@ from .metrics import Result, collect
 from .record import Record
 from .scenario import Scenario, build_scenario
 from .simulation import Simulation
+from .whatif import check
 
 # A run stops at the request target; MAX_SIM_S, a bound on simulated time, only
 # guards against a scenario that cannot make progress.
@@ -152,3 +153,10 @@ def predict(
 
         result = attach(result, scenario, "ensemble" if ensemble else "run")
     return result
+
+
+def whatif(base: dict, **changes: float) -> tuple[Result, Result]:
+    """Predict `base` (the keyword arguments of `pipesim.predict`) and the same with
+    `changes` (what-if knobs, whatif.KNOBS) on top: (base result, changed result)."""
+    check(changes)
+    return predict(**base), predict(**{**base, **changes})

@@ -38,8 +38,7 @@ def _shipped_for(box: Box, engine: str, model: str) -> str | None:
     """A shipped profile measured on this box with this engine: the one for this model,
     else the default profile, else any that is not a live profile of another model
     (a live profile measures one model's shapes only)."""
-    from .profile import load_profile, profile_names
-    from .scenario import DEFAULT_PROFILE
+    from .profile import DEFAULT_PROFILE, load_profile, profile_names
 
     found = [p for p in map(load_profile, profile_names()) if p.box == box.name and p.engine == engine]
     for p in found:

@@ -106,29 +106,6 @@ def ensure_dir(path: str | Path, what: str) -> Path:
     return folder
 
 
-def check_profile_out(path: str | Path) -> Path:
-    """Where a profile folder may be written: not a shipped profile's bare name (it would
-    land in the current folder, unused), not an existing file, not a folder of other
-    things (its files would be replaced). An empty folder or a profile folder is fine."""
-    from .profile import profile_names
-
-    text = str(path)
-    require(
-        text not in profile_names() or Path(text).joinpath("profile.toml").is_file(),
-        f"'{text}' is a shipped profile; write the new profile to a folder path instead, e.g. --out ./{text}-mine",
-    )
-    out = Path(path)
-    require(
-        not out.is_file() and not out.is_symlink() or out.is_dir(),
-        f"--out '{out}' is a file, not a profile folder; give a new folder or an existing profile",
-    )
-    require(
-        not out.is_dir() or (out / "profile.toml").is_file() or not any(out.iterdir()),
-        f"--out '{out}' is a folder without profile.toml; pipesim replaces only a profile folder (or an empty one)",
-    )
-    return out
-
-
 def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
     """Call write(temporary path) in the same directory, then rename it over `path`."""
     path = Path(path)

@@ -15,10 +15,18 @@ from pathlib import Path
 
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullLocator
 
 from .errors import require
 from .files import check_out_path, ensure_dir, write_atomic
+from .plot_parts import (
+    _annotate_apart,
+    _conc_axis,
+    _figure,
+    _mark_caps,
+    _slot_batches,
+    _splits,
+    _subtitle,
+)
 
 # GPU time of a stage: these five add up to 100% (metrics.idle_breakdown)
 SHARES = (
@@ -29,44 +37,6 @@ SHARES = (
     ("idle_bubble_share", "idle: pipeline bubble", "#C44E52"),
 )
 FIGURES = ("throughput", "per_gpu", "tradeoff", "breakdown", "bubble_cause")
-
-
-ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
-
-
-def _subtitle(df: pd.DataFrame) -> str:
-    """Box, model and engine (and the workload and profile) of the sweep, two lines."""
-
-    def names(col):
-        return ", ".join(dict.fromkeys(ENGINE_NAMES.get(str(x), str(x)) for x in df[col]))
-
-    return (
-        f"{names('model')} with {names('engine')} on {names('box')}\n"
-        f"{names('gpu')}; in/out {names('input_len')}/{names('output_len')} tokens; profile {names('profile')}"
-    )
-
-
-def _label(df: pd.DataFrame, gpus: int, split: str) -> str:
-    return split if df.gpus.nunique() == 1 else f"{split} ({gpus} GPUs)"
-
-
-def _splits(df: pd.DataFrame):
-    for (g, _tp, _pp), part in df.sort_values(["gpus", "tp", "pp", "conc"]).groupby(
-        ["gpus", "tp", "pp"], sort=True
-    ):
-        yield _label(df, g, part.split.iloc[0]), part
-
-
-def _conc_axis(ax, concs) -> None:
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticks(sorted(set(int(c) for c in concs)))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_xlabel("concurrency C (requests in flight, log scale)")
-
-
-def _figure(width: float = 8.0, height: float = 5.0) -> Figure:
-    return Figure(figsize=(width, height), dpi=110, layout="constrained")
 
 
 def throughput(df: pd.DataFrame) -> Figure:
@@ -99,26 +69,6 @@ def throughput(df: pd.DataFrame) -> Figure:
     return fig
 
 
-def _mark_caps(ax, df: pd.DataFrame, column: str, scale=lambda part: 1.0) -> None:
-    """Where the running cap or the KV cache flattens a split's curve: the first swept
-    concurrency at or above the split's `effective_cap` (sweep.caps), labelled with the
-    bound; past it more clients only queue. Needs the sweep table's cap columns."""
-    if "effective_cap" not in df.columns:
-        return
-    texts = []
-    for _label, part in _splits(df):
-        cap = int(part.effective_cap.iloc[0])
-        at = part[part.conc >= cap]
-        if at.empty or cap <= int(part.conc.min()):
-            continue
-        r = at.iloc[0]
-        reason = str(part.cap_reason.iloc[0])
-        what = f"KV cache: {cap} requests" if reason == "KV cache" else f"{reason} {cap}"
-        texts.append((r.conc, r[column] / scale(part), f"{part.split.iloc[0].replace(' ', '')}: {what}"))
-    if texts:
-        _annotate_apart(ax, texts, fontsize=7, color="dimgrey", arrows=True)
-
-
 def per_gpu(df: pd.DataFrame) -> Figure:
     """Output tok/s per GPU vs concurrency: what each GPU of a split earns (splits of
     different GPU counts compare on cost)."""
@@ -134,17 +84,6 @@ def per_gpu(df: pd.DataFrame) -> Figure:
     _mark_caps(ax, df.assign(per_gpu=df.output_throughput_tok_s / df.gpus), "per_gpu")
     fig.suptitle(f"Output throughput per GPU vs concurrency\n{_subtitle(df)}", fontsize=10)
     return fig
-
-
-def _slot_batches(part: pd.DataFrame) -> list[list[float]]:
-    """Per row, the decode batch of each micro-batch slot (vLLM: the in-flight group
-    sizes, where the table has them)."""
-    col = (
-        "group_sizes"
-        if "group_sizes" in part.columns and part.group_sizes.notna().all()
-        else "decode_batch_per_slot"
-    )
-    return [[float(x) for x in str(v).split(";") if x != ""] for v in part[col]]
 
 
 def bubble_cause(df: pd.DataFrame) -> Figure:
@@ -327,54 +266,6 @@ def pareto(result) -> Figure:
         f"Search trade-off: filled points meet {slo}, hollow ones miss it\n{_subtitle(df)}", fontsize=10
     )
     return fig
-
-
-def _annotate_apart(ax, texts, fontsize: int = 7, color=None, arrows: bool = False) -> None:
-    """Label points so that labels do not print over each other: each label goes to the
-    first of a ring of offsets where its drawn box overlaps no label placed before it
-    (measured with the Agg renderer at the figure's size)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    fig = ax.figure
-    renderer = FigureCanvasAgg(fig).get_renderer()
-    fig.draw_without_rendering()  # lays the figure out, fixing the axes' transforms
-    placed = []
-    offsets = [
-        (5, 4),
-        (5, -12),
-        (-5, 4),
-        (-5, -12),
-        (5, 14),
-        (-5, 14),
-        (5, -22),
-        (-5, -22),
-        (5, 24),
-        (-5, 24),
-    ]
-    offsets += [(5, 34 + 10 * k) for k in range(20)]
-    if arrows:  # labels set off below-right of the point, with an arrow to it
-        offsets = [(12, -28 - 12 * k) for k in range(12)] + [(-12, -28 - 12 * k) for k in range(12)]
-    for item in texts:
-        x, y, text = item[:3]
-        c = item[3] if len(item) > 3 else color
-        for k, (dx, dy) in enumerate(offsets):
-            note = ax.annotate(
-                text,
-                (x, y),
-                textcoords="offset points",
-                xytext=(dx, dy),
-                ha="right" if dx < 0 else "left",
-                fontsize=fontsize,
-                color=c,
-                arrowprops=dict(arrowstyle="->", color="grey", lw=0.7) if arrows else None,
-            )
-            box = note.get_window_extent(renderer)
-            if (
-                not any(box.overlaps(b) for b in placed) or k == len(offsets) - 1
-            ):  # the last place if none is free
-                placed.append(box)
-                break
-            note.remove()
 
 
 def breakdown(df: pd.DataFrame) -> Figure:

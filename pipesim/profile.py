@@ -29,6 +29,7 @@ from .tables import TABLE_COLUMNS, Tables, cached_columns
 if TYPE_CHECKING:  # tables are read into numpy columns; pandas only where a DataFrame is asked for
     import pandas as pd
 
+DEFAULT_PROFILE = "rtx-pro-6000-sglang-deployment"  # the reference deployment
 # profile.toml: keys that must be tables, and keys that must be strings
 META_TABLES = ("params", "deployment", "sources", "param_sources")
 META_STRINGS = ("name", "box", "engine", "engine_version", "description", "model")
@@ -212,6 +213,27 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
     )
 
 
+def check_profile_out(path: str | Path) -> Path:
+    """Where a profile folder may be written: not a shipped profile's bare name (it would
+    land in the current folder, unused), not an existing file, not a folder of other
+    things (its files would be replaced). An empty folder or a profile folder is fine."""
+    text = str(path)
+    require(
+        text not in profile_names() or Path(text).joinpath("profile.toml").is_file(),
+        f"'{text}' is a shipped profile; write the new profile to a folder path instead, e.g. --out ./{text}-mine",
+    )
+    out = Path(path)
+    require(
+        not out.is_file() and not out.is_symlink() or out.is_dir(),
+        f"--out '{out}' is a file, not a profile folder; give a new folder or an existing profile",
+    )
+    require(
+        not out.is_dir() or (out / "profile.toml").is_file() or not any(out.iterdir()),
+        f"--out '{out}' is a folder without profile.toml; pipesim replaces only a profile folder (or an empty one)",
+    )
+    return out
+
+
 def write_profile(
     out_dir: str | Path,
     meta: dict,
@@ -231,7 +253,6 @@ def write_profile(
     import tempfile
 
     from ._toml import dumps
-    from .files import check_profile_out
 
     out = check_profile_out(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -47,7 +47,6 @@ from .workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Workload, closed_lo
 if TYPE_CHECKING:  # profiles load pandas: imported where one is loaded, so the CLI starts without it
     from .profile import Profile
 
-DEFAULT_PROFILE = "rtx-pro-6000-sglang-deployment"
 DEFAULT_MODEL = "kimi-k2.6"
 
 
@@ -163,7 +162,7 @@ def build_scenario(
     **knobs,
 ) -> Scenario:
     from .catalogue import profile_for_box
-    from .profile import Profile, load_profile
+    from .profile import DEFAULT_PROFILE, Profile, load_profile
     from .whatif import apply_box, apply_profile, check
 
     tp, pp = whole(tp, "tp", 1, MAX_GPUS), whole(pp, "pp", 1, MAX_GPUS)

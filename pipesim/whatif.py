@@ -13,8 +13,8 @@ Each knob changes what the profile or box says, never the simulator:
 - `cpu_iteration_ms`: the scheduler's CPU time per iteration, set outright.
 
 `pipesim.predict(..., kernel_scale=0.5)` and the same flags on the command line
-(`--kernel-scale 0.5`) take them; `whatif(base, **changes)` predicts a base
-scenario and its changed copy side by side.
+(`--kernel-scale 0.5`) take them; `pipesim.whatif(base, **changes)` (api.py) predicts a
+base scenario and its changed copy side by side.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from .errors import require
 
 if TYPE_CHECKING:
     from .hardware import Box
-    from .metrics import Result
     from .profile import Profile
 
 KNOBS = ("kernel_scale", "allreduce_scale", "pcie_bandwidth_scale", "cpu_iteration_ms")
@@ -70,12 +69,3 @@ def apply_box(box: Box, changes: dict) -> Box:
     if scale is None:
         return box
     return replace(box, links=tuple(replace(link, bw_bytes_s=link.bw_bytes_s * scale) for link in box.links))
-
-
-def whatif(base: dict, **changes: float) -> tuple[Result, Result]:
-    """Predict `base` (the keyword arguments of `pipesim.predict`) and the same with
-    `changes` (the knobs above) on top: (base result, changed result)."""
-    from .api import predict
-
-    check(changes)
-    return predict(**base), predict(**{**base, **changes})

@@ -286,7 +286,8 @@ def test_parse_ints():
 def test_defaults_shown_come_from_their_modules():
     from click.testing import CliRunner
 
-    from pipesim.scenario import DEFAULT_MODEL, DEFAULT_PROFILE
+    from pipesim.profile import DEFAULT_PROFILE
+    from pipesim.scenario import DEFAULT_MODEL
     from pipesim.sweep import DEFAULT_CONC
     from pipesim.workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
 

@@ -9,7 +9,8 @@ import pytest
 from pipesim.costs import CostModel, Shape, distinct_experts
 from pipesim.hardware import load_box
 from pipesim.plan import make_plan
-from pipesim.profile import Profile, Tables
+from pipesim.profile import Profile
+from pipesim.tables import Tables
 
 BOX = "rtx-pro-6000-server-8x"
 

@@ -194,8 +194,7 @@ def fit_profile(
     """Fit `names` to a profile's measured points and write the profile again (in
     place unless `out`) with the fitted values, their sources, a summary and
     fit_report.md."""
-    from ..files import check_profile_out
-    from ..profile import load_profile, rewrite_profile
+    from ..profile import check_profile_out, load_profile, rewrite_profile
 
     check_profile_out(out or profile_dir)
     prof = load_profile(profile_dir)

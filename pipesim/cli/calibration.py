@@ -142,9 +142,8 @@ def validate(profile, max_error, as_json, corpus_dir, progress):
     """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error.
     With --corpus: every corpus run pipesim can express, its error, ranking agreement and interval coverage."""
     from ..calibrate.validate import check
-    from ..profile import load_profile
+    from ..profile import DEFAULT_PROFILE, load_profile
     from ..progress import bar
-    from ..scenario import DEFAULT_PROFILE
 
     if corpus_dir is not None:
         from ..calibrate import crosscheck
@@ -171,9 +170,8 @@ def diagnose(profile, progress):
     """Where the box loses time: each measured point against the box's own tables."""
     from ..calibrate.diagnose import diagnose as run_diagnosis
     from ..calibrate.diagnose import steps
-    from ..profile import load_profile
+    from ..profile import DEFAULT_PROFILE, load_profile
     from ..progress import bar
-    from ..scenario import DEFAULT_PROFILE
 
     prof = load_profile(profile or DEFAULT_PROFILE)
     with bar(steps(prof), "diagnose (points, then hypothesis fits)", progress, unit="step") as b:

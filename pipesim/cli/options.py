@@ -9,7 +9,8 @@ import click
 
 from ..checks import MAX_GPUS, MAX_WORKERS, whole
 from ..errors import UserError, require
-from ..scenario import DEFAULT_MODEL, DEFAULT_PROFILE
+from ..profile import DEFAULT_PROFILE
+from ..scenario import DEFAULT_MODEL
 from ..sweep import DEFAULT_CONC
 from ..workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
 

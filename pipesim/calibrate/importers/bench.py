@@ -117,8 +117,7 @@ def import_file(
     """Add a benchmark's runs to a profile's measured points (in place unless `out`),
     each checked as a hand-written measured.csv row would be. Returns (points added,
     points in all)."""
-    from ...files import check_profile_out
-    from ...profile import load_profile, rewrite_profile
+    from ...profile import check_profile_out, load_profile, rewrite_profile
     from ..measured import points_frame, read_points
 
     check_profile_out(out or profile_dir)

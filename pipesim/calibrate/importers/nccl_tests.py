@@ -110,8 +110,7 @@ def import_file(
     """Add one nccl-tests run to a profile's collectives table (in place unless `out`);
     returns the rows read."""
     from ...checks import MAX_GPUS, whole
-    from ...files import check_profile_out
-    from ...profile import load_profile, rewrite_profile
+    from ...profile import check_profile_out, load_profile, rewrite_profile
 
     check_profile_out(out or profile_dir)
     if gpus is not None:

@@ -9,7 +9,8 @@ import numpy as np
 
 from ...errors import UserError
 from ...model import Model
-from ...profile import Params, Profile, Tables
+from ...profile import Params, Profile
+from ...tables import Tables
 
 MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01")
 
