@@ -17,9 +17,13 @@ import importlib.util
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UserError, require
 from .hardware import Box
+
+if TYPE_CHECKING:
+    from .profile import Profile
 
 CATALOGUE_EXTRA = "pip install 'pipesim[catalogue]'"
 
@@ -53,7 +57,7 @@ def _shipped_for(box: Box, engine: str, model: str) -> str | None:
     return None
 
 
-def profile_for_box(box: Box, engine: str, model: str, version: str | None = None):
+def profile_for_box(box: Box, engine: str, model: str, version: str | None = None) -> Profile:
     """The profile a run on `box` with `engine` uses when none is named."""
     from .profile import load_profile
 
@@ -118,7 +122,7 @@ def _catalogue_profile(folder: str, engine: str, version: str | None):
     return Profile(meta["name"], "", engine, meta["engine_version"], params, meta, Tables(tables))
 
 
-def first_principles_profile(box: Box, engine: str):
+def first_principles_profile(box: Box, engine: str) -> Profile:
     """No table for this GPU: every cost from the roofline (costs.py) on the box's
     datasheet rates, kernels through the efficiency curves fitted on measured GPUs
     (roofline.py, docs/roofline.md)."""

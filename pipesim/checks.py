@@ -11,6 +11,7 @@ import json
 import math
 import numbers
 from pathlib import Path
+from typing import Any
 
 from .errors import UserError, require
 
@@ -36,7 +37,7 @@ MAX_SIM_S = 1e6  # simulated-time horizon: a run stops here whatever its state
 MAX_JSON_DEPTH = 200  # nesting of a JSON or TOML file
 
 
-def is_int(value) -> bool:
+def is_int(value: object) -> bool:
     """A whole number given as one: Python or numpy integers, never a bool or a float."""
     return (
         isinstance(value, numbers.Integral)
@@ -45,12 +46,12 @@ def is_int(value) -> bool:
     )
 
 
-def is_number(value) -> bool:
+def is_number(value: object) -> bool:
     """A real number (int or float, Python or numpy), never a bool or a string."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
 
 
-def whole(value, what: str, lo: int = 1, hi: int | None = None) -> int:
+def whole(value: object, what: str, lo: int = 1, hi: int | None = None) -> int:
     """`value` as an int in [lo, hi]; one line naming `what` otherwise."""
     require(is_int(value) and int(value) >= lo, f"{what} must be a whole number >= {lo}, got {value!r}")
     if hi is not None:
@@ -58,7 +59,7 @@ def whole(value, what: str, lo: int = 1, hi: int | None = None) -> int:
     return int(value)
 
 
-def number(value, what: str, lo: float = 0.0, *, above: bool = False) -> float:
+def number(value: object, what: str, lo: float = 0.0, *, above: bool = False) -> float:
     """`value` as a finite float >= lo (> lo when `above`)."""
     ok = (
         is_number(value)
@@ -69,7 +70,7 @@ def number(value, what: str, lo: float = 0.0, *, above: bool = False) -> float:
     return float(value)
 
 
-def flag(value, what: str) -> bool | None:
+def flag(value: object, what: str) -> bool | None:
     """An on/off value: True, False or None (unset); never the string 'false'."""
     numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
     require(
@@ -104,7 +105,7 @@ def _too_deep(what: str) -> UserError:
     return UserError(f"{what}: nested too deeply (more than {MAX_JSON_DEPTH} levels of [ or {{)")
 
 
-def parse_json(text: str, what: str):
+def parse_json(text: str, what: str) -> Any:
     """JSON text -> object; malformed, too deeply nested or non-finite-looking input is one line."""
     if too_deep(text):
         raise _too_deep(what)

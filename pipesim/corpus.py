@@ -19,10 +19,14 @@ import io
 import math
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from pipesim.errors import UserError, require
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
 
 #: Every column a corpus CSV must have, in the order they are written.
 COLUMNS = (
@@ -89,7 +93,7 @@ _REQUIRED_TEXT = (
 )
 
 
-def corpus_dir():
+def corpus_dir() -> Traversable | Path:
     """Where the shipped corpus is: the installed package `pipesim.validation`, or the
     repository's validation/ folder when pipesim runs uninstalled."""
     try:

@@ -11,12 +11,16 @@ workload writes them), so a row read back from a file is matched to its scenario
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .checks import check_sweep_size, check_sweep_work
 from .errors import UserError, require
 from .scenario import build_scenario, scenario_steps
+
+if TYPE_CHECKING:
+    from .scenario import Scenario
 
 KEY_COLUMNS = ("box", "engine", "input_len", "output_len", "gpus", "tp", "pp", "conc", "rate_rps")
 # the swept lists of scenario inputs: build_scenario's argument -> what the user calls it
@@ -47,7 +51,7 @@ class Grid:
         return sum(p.steps for p in self.points)
 
 
-def choices(value, what: str) -> list:
+def choices(value: object, what: str) -> list:
     """A sweep list: one value or a sequence of them -> the distinct values in the order given
     (None: the default, one value). Lengths may be whole numbers or specs ('300', '100:500')."""
     values = list(value) if isinstance(value, (list, tuple)) else [value]
@@ -87,7 +91,7 @@ def splits_of(gpus: int) -> list[tuple[int, int]]:
     return [(gpus // pp, pp) for pp in range(1, gpus + 1) if gpus % pp == 0]
 
 
-def scenario_key(sc, load: float, open_loop: bool) -> tuple:
+def scenario_key(sc: Scenario, load: float, open_loop: bool) -> tuple:
     """The KEY_COLUMNS of a built scenario at `load`, as `sweep.run_point` writes them."""
     w = sc.workload.describe()
     tp, pp = sc.plan.tp, sc.plan.pp
@@ -105,7 +109,7 @@ def scenario_key(sc, load: float, open_loop: bool) -> tuple:
     )
 
 
-def row_key(row) -> tuple:
+def row_key(row: Mapping[str, object]) -> tuple:
     """The key of a sweep row (a dict or a table row), typed as `scenario_key` gives it."""
     box, engine, inp, out, g, tp, pp, c, r = (row[k] for k in KEY_COLUMNS)
     return (str(box), str(engine), str(inp), str(out), int(g), int(tp), int(pp), int(c), float(r))

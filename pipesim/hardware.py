@@ -19,10 +19,14 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._toml import toml_reader
 from .checks import MAX_GPUS, parse_toml, read_text
 from .errors import UserError, require
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 NETWORK_NODE = "network"  # the fabric every NIC links to in a cluster
 
@@ -90,7 +94,7 @@ class Box:
     def node_of(self, gpu: int) -> int:
         return gpu // self.gpus_per_node
 
-    def spans_nodes(self, gpus) -> bool:
+    def spans_nodes(self, gpus: Iterable[int]) -> bool:
         return self.nodes > 1 and len({self.node_of(g) for g in gpus}) > 1
 
     # ---- the tree ---------------------------------------------------------------

@@ -13,8 +13,12 @@ range; a lookup over several axes is as weak as its weakest axis.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 # Table provenances, from strongest to weakest.
 TABLE_PROVENANCE = ("measured", "interpolated", "extrapolated")
@@ -48,7 +52,7 @@ class Curve:
             raise ValueError("a curve needs at least one measured point")
 
     @classmethod
-    def from_sorted(cls, xs, ys) -> Curve:
+    def from_sorted(cls, xs: ArrayLike, ys: ArrayLike) -> Curve:
         """A curve from points already sorted by x, with no NaN (checked tables)."""
         c = cls.__new__(cls)
         c.xs, c.ys = [float(v) for v in xs], [float(v) for v in ys]
@@ -82,7 +86,7 @@ def bracket(grid: list[float], x: float) -> list[tuple[int, float]]:
     return [(i, 1.0 - w), (i + 1, w)]
 
 
-def group_curves(keys, xs, ys) -> dict:
+def group_curves(keys: np.ndarray, xs: ArrayLike, ys: ArrayLike) -> dict:
     """{key: Curve} from parallel arrays, one curve per distinct key row.
 
     `keys` is a 2-D array (one column per key field); much faster than a pandas

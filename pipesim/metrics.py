@@ -19,6 +19,7 @@ from .steady import closed_loop_ci, queue_wait_s, window_ci
 
 if TYPE_CHECKING:
     import pandas as pd
+    from numpy.typing import ArrayLike
 
     from .simulation import Request
 
@@ -52,7 +53,7 @@ def _clipped(intervals, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray]:
     return np.maximum(a[:, 0], t0), np.minimum(a[:, 1], t1)
 
 
-def busy_in(intervals, t0: float, t1: float) -> float:
+def busy_in(intervals: ArrayLike, t0: float, t1: float) -> float:
     """Seconds of `intervals` inside [t0, t1], overlaps counted each time (a resource
     busy twice at once, e.g. two transfers waiting, counts both)."""
     if not intervals:
@@ -61,7 +62,7 @@ def busy_in(intervals, t0: float, t1: float) -> float:
     return float(np.clip(end - start, 0.0, None).sum())
 
 
-def merge(intervals, t0: float = -np.inf, t1: float = np.inf) -> np.ndarray:
+def merge(intervals: ArrayLike, t0: float = -np.inf, t1: float = np.inf) -> np.ndarray:
     """The union of [(start, end)] clipped to [t0, t1], as sorted disjoint rows.
     Touching intervals merge (compute then its all-reduce is one busy stretch)."""
     start, end = _clipped(intervals, t0, t1)
@@ -77,7 +78,7 @@ def merge(intervals, t0: float = -np.inf, t1: float = np.inf) -> np.ndarray:
     return np.column_stack((starts, ends))
 
 
-def covered_s(intervals, t0: float, t1: float) -> float:
+def covered_s(intervals: ArrayLike, t0: float, t1: float) -> float:
     """Seconds of [t0, t1] covered by at least one of `intervals` (overlaps once)."""
     m = merge(intervals, t0, t1)
     return float((m[:, 1] - m[:, 0]).sum())
@@ -140,7 +141,7 @@ def idle_breakdown(rec: Record, t0: float, t1: float) -> list[StageIdle]:
     return out
 
 
-def percentile(values, q: float) -> float:
+def percentile(values: ArrayLike, q: float) -> float:
     """np.percentile's default (linear) rule, q in percent: the sorted values
     interpolated at (n - 1) q / 100, numpy's lerp included (_function_base_impl.py
     `_lerp`), computed directly: np.percentile calls np.unique, which imports

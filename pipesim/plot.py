@@ -12,6 +12,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -27,6 +28,11 @@ from .plot_parts import (
     _splits,
     _subtitle,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .search import Search
 
 # GPU time of a stage: these five add up to 100% (metrics.idle_breakdown)
 SHARES = (
@@ -162,7 +168,7 @@ def tradeoff(df: pd.DataFrame) -> Figure:
     return fig
 
 
-def pareto_frontier(x, y) -> list[int]:
+def pareto_frontier(x: Sequence[float], y: Sequence[float]) -> list[int]:
     """Positions of the points no other point beats on both x and y (larger is better
     on both), in order of increasing x."""
     pts = sorted(range(len(x)), key=lambda i: (-x[i], -y[i]))
@@ -174,7 +180,7 @@ def pareto_frontier(x, y) -> list[int]:
     return sorted(out, key=lambda i: x[i])
 
 
-def pareto(result) -> Figure:
+def pareto(result: Search) -> Figure:
     """A search's trade-off: every swept point (output tok/s vs per-request tok/s),
     filled where it meets the constraints and hollow where it misses them; the Pareto
     frontier of the qualifying points (none is better on both axes); the constraint

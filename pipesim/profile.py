@@ -102,7 +102,7 @@ class Profile:
         """Engine flags of the measured deployment, used as defaults for this profile."""
         return self.meta.get("deployment", {})
 
-    def with_params(self, **values) -> Profile:
+    def with_params(self, **values: float | str) -> Profile:
         """The same profile (same indexed tables) with some parameters changed."""
         return replace(self, params=replace(self.params, **values))
 

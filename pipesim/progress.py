@@ -8,6 +8,11 @@ tqdm and of any state outside the call.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
 
 def bar(
     total: int | None,
@@ -16,7 +21,7 @@ def bar(
     unit: str = "run",
     initial: int = 0,
     leave: bool = False,
-):
+) -> tqdm:
     """A tqdm bar over `total` units (its rate gives the ETA), to stderr. `initial`: units
     done before (a resumed sweep's), counted but not in the rate; `leave`: the final count
     stays on the terminal. Every unit is drawn (a unit is a whole run: no refresh interval

@@ -28,8 +28,12 @@ more requests to tell.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 GROWTH_SHARE = 0.10  # growth above 10% of the arrival rate: overloaded
 MIN_GROWTH_REQUESTS = 5  # ... and by at least this many requests over the half
@@ -60,7 +64,7 @@ class Saturation:
         return {**asdict(self), "text": self.text()}
 
 
-def saturation(arrival_s, first_token_s, finish_s) -> Saturation | None:
+def saturation(arrival_s: ArrayLike, first_token_s: ArrayLike, finish_s: ArrayLike) -> Saturation | None:
     """The saturation of an open-loop run from its requests' times (seconds). None
     with fewer than 3 requests or all arriving at one instant (no rate to speak of)."""
     arr = np.sort(np.asarray(arrival_s, dtype=float))

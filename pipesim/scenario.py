@@ -159,7 +159,7 @@ def build_scenario(
     cpu_iteration_ms: float | None = None,
     engine_version: str | None = None,
     allow_foreign_profile: bool = False,
-    **knobs,
+    **knobs: object,
 ) -> Scenario:
     from .catalogue import profile_for_box
     from .profile import DEFAULT_PROFILE, Profile, load_profile

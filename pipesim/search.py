@@ -4,7 +4,7 @@ the GPU time goes in it and in the runner-up)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -95,7 +95,7 @@ def _ms(v) -> str:
     return "-" if v is None or v != v else f"{v:,.0f} ms"
 
 
-def load_text(r, lc: str) -> str:
+def load_text(r: Mapping[str, object], lc: str) -> str:
     return f"{r['rate_rps']:g} req/s" if lc == "rate_rps" else f"C={int(r['conc'])}"
 
 
@@ -110,7 +110,7 @@ def _constraint_text(key: str, value: float) -> str:
     return CONSTRAINTS[key][2].format(value)
 
 
-def interval_text(r, col: str) -> str:
+def interval_text(r: Mapping[str, object], col: str) -> str:
     """A point's uncertainty on `col`, where the table has one: a prediction interval
     (`<col>_lo` / `<col>_hi` columns) or, for throughput, the 95% CI half-width."""
     lo, hi = r.get(f"{col}_lo"), r.get(f"{col}_hi")
@@ -207,7 +207,7 @@ def search(
     max_tpot_p50_ms: float | None = None,
     max_tpot_p99_ms: float | None = None,
     table: pd.DataFrame | None = None,
-    **kwargs,
+    **kwargs: object,
 ) -> Search:
     """The best split and load by `objective` (one of OBJECTIVES) among the points that
     meet the constraints (an overloaded open-loop point never does). Runs

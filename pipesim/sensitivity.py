@@ -13,8 +13,12 @@ swing is the model's response, not run-to-run noise.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 from .errors import require
+
+if TYPE_CHECKING:
+    from .scenario import Scenario
 
 METRICS = ("output_throughput_tok_s", "per_request_tok_s", "ttft_ms_p50", "tpot_ms_p50")
 DEFAULT_STEP = 0.20
@@ -194,7 +198,7 @@ def _workload_items(scenario, step: float) -> list[Item]:
     return items
 
 
-def sensitivity(scenario, step: float = DEFAULT_STEP) -> Sensitivity:
+def sensitivity(scenario: Scenario, step: float = DEFAULT_STEP) -> Sensitivity:
     """The tornado of a built scenario (about 2 short runs per item)."""
     require(0 < step < 1, f"sensitivity step must be between 0 and 1 (a fraction, e.g. 0.2), got {step}")
     base = _metrics(scenario)

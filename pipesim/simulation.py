@@ -37,7 +37,7 @@ class Channel:
     def __init__(self, env: simpy.Environment):
         self.env, self.items, self.waiter = env, deque(), None
 
-    def put(self, item) -> None:
+    def put(self, item: object) -> None:
         self.items.append(item)
         if self.waiter is not None:
             waiter, self.waiter = self.waiter, None

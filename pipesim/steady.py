@@ -22,7 +22,12 @@ span's output rate is one sample.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 BATCHES = 10
 T_975_DOF9 = 2.262157  # Student's t, 97.5% quantile, 9 degrees of freedom
@@ -32,7 +37,7 @@ def _half_width(samples: np.ndarray) -> float:
     return T_975_DOF9 * float(samples.std(ddof=1)) / np.sqrt(len(samples))
 
 
-def closed_loop_ci(concurrency: int, output_tokens, latency_s) -> tuple[float, float]:
+def closed_loop_ci(concurrency: int, output_tokens: ArrayLike, latency_s: ArrayLike) -> tuple[float, float]:
     """(output tok/s, 95% half-width) from completed requests in completion order."""
     out = np.asarray(output_tokens, dtype=float)
     lat = np.asarray(latency_s, dtype=float)

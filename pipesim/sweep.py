@@ -206,7 +206,7 @@ def sweep(
     progress: bool | None = False,
     out: str | Path | None = None,
     resume: bool = False,
-    **kwargs,
+    **kwargs: object,
 ) -> pd.DataFrame:
     """Run every valid (tp, pp) with tp x pp in `gpus` at every closed-loop concurrency
     in `conc`, or, with `rate`, at every open-loop Poisson arrival rate (req/s; `conc`

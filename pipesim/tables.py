@@ -20,6 +20,9 @@ from .errors import UserError, require
 from .interp import Surface, group_curves
 
 if TYPE_CHECKING:
+    from importlib.abc import Traversable
+    from typing import IO
+
     import pandas as pd
 
 # Key columns of each table (latency_ms is the value). Sizes are per GPU.
@@ -197,7 +200,7 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("PIPESIM_CACHE_DIR") or Path.home() / ".cache" / "pipesim")
 
 
-def cached_columns(f, table: str) -> dict[str, np.ndarray]:
+def cached_columns(f: Path | Traversable, table: str) -> dict[str, np.ndarray]:
     """A table's checked columns, kept as .npz under the cache folder (PIPESIM_CACHE_DIR,
     default ~/.cache/pipesim) keyed by the file's path, size and modification time:
     parsing the largest tables costs more than the rest of a prediction, a cached read
@@ -232,7 +235,7 @@ def cached_columns(f, table: str) -> dict[str, np.ndarray]:
     return cols
 
 
-def read_table(source, table: str, origin: str) -> pd.DataFrame:
+def read_table(source: str | Path | IO, table: str, origin: str) -> pd.DataFrame:
     """One checked table as a DataFrame (see `read_columns`)."""
     import pandas as pd
 
@@ -253,7 +256,7 @@ def _as_numbers(texts: list[str]) -> np.ndarray:
         return out
 
 
-def read_columns(source, table: str, origin: str) -> dict[str, np.ndarray]:
+def read_columns(source: str | Path | IO, table: str, origin: str) -> dict[str, np.ndarray]:
     """Read and check one table into numpy columns: required columns, numbers where
     numbers belong, no NaN, latencies > 0, sizes >= 1. Errors name the file, the row
     and the column. Read with the csv module: a prediction needs no pandas."""

@@ -266,7 +266,7 @@ def _jsonable(v: object) -> object:
     return v
 
 
-def trace(tp: int = 1, pp: int = 1, conc: int | None = None, **kwargs) -> tuple[dict, Result]:
+def trace(tp: int = 1, pp: int = 1, conc: int | None = None, **kwargs: object) -> tuple[dict, Result]:
     """Simulate one scenario (the arguments of `pipesim.predict`) and return its trace
     object and Result."""
     from .scenario import build_scenario

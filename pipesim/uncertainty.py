@@ -24,10 +24,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .metrics import percentile
+
+if TYPE_CHECKING:
+    from .metrics import Result
+    from .profile import Profile
+    from .scenario import Scenario
 
 # metrics that get a band (the table's headline numbers)
 HEADLINE = (
@@ -69,7 +75,7 @@ def regime(tp: int, pp: int, conc: int | None) -> tuple[str, str]:
     return ("C=1" if conc == 1 else "batched", "PP" if pp > 1 else "TP")
 
 
-def loo_residuals(profile) -> list[tuple[object, float]]:
+def loo_residuals(profile: Profile) -> list[tuple[object, float]]:
     """(point, leave-one-out relative error) of the profile's measured points, as its
     fit stored them in profile.toml [fit.loo_error_pct] (point label -> %)."""
     stored = profile.meta.get("fit", {}).get("loo_error_pct", {})
@@ -78,7 +84,7 @@ def loo_residuals(profile) -> list[tuple[object, float]]:
     return [(p, float(stored[p.label()]) / 100) for p in profile.measured if p.label() in stored]
 
 
-def calibration_spread(profile, tp: int, pp: int, conc: int | None) -> CalibrationSpread:
+def calibration_spread(profile: Profile, tp: int, pp: int, conc: int | None) -> CalibrationSpread:
     """Part (a) for a scenario: the regime's points if enough, else all points if
     enough, else the stated default."""
     want = regime(tp, pp, conc)
@@ -117,7 +123,7 @@ def _spread(lengths, s: float):
     return Lengths(max(1, round(n * (1 - s))), max(1, round(n * (1 + s))))
 
 
-def ensemble_scenarios(scenario, runs: int = ENSEMBLE_RUNS) -> list:
+def ensemble_scenarios(scenario: Scenario, runs: int = ENSEMBLE_RUNS) -> list[Scenario]:
     """Part (b)'s members: the scenario with seed 1..runs, fixed lengths widened to a
     uniform spread of the same mean, and a non-zero front-end cost alternately -+50%.
     A trace is replayed as given (its lengths and arrivals are pinned): seeds only."""
@@ -143,7 +149,7 @@ def _values(result) -> dict:
     return {m: getattr(result, m) for m in HEADLINE}
 
 
-def ensemble_spread(scenario, runs: int = ENSEMBLE_RUNS) -> dict:
+def ensemble_spread(scenario: Scenario, runs: int = ENSEMBLE_RUNS) -> dict:
     """Part (b): metric -> relative half-width (Z_LIKELY x std / mean of the members),
     each member a short fixed-length run (C warm-up, max(2C, 16) measured)."""
     from .api import run
@@ -159,7 +165,7 @@ def ensemble_spread(scenario, runs: int = ENSEMBLE_RUNS) -> dict:
     return out
 
 
-def member_requests(scenario) -> int:
+def member_requests(scenario: Scenario) -> int:
     """Measured requests of one ensemble member: a closed loop's short run measures
     max(2A, 16), A the requests the engine admits at once (api.simulate); an open loop
     or a trace is measured whole."""
@@ -191,7 +197,7 @@ def _stretch_values(cols: dict, idx: np.ndarray, throughput: float) -> dict:
     return out
 
 
-def run_spread(result, scenario) -> dict:
+def run_spread(result: Result, scenario: Scenario) -> dict:
     """Part (b) of a closed loop from the run itself, no extra run. Its measured
     requests, in completion order, are cut into k stretches of at least one member's
     size (k = requests // member size), or into RUN_BATCHES smaller ones when the run
@@ -234,7 +240,9 @@ def band(value: float, rel: float) -> tuple[float, float]:
     return (value / (1 + rel), value * (1 + rel))
 
 
-def intervals(result, scenario, workload: str = "run", runs: int = ENSEMBLE_RUNS) -> tuple[dict, dict]:
+def intervals(
+    result: Result, scenario: Scenario, workload: str = "run", runs: int = ENSEMBLE_RUNS
+) -> tuple[dict, dict]:
     """(intervals, basis) for a Result of `scenario`: metric -> (lo, hi), and what each
     part contributed. `workload` is how part (b) is estimated (WORKLOAD_METHODS): "run"
     from the run itself (no extra run), "ensemble" from `runs` short runs more, "none"
@@ -283,13 +291,13 @@ def intervals(result, scenario, workload: str = "run", runs: int = ENSEMBLE_RUNS
     return out, basis
 
 
-def attach(result, scenario, workload: str = "run", runs: int = ENSEMBLE_RUNS):
+def attach(result: Result, scenario: Scenario, workload: str = "run", runs: int = ENSEMBLE_RUNS) -> Result:
     """The result with its `intervals` and `interval_basis` filled in."""
     iv, basis = intervals(result, scenario, workload, runs)
     return replace(result, intervals=iv, interval_basis=basis)
 
 
-def likely(result, metric: str, fmt: str = "{:,.0f}") -> str:
+def likely(result: Result, metric: str, fmt: str = "{:,.0f}") -> str:
     """' (likely LO-HI)' for the table, or '' when the result carries no interval."""
     iv = getattr(result, "intervals", None) or {}
     if metric not in iv or not all(map(math.isfinite, iv[metric])):

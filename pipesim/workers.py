@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from dask.distributed import Client
 
 Task = tuple  # (tp, pp, load, combo)
 
@@ -80,7 +84,7 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def connect(address: str):
+def connect(address: str) -> Client:
     """A Dask client of the scheduler at `address`; a missing Dask or an unreachable
     scheduler is one line."""
     try:

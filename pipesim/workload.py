@@ -91,7 +91,9 @@ class Workload:
         return d
 
 
-def closed_loop(concurrency: int, input_len="256", output_len="300", seed: int = 0) -> Workload:
+def closed_loop(
+    concurrency: int, input_len: str | int = "256", output_len: str | int = "300", seed: int = 0
+) -> Workload:
     require(
         isinstance(concurrency, int) and concurrency >= 1,
         f"concurrency must be a whole number >= 1, got {concurrency}",
@@ -105,7 +107,13 @@ def closed_loop(concurrency: int, input_len="256", output_len="300", seed: int =
     )
 
 
-def poisson(rate_rps: float, num_requests: int, input_len="256", output_len="300", seed: int = 0) -> Workload:
+def poisson(
+    rate_rps: float,
+    num_requests: int,
+    input_len: str | int = "256",
+    output_len: str | int = "300",
+    seed: int = 0,
+) -> Workload:
     require(rate_rps > 0, f"arrival rate must be > 0 requests/s, got {rate_rps}")
     require(num_requests >= 1, f"number of requests must be >= 1, got {num_requests}")
     return Workload(

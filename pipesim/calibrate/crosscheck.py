@@ -27,9 +27,18 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from numpy.typing import ArrayLike
+
+    from ..profile import Profile
+    from ..scenario import Scenario
 
 # hardware text (lower case) -> box preset; first match wins
 BOXES = (
@@ -164,7 +173,7 @@ def knobs_for(engine: str, flags: str) -> dict:
     return out
 
 
-def profile_for(box: str, engine: str, model: str):
+def profile_for(box: str, engine: str, model: str) -> Profile:
     """A shipped profile measured on the box's GPU (for this model, if it names one),
     the row's engine first; else the engine's scheduling with the roofline alone."""
     from ..errors import UserError
@@ -190,7 +199,7 @@ def profile_for(box: str, engine: str, model: str):
     )
 
 
-def scenario_for(run: dict):
+def scenario_for(run: dict) -> Scenario:
     """The scenario of a corpus run (raises Skip with the reason)."""
     from ..errors import UserError
     from ..scenario import build_scenario
@@ -276,7 +285,7 @@ def _predicted(result, inp: str, out: str) -> dict:
     return vals
 
 
-def pairwise_agreement(measured, predicted) -> tuple[float, int]:
+def pairwise_agreement(measured: ArrayLike, predicted: ArrayLike) -> tuple[float, int]:
     """(share of pairs ordered alike, pairs): ties in either count half."""
     agree, pairs = 0.0, 0
     for i in range(len(measured)):
@@ -287,7 +296,7 @@ def pairwise_agreement(measured, predicted) -> tuple[float, int]:
     return (agree / pairs if pairs else float("nan")), pairs
 
 
-def kendall_tau(measured, predicted) -> float:
+def kendall_tau(measured: ArrayLike, predicted: ArrayLike) -> float:
     """Kendall's tau-b of the two orderings (scipy)."""
     from scipy.stats import kendalltau
 
@@ -323,7 +332,7 @@ def summary(corpus: pd.DataFrame) -> dict:
     }
 
 
-def check(corpus: pd.DataFrame, progress=None) -> Check:
+def check(corpus: pd.DataFrame, progress: Callable[[object], None] | None = None) -> Check:
     """Simulate every expressible run of `corpus` (pipesim.corpus.load_corpus()) once
     and compare each of its measured numbers; intervals are the cheap form (calibration
     and the run's CI, no ensemble: docs/uncertainty.md)."""

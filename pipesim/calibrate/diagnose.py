@@ -10,6 +10,7 @@ points at once: one that explains a point but not the others is ruled out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,7 +130,7 @@ def steps(profile: Profile) -> int:
     return len(profile.measured) + len(_hypotheses(profile))
 
 
-def diagnose(profile: str | Path | Profile, on_point=None) -> Diagnosis:
+def diagnose(profile: str | Path | Profile, on_point: Callable[[], None] | None = None) -> Diagnosis:
     """Each measured point of a profile (a name, a directory or a loaded one) against
     its tables alone, the gap charged to each hypothesis, and each fitted to all points.
     `on_point()` after each point and each hypothesis fit (progress: `steps`)."""

@@ -11,7 +11,7 @@ whether a profile predicts or merely memorises.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,7 +138,7 @@ def _solve(obj: _Objective, start) -> np.ndarray:
     return sol.x
 
 
-def solves(points, loo: bool) -> int:
+def solves(points: Sequence[Point], loo: bool) -> int:
     """Least-squares solves a fit runs: the fit, and one per point left out."""
     return 1 + (len(points) if loo and len(points) > 1 else 0)
 

@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING
 from ..errors import UserError, require
 
 if TYPE_CHECKING:  # read with the csv module: loading a profile needs no pandas
+    from pathlib import Path
+    from typing import IO
+
     import pandas as pd
 
 COLUMNS = (
@@ -90,7 +93,7 @@ class Point:
 
 
 def read_points(
-    source, origin: str, default_model: str = "kimi-k2.6", default_engine: str = "sglang"
+    source: str | Path | IO, origin: str, default_model: str = "kimi-k2.6", default_engine: str = "sglang"
 ) -> list[Point]:
     """Read measured points; errors name the file, the line and the column."""
     try:

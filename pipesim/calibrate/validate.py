@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from ..profile import Profile
 from .fit import predict_point
 
 
-def validate(profile: Profile, on_point=None) -> pd.DataFrame:
+def validate(profile: Profile, on_point: Callable[[], None] | None = None) -> pd.DataFrame:
     """One row per measured point: measured (value or band), predicted, error in %
     (0 inside a band, else against the nearer edge). `on_point()` after each (progress)."""
     require(
@@ -96,7 +97,9 @@ class Validation:
         )
 
 
-def check(profile: str | Path | Profile, max_error_pct: float, on_point=None) -> Validation:
+def check(
+    profile: str | Path | Profile, max_error_pct: float, on_point: Callable[[], None] | None = None
+) -> Validation:
     """Validate a profile (a name, a directory or a loaded one) against its measured points."""
     from ..profile import load_profile
 

@@ -19,7 +19,7 @@ EXIT_BAD_INPUT = 2
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="pipesim")
-def cli():
+def cli() -> None:
     """pipesim: predict throughput and latency of an LLM inference engine for any
     TP x PP split and concurrency, and show where the time goes."""
 
@@ -28,7 +28,7 @@ for _command in (predict, trace, sweep, search, plot, calibrate, validate, diagn
     cli.add_command(_command)
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one line and exit code 2; bugs keep their traceback."""
     try:
         cli.main(args=argv, prog_name="pipesim", standalone_mode=False)

@@ -10,12 +10,12 @@ from ..checks import number
 
 
 @click.group()
-def calibrate():
+def calibrate() -> None:
     """Measure or import a box's costs into a calibration profile."""
 
 
 @calibrate.group("import")
-def calibrate_import():
+def calibrate_import() -> None:
     """Import measurements people already have into a profile."""
 
 
@@ -31,7 +31,9 @@ def calibrate_import():
     help="the engine version whose tables to read (nested layout: <op>/<engine>/<version>/; "
     "flat: the vllm-<version> subfolder) [default: the newest that measured each table]",
 )
-def import_aiconfigurator(system_dir, out, kernel_set, box, name, engine_version):
+def import_aiconfigurator(
+    system_dir: str, out: str, kernel_set: str, box: str, name: str | None, engine_version: str | None
+) -> None:
     """Tables from an AIConfigurator system folder (e.g. .../rtx_pro_6000_server), flat or
     as aiconfigurator-core ships it (<system>/<op>/<engine>/<version>/*.parquet)."""
     from ..calibrate.importers.aiconfigurator import import_profile
@@ -48,7 +50,7 @@ def import_aiconfigurator(system_dir, out, kernel_set, box, name, engine_version
 @click.option("--out", default=None, help="write the result here instead of in place")
 @click.option("--op", default=None, help="all_reduce, all_gather, ... [default: read from the output]")
 @click.option("--gpus", type=int, default=None, help="GPUs in the run [default: read from the output]")
-def import_nccl_tests(file, profile_dir, out, op, gpus):
+def import_nccl_tests(file: str, profile_dir: str, out: str | None, op: str | None, gpus: int | None) -> None:
     """Collective latencies from nccl-tests text output (all_reduce_perf, all_gather_perf, ...)."""
     from ..calibrate.importers.nccl_tests import import_file
 
@@ -74,7 +76,17 @@ def import_nccl_tests(file, profile_dir, out, op, gpus):
 @click.option("--conc", type=int, default=None, help="concurrency, where the output lacks max_concurrency")
 @click.option("--name", default="", help="a label for the points")
 @click.option("--model", default="", help="model preset or config the run served [default: the profile's]")
-def import_bench(file, profile_dir, out, fmt, tp, pp, conc, name, model):
+def import_bench(
+    file: str,
+    profile_dir: str,
+    out: str | None,
+    fmt: str,
+    tp: int | None,
+    pp: int | None,
+    conc: int | None,
+    name: str,
+    model: str,
+) -> None:
     """End-to-end points (becomes the profile's measured set)."""
     from ..calibrate.importers.bench import import_file
 
@@ -97,7 +109,7 @@ def import_bench(file, profile_dir, out, fmt, tp, pp, conc, name, model):
 @click.option(
     "--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]"
 )
-def calibrate_fit(profile_dir, names, out, no_loo, progress):
+def calibrate_fit(profile_dir: str, names: str, out: str | None, no_loo: bool, progress: bool | None) -> None:
     """Fit free parameters to the profile's measured points by least squares."""
     from ..calibrate.fit import fit_profile, solves
     from ..profile import load_profile
@@ -138,7 +150,9 @@ def calibrate_fit(profile_dir, names, out, no_loo, progress):
 @click.option(
     "--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]"
 )
-def validate(profile, max_error, as_json, corpus_dir, progress):
+def validate(
+    profile: str | None, max_error: float, as_json: bool, corpus_dir: str | None, progress: bool | None
+) -> None:
     """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error.
     With --corpus: every corpus run pipesim can express, its error, ranking agreement and interval coverage."""
     from ..calibrate.validate import check
@@ -166,7 +180,7 @@ def validate(profile, max_error, as_json, corpus_dir, progress):
 @click.option(
     "--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]"
 )
-def diagnose(profile, progress):
+def diagnose(profile: str | None, progress: bool | None) -> None:
     """Where the box loses time: each measured point against the box's own tables."""
     from ..calibrate.diagnose import diagnose as run_diagnosis
     from ..calibrate.diagnose import steps
@@ -206,7 +220,16 @@ def diagnose(profile, progress):
     show_default=True,
     help="with several GPUs visible: NCCL all-reduce, all-gather and P2P tables",
 )
-def calibrate_live(model_arg, out, hf_config, name, budget_s, reps, warmup, collectives):
+def calibrate_live(
+    model_arg: str,
+    out: str,
+    hf_config: bool,
+    name: str | None,
+    budget_s: float,
+    reps: int,
+    warmup: int,
+    collectives: bool,
+) -> None:
     """Measure MODEL's operation costs on this machine's NVIDIA GPUs into a profile
     that `pipesim predict --profile OUT --model MODEL` uses (needs pipesim[live])."""
     from ..calibrate.live import run_live

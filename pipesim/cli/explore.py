@@ -73,7 +73,19 @@ from .options import (
     "--scheduler", default=None, help="run on a Dask cluster: its scheduler address, tcp://HOST:PORT"
 )
 @click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
-def sweep(gpus, splits, conc, rate, num_requests, out, resume, workers, scheduler, progress, **opts):
+def sweep(
+    gpus: str,
+    splits: str | None,
+    conc: str | None,
+    rate: str | None,
+    num_requests: int | None,
+    out: str | None,
+    resume: bool,
+    workers: int | None,
+    scheduler: str | None,
+    progress: bool | None,
+    **opts: object,
+) -> None:
     """Every valid TP x PP split for the GPU count(s) x every load x every engine, box and
     length listed: a table."""
     import time
@@ -189,24 +201,24 @@ def sweep(gpus, splits, conc, rate, num_requests, out, resume, workers, schedule
 @click.option("--scheduler", default=None, help="run on a Dask cluster: tcp://HOST:PORT")
 @click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
 def search(
-    gpus,
-    splits,
-    conc,
-    rate,
-    num_requests,
-    objective,
-    min_per_request_tok_s,
-    max_ttft_p50_ms,
-    max_ttft_p99_ms,
-    max_tpot_p50_ms,
-    max_tpot_p99_ms,
-    plot_file,
-    from_file,
-    workers,
-    scheduler,
-    progress,
-    **opts,
-):
+    gpus: str,
+    splits: str | None,
+    conc: str | None,
+    rate: str | None,
+    num_requests: int | None,
+    objective: str,
+    min_per_request_tok_s: str | None,
+    max_ttft_p50_ms: str | None,
+    max_ttft_p99_ms: str | None,
+    max_tpot_p50_ms: str | None,
+    max_tpot_p99_ms: str | None,
+    plot_file: str | None,
+    from_file: str | None,
+    workers: int | None,
+    scheduler: str | None,
+    progress: bool | None,
+    **opts: object,
+) -> None:
     """The best split and load under constraints, the alternatives ranked, and why."""
     from pathlib import Path
 
@@ -255,7 +267,7 @@ def search(
 @click.option("--out-dir", default=".", show_default=True, help="folder for the figures")
 @click.option("--format", "fmt", default="png", show_default=True, help="png or svg")
 @click.option("--prefix", default="", help="prefix of the file names")
-def plot(results, out_dir, fmt, prefix):
+def plot(results: str, out_dir: str, fmt: str, prefix: str) -> None:
     """Figures of a sweep table: throughput vs concurrency, the trade-off curve, the time breakdown."""
     from .. import plot as pl
     from ..files import ensure_dir, read_table

@@ -4,6 +4,8 @@ flags (one clear line on bad input, see docs/bad-input.md)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TypeVar
 
 import click
 
@@ -14,10 +16,11 @@ from ..scenario import DEFAULT_MODEL
 from ..sweep import DEFAULT_CONC
 from ..workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
 
+F = TypeVar("F", bound=Callable[..., object])  # a click command
 DEFAULT_CONC_TEXT = ",".join(map(str, DEFAULT_CONC))
 
 
-def parse_layers(value: str | None):
+def parse_layers(value: str | None) -> tuple[int, ...] | None:
     if value is None:
         return None
     try:
@@ -91,7 +94,7 @@ def parse_workers(workers: int | None) -> int | None:
     return None if workers is None else whole(workers, "--workers", 1, MAX_WORKERS)
 
 
-def scenario_options(f, lists: bool = False):
+def scenario_options(f: F, lists: bool = False) -> F:
     """The scenario and engine flags every simulating command shares; with `lists` (a
     sweep's), --engine, --box, --input-len and --output-len take comma-separated lists."""
     several = lambda example: f", or several: {example}" if lists else ""  # noqa: E731
@@ -219,7 +222,7 @@ def scenario_options(f, lists: bool = False):
     return f
 
 
-def sweep_scenario_options(f):
+def sweep_scenario_options(f: F) -> F:
     """The scenario flags of a sweep: engine, box and lengths may be lists (`list_kwargs`)."""
     return scenario_options(f, lists=True)
 

@@ -6,12 +6,12 @@ import click
 
 
 @click.group()
-def boxes():
+def boxes() -> None:
     """The box catalogue: presets, their numbers and where each comes from (docs/boxes.md)."""
 
 
 @boxes.command("list")
-def boxes_list():
+def boxes_list() -> None:
     """One line per preset: name, GPUs, GPU model, memory, interconnect."""
     from ..hardware import box_names, load_box, summary_line
 
@@ -23,7 +23,7 @@ def boxes_list():
 @click.argument("name")
 @click.option("--nodes", type=int, default=1, show_default=True, help="show a cluster of this many boxes")
 @click.option("--network", default=None, help="what joins the nodes [default: the box's [network]]")
-def boxes_show(name, nodes, network):
+def boxes_show(name: str, nodes: int, network: str | None) -> None:
     """Every field of box NAME (a preset or .toml) with its source, and the topology tree."""
     from ..hardware import details, load_box
 
@@ -31,12 +31,12 @@ def boxes_show(name, nodes, network):
 
 
 @click.group()
-def profiles():
+def profiles() -> None:
     """List and inspect calibration profiles."""
 
 
 @profiles.command("list")
-def profiles_list():
+def profiles_list() -> None:
     """The shipped profiles."""
     from ..profile import load_profile, profile_names
 
@@ -47,7 +47,7 @@ def profiles_list():
 
 @profiles.command("show")
 @click.argument("name")
-def profiles_show(name):
+def profiles_show(name: str) -> None:
     """One profile: its box, engine, parameters and the source of every table."""
     from ..profile import load_profile, profile_folder
 

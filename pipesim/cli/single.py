@@ -80,21 +80,21 @@ from .options import parse_layers, scenario_kwargs, scenario_options
     help="--sensitivity: write the tornado figure here (.png, .pdf, .svg)",
 )
 def predict(
-    tp,
-    pp,
-    conc,
-    rate,
-    num_requests,
-    trace,
-    layers,
-    as_json,
-    intervals,
-    ensemble,
-    sensitivity,
-    step,
-    plot_file,
-    **opts,
-):
+    tp: int,
+    pp: int,
+    conc: int | None,
+    rate: float | None,
+    num_requests: int | None,
+    trace: str | None,
+    layers: str | None,
+    as_json: bool,
+    intervals: bool,
+    ensemble: bool,
+    sensitivity: bool,
+    step: float,
+    plot_file: str | None,
+    **opts: object,
+) -> None:
     """Predict one scenario (default: Kimi K2.6 with SGLang on 8 x RTX PRO 6000)."""
     from .. import api, report
     from ..scenario import build_scenario
@@ -160,7 +160,7 @@ def predict(
 )
 @scenario_options
 @click.option("--out", default="trace.json", show_default=True, help="the Chrome trace event file (.json)")
-def trace(tp, pp, conc, out, **opts):
+def trace(tp: int, pp: int, conc: int | None, out: str, **opts: object) -> None:
     """A Chrome / Perfetto trace of one run: a track per GPU and per PP hop."""
     from .. import trace as tr
     from ..files import check_out_path

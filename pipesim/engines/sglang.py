@@ -31,6 +31,8 @@ from .kv import CLIP_MAX_NEW_TOKENS, NewTokenRatio, retract_estimate, take
 from .protocol import EngineSimulation
 
 if TYPE_CHECKING:
+    from ..model import Model
+    from ..plan import Plan
     from ..simulation import MicroBatch, Request
 
 MiB = 2**20
@@ -129,7 +131,7 @@ class SGLangConfig:
         gb = gpu_memory_bytes / MiB / 1024
         return 2048 if gb < 35 else 4096 if gb < 60 else 8192 if gb < 160 else 16384
 
-    def resolve(self, gpu_memory_bytes: float, plan, model, kv_tokens: int) -> SGLangSettings:
+    def resolve(self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int) -> SGLangSettings:
         # model_runner.py: req pool = clamp(kv_tokens / context_len * 512, 2048, 4096);
         # max_running_requests = min(kv_tokens // 2, req pool) unless given.
         pool = min(max(int(kv_tokens / model.max_context * 512), 2048), 4096)

@@ -31,6 +31,8 @@ from .kv import VLLM_BLOCK_SIZE, blocks_for, take
 from .protocol import EngineSimulation
 
 if TYPE_CHECKING:
+    from ..model import Model
+    from ..plan import Plan
     from ..simulation import MicroBatch, Request
 
 GiB = 2**30
@@ -73,7 +75,7 @@ class VLLMConfig:
     def memory_fraction(self, gpu_memory_bytes: float, tp: int, pp: int) -> float:
         return self.gpu_memory_utilization
 
-    def resolve(self, gpu_memory_bytes: float, plan, model, kv_tokens: int) -> VLLMSettings:
+    def resolve(self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int) -> VLLMSettings:
         big = gpu_memory_bytes >= 70 * GiB
         seqs = self.max_num_seqs or (1024 if big else 256)
         tokens = self.max_num_batched_tokens or (8192 if big else 2048)

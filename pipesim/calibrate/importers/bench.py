@@ -83,7 +83,7 @@ def _blank(value):
     return "" if value is None else value
 
 
-def parse_sglang(text: str, origin: str, tp: int, pp: int, **extra) -> pd.DataFrame:
+def parse_sglang(text: str, origin: str, tp: int, pp: int, **extra: object) -> pd.DataFrame:
     objs = []
     for n, line in enumerate(text.splitlines(), start=1):
         if line.strip():
@@ -96,7 +96,7 @@ def parse_sglang(text: str, origin: str, tp: int, pp: int, **extra) -> pd.DataFr
     return _rows_from_json(objs, origin, tp, pp, {**extra, "engine": extra.get("engine") or "sglang"})
 
 
-def parse_vllm(text: str, origin: str, tp: int, pp: int, **extra) -> pd.DataFrame:
+def parse_vllm(text: str, origin: str, tp: int, pp: int, **extra: object) -> pd.DataFrame:
     obj = parse_json(text, origin)
     objs = obj if isinstance(obj, list) else [obj]
     return _rows_from_json(objs, origin, tp, pp, {**extra, "engine": extra.get("engine") or "vllm"})
