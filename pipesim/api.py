@@ -1,125 +1,15 @@
-"""The Python API: `predict(...)` runs one scenario and returns its `Result`."""
+"""The Python API: `predict(...)` runs one scenario and returns its `Result`;
+`whatif(...)` predicts a scenario and its changed copy. `run` and `simulate` (a built
+scenario) are runner.py's."""
 
 from __future__ import annotations
 
-import time
-
-from .checks import MAX_SIM_S
-from .costs import CostModel
-from .errors import UserError, require
-from .metrics import Result, collect
-from .record import Record
-from .scenario import Scenario, build_scenario
-from .simulation import Simulation
+from .metrics import Result
+from .runner import CI_TARGET, admitted_concurrency, run, simulate
+from .scenario import build_scenario
 from .whatif import check
 
-# A run stops at the request target; MAX_SIM_S, a bound on simulated time, only
-# guards against a scenario that cannot make progress.
-CI_TARGET = 0.02  # stop when the throughput's 95% CI half-width is within 2% of it
-
-
-def run(scenario: Scenario, **kwargs: object) -> Result:
-    """Simulate a built scenario and return its metrics (see `simulate`)."""
-    return simulate(scenario, **kwargs)[1]
-
-
-def admitted_concurrency(scenario: Scenario) -> int:
-    """How many of a closed loop's C requests the engine runs at once: at most C, its
-    running cap, and the requests of mean length its KV cache holds whole (an
-    estimate: the engines take KV as requests grow and evict when it runs out,
-    docs/engines.md §4). Clients beyond it only queue."""
-    w, s = scenario.workload, scenario.settings
-    per_request = max(1.0, w.input_len.mean + w.output_len.mean)
-    return max(1, min(w.concurrency, s.running_cap, int(s.kv_tokens // per_request)))
-
-
-def simulate(
-    scenario: Scenario,
-    *,
-    warmup_requests: int | None = None,
-    measure_requests: int | None = None,
-    max_measure_requests: int | None = None,
-    ci_target: float | None = CI_TARGET,
-) -> tuple[Record, Result]:
-    """Simulate a built scenario; returns what the run recorded (it feeds traces and
-    the idle breakdown) and the metrics.
-
-    Closed loop: the first A completed requests are warm-up, A the requests the engine
-    admits at once (`admitted_concurrency`: C unless its running cap or KV capacity is
-    smaller; more clients only lengthen the queue, not the work in flight, so they
-    need no longer a run). The run then measures at
-    least `measure_requests` completions (default max(2A, 16)) while every client keeps
-    its next request coming, and goes on until the throughput's 95% confidence
-    half-width (batch means) is within `ci_target` of the mean, or
-    `max_measure_requests` (default 20x the minimum) have completed. `ci_target=None`
-    measures exactly `measure_requests`. Open loop and traces: every request.
-    """
-    w = scenario.workload
-    plan = scenario.plan
-    require(
-        plan.dp == 1 or plan.pp == 1,
-        f"{plan.label()}: data parallel ranks are simulated without pipeline stages; use --pp 1 with --dp > 1",
-    )
-    queued = False
-    if w.kind == "closed":
-        admitted = admitted_concurrency(scenario)
-        queued = admitted < w.concurrency
-        warm = admitted if warmup_requests is None else warmup_requests
-        measure = max(2 * admitted, 16) if measure_requests is None else measure_requests
-        cap = 20 * measure if max_measure_requests is None else max_measure_requests
-    else:
-        warm, measure, cap, ci_target = 0, w.num_requests, w.num_requests, None
-    t = time.perf_counter()
-    costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
-    sim = _simulation(scenario)(
-        costs,
-        w,
-        scenario.settings.scheduler,
-        scenario.settings,
-        warm,
-        measure,
-        max_measure_requests=cap,
-        ci_target=ci_target,
-        queued=queued,
-    )
-    sim.run(MAX_SIM_S)
-    rec = sim.record()
-    result = collect(rec, sim.finished, scenario.describe(), time.perf_counter() - t)
-    result.provenance_shares = costs.provenance_shares()
-    if plan.dp > 1:
-        result.data_parallel = sim.summary()
-    _check_completed(result, len(sim.finished), rec.end_s, scenario)
-    return rec, result
-
-
-def _simulation(scenario: Scenario):
-    """The Simulation class for the plan: with DP ranks, dataparallel.py's (in lock step
-    when the MoE layers span the ranks, `Plan.moe_spans_dp`)."""
-    plan = scenario.plan
-    if plan.dp == 1:
-        return Simulation
-    from functools import partial
-
-    from .dataparallel import DPSimulation
-
-    return partial(DPSimulation, dp=plan.dp, lockstep=plan.moe_spans_dp, engine=scenario.engine.name)
-
-
-def _check_completed(result: Result, finished: int, end_s: float, scenario: Scenario) -> None:
-    """A run that completed no request (in its measured window) has no answer: say why
-    instead of reporting 0 tok/s."""
-    if result.completed_requests > 0:
-        return
-    why = (
-        f"the run reached the simulated horizon of {MAX_SIM_S:g} s"
-        if end_s >= MAX_SIM_S
-        else f"the run ended at {end_s:.3g} s simulated"
-    )
-    raise UserError(
-        f"the run completed no request ({finished} finished in all; {why}): a latency or parameter of "
-        f"profile {scenario.profile.name} may be infinite or huge, or the arrivals lie past the horizon; "
-        "check the profile's tables and parameters and the workload"
-    )
+__all__ = ["CI_TARGET", "admitted_concurrency", "predict", "run", "simulate", "whatif"]
 
 
 def predict(

@@ -26,7 +26,7 @@ import simpy
 
 from .dpcosts import DPStepCosts
 from .engines.protocol import EngineScheduler, EngineSimulation
-from .record import Recorder
+from .record import Record, Recorder
 from .simulation import Channel, MicroBatch, Request, Simulation
 
 # vLLM's DPCoordinator republishes the engines' [waiting, running] counts to the front
@@ -254,7 +254,7 @@ class DPSimulation(Simulation):
             out["dummy_step_share"] = [d / self.steps if self.steps else 0.0 for d in self.dummy_steps]
         return out
 
-    def record(self):
+    def record(self) -> Record:
         rec = super().record()
         from dataclasses import replace
 

@@ -104,7 +104,7 @@ class Sensitivity:
 
 
 def _metrics(scenario) -> dict:
-    from .api import run
+    from .runner import run
 
     r = run(scenario, ci_target=None)
     return {m: float(getattr(r, m)) for m in METRICS}

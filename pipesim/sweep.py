@@ -91,8 +91,8 @@ def run_point(
     `open_loop` the Poisson arrival rate (req/s); `combo` the box, engine and lengths
     of this scenario (beside `kwargs`, which all share). Module-level so that worker
     processes (local or Dask) can unpickle it."""
-    from .api import simulate
     from .metrics import idle_breakdown
+    from .runner import simulate
 
     kwargs = {**kwargs, **(combo or {})}
 

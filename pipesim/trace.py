@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .api import simulate
 from .metrics import Result, idle_breakdown
 from .record import Record
+from .runner import simulate
 
 TRACK_GPUS, TRACK_HOPS, TRACK_CPU, TRACK_WINDOW = 1, 2, 3, 4
 

@@ -152,7 +152,7 @@ def _values(result) -> dict:
 def ensemble_spread(scenario: Scenario, runs: int = ENSEMBLE_RUNS) -> dict:
     """Part (b): metric -> relative half-width (Z_LIKELY x std / mean of the members),
     each member a short fixed-length run (C warm-up, max(2C, 16) measured)."""
-    from .api import run
+    from .runner import run
 
     vals = []
     for sc in ensemble_scenarios(scenario, runs):
@@ -169,7 +169,7 @@ def member_requests(scenario: Scenario) -> int:
     """Measured requests of one ensemble member: a closed loop's short run measures
     max(2A, 16), A the requests the engine admits at once (api.simulate); an open loop
     or a trace is measured whole."""
-    from .api import admitted_concurrency
+    from .runner import admitted_concurrency
 
     w = scenario.workload
     if w.kind != "closed":
