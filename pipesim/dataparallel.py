@@ -24,10 +24,11 @@ from collections.abc import Callable, Generator
 
 import simpy
 
+from .batches import MicroBatch, Request
 from .dpcosts import DPStepCosts
 from .engines.protocol import EngineScheduler, EngineSimulation
 from .record import Record, Recorder
-from .simulation import Channel, MicroBatch, Request, Simulation
+from .simulation import Channel, Simulation
 
 # vLLM's DPCoordinator republishes the engines' [waiting, running] counts to the front
 # end at most every 100 ms (coordinator.py, min_stats_update_interval_ms)

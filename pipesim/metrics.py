@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from numpy.typing import ArrayLike
 
-    from .simulation import Request
+    from .batches import Request
 
 REQUEST_COLUMNS = (
     "rid",

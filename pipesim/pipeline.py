@@ -36,7 +36,7 @@ from .costs import CostModel
 from .record import Recorder
 
 if TYPE_CHECKING:
-    from .simulation import MicroBatch
+    from .batches import MicroBatch
 
 ACT_BYTES = 2
 TOKEN_ID_BYTES = 4

@@ -31,9 +31,9 @@ from .kv import CLIP_MAX_NEW_TOKENS, NewTokenRatio, retract_estimate, take
 from .protocol import EngineSimulation
 
 if TYPE_CHECKING:
+    from ..batches import MicroBatch, Request
     from ..model import Model
     from ..plan import Plan
-    from ..simulation import MicroBatch, Request
 
 MiB = 2**20
 

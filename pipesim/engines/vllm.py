@@ -31,9 +31,9 @@ from .kv import VLLM_BLOCK_SIZE, blocks_for, take
 from .protocol import EngineSimulation
 
 if TYPE_CHECKING:
+    from ..batches import MicroBatch, Request
     from ..model import Model
     from ..plan import Plan
-    from ..simulation import MicroBatch, Request
 
 GiB = 2**30
 # vllm/config/vllm.py `_set_cudagraph_sizes`: the largest capture size by default is
