@@ -22,7 +22,7 @@ from .scenario import build_scenario, scenario_steps
 if TYPE_CHECKING:
     from .scenario import Scenario
 
-KEY_COLUMNS = ("box", "engine", "input_len", "output_len", "gpus", "tp", "pp", "conc", "rate_rps")
+KEY_COLUMNS = ("box", "engine", "input_len", "output_len", "gpus", "tp", "pp", "dp", "conc", "rate_rps")
 # the swept lists of scenario inputs: build_scenario's argument -> what the user calls it
 LIST_ARGS = {"box": "box", "engine": "engine", "input_len": "input length", "output_len": "output length"}
 
@@ -30,7 +30,8 @@ LIST_ARGS = {"box": "box", "engine": "engine", "input_len": "input length", "out
 @dataclass(frozen=True)
 class Point:
     """One scenario: its key (KEY_COLUMNS), split, load (a concurrency, or an arrival rate
-    in req/s), the index of its box, engine and lengths in `Grid.combos`, and its work."""
+    in req/s), the index of its box, engine and lengths in `Grid.combos`, its work, and
+    its data-parallel ranks."""
 
     key: tuple
     tp: int
@@ -38,6 +39,7 @@ class Point:
     load: float
     combo: int
     steps: float
+    dp: int = 1
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,10 @@ def check_lists(lists: dict[str, Sequence]) -> None:
             Lengths.parse(v, LIST_ARGS[k])
 
 
-def split_name(tp: int, pp: int) -> str:
-    return f"TP{tp} x PP{pp}"
+def split_name(tp: int, pp: int, dp: int = 1, dp_attention: bool = False) -> str:
+    """'TP2 x PP4'; with data parallel 'TP4 x PP1 x DP2', 'TP8 x PP1 x DP4-attn' (SGLang's
+    DP attention: the dp ranks split the tp GPUs)."""
+    return f"TP{tp} x PP{pp}" + (f" x DP{dp}{'-attn' if dp_attention else ''}" if dp > 1 else "")
 
 
 def splits_of(gpus: int) -> list[tuple[int, int]]:
@@ -91,19 +95,32 @@ def splits_of(gpus: int) -> list[tuple[int, int]]:
     return [(gpus // pp, pp) for pp in range(1, gpus + 1) if gpus % pp == 0]
 
 
+def dp_splits_of(gpus: int, dp: int, dp_attention: bool) -> list[tuple[int, int, int]]:
+    """The (tp, pp, dp) splits of `gpus` GPUs with `dp` data-parallel ranks, which pipesim
+    simulates with pp = 1 (dataparallel.py): tp = gpus with SGLang's DP attention (the
+    ranks split the tp GPUs, dp must divide tp), else tp = gpus / dp (dp replicas or
+    vLLM's ranks, tp x dp GPUs); none when dp does not divide the count."""
+    if dp == 1:
+        return [(tp, pp, 1) for tp, pp in splits_of(gpus)]
+    if gpus % dp:
+        return []
+    return [(gpus, 1, dp)] if dp_attention else [(gpus // dp, 1, dp)]
+
+
 def scenario_key(sc: Scenario, load: float, open_loop: bool) -> tuple:
     """The KEY_COLUMNS of a built scenario at `load`, as `sweep.run_point` writes them."""
     w = sc.workload.describe()
-    tp, pp = sc.plan.tp, sc.plan.pp
+    plan = sc.plan
     conc, rate = (0, float(load)) if open_loop else (int(load), 0.0)
     return (
         sc.box.name,
         sc.settings.describe()["engine"],
         w["input_len"],
         w["output_len"],
-        tp * pp,
-        tp,
-        pp,
+        plan.gpus,
+        plan.tp,
+        plan.pp,
+        plan.dp,
         conc,
         rate,
     )
@@ -111,8 +128,8 @@ def scenario_key(sc: Scenario, load: float, open_loop: bool) -> tuple:
 
 def row_key(row: Mapping[str, object]) -> tuple:
     """The key of a sweep row (a dict or a table row), typed as `scenario_key` gives it."""
-    box, engine, inp, out, g, tp, pp, c, r = (row[k] for k in KEY_COLUMNS)
-    return (str(box), str(engine), str(inp), str(out), int(g), int(tp), int(pp), int(c), float(r))
+    box, engine, inp, out, g, tp, pp, dp, c, r = (row[k] for k in KEY_COLUMNS)
+    return (str(box), str(engine), str(inp), str(out), int(g), int(tp), int(pp), int(dp), int(c), float(r))
 
 
 def _label(combo: dict, several: bool) -> str:
@@ -130,29 +147,38 @@ def build_grid(
     kwargs: dict,
     lists: dict[str, Sequence],
     only: list[tuple[int, int]] | None = None,
+    dps: Sequence[int] = (1,),
 ) -> Grid:
     """Every scenario of the sweep, built and checked, in table order: by combination
-    (boxes, engines, input lengths, output lengths as listed), then gpus, tp, pp, load.
-    `lists` maps each of LIST_ARGS to its values. A split that no load accepts is skipped
-    with its reason, as is a single scenario; a reason every scenario shares (an unknown
-    model, a bad knob) is not about the sweep's lists and is raised as is."""
+    (boxes, engines, input lengths, output lengths as listed), then gpus, tp, pp, dp, load.
+    `lists` maps each of LIST_ARGS to its values; `dps` the data-parallel sizes swept
+    (`dp_splits_of`; `kwargs` may say dp_attention). A split that no load accepts is
+    skipped with its reason, as is a single scenario; a reason every scenario shares (an
+    unknown model, a bad knob) is not about the sweep's lists and is raised as is."""
     from itertools import product
 
     check_lists(lists)
     combos = [dict(zip(LIST_ARGS, values, strict=True)) for values in product(*(lists[k] for k in LIST_ARGS))]
-    split_list = [(tp, pp) for g in gpu_counts for tp, pp in splits_of(g) if only is None or (tp, pp) in only]
-    split_list.sort(key=lambda s: (s[0] * s[1], s[0], s[1]))
+    attn = bool(kwargs.get("dp_attention", False))
+    split_list = [
+        s
+        for g in gpu_counts
+        for dp in dps
+        for s in dp_splits_of(g, dp, attn)
+        if only is None or s[:2] in only
+    ]
+    split_list.sort(key=lambda s: (s[0] * s[1] * (1 if attn else s[2]), s[0], s[1], s[2]))
     check_sweep_size(len(combos), len(split_list), len(loads))
     several = len(combos) > 1
     points, reasons, seen = [], {}, {}
     for i, combo in enumerate(combos):
         given = {k: v for k, v in combo.items() if v is not None}
-        for tp, pp in split_list:
+        for tp, pp, dp in split_list:
             failed = {}
             for load in loads:
                 load_kw = dict(rate_rps=load) if open_loop else dict(concurrency=int(load))
                 try:
-                    sc = build_scenario(tp=tp, pp=pp, **load_kw, **kwargs, **given)
+                    sc = build_scenario(tp=tp, pp=pp, dp=dp, **load_kw, **kwargs, **given)
                 except UserError as exc:
                     failed[load] = str(exc)
                     continue
@@ -164,8 +190,9 @@ def build_grid(
                     "resolve to the same box, engine and lengths; list each once",
                 )
                 seen[key] = i
-                points.append(Point(key, tp, pp, float(load), i, scenario_steps(sc)[0]))
-            name = f"{split_name(tp, pp)} ({tp * pp} GPUs){_label(combo, several)}"
+                points.append(Point(key, tp, pp, float(load), i, scenario_steps(sc)[0], dp))
+            gpus = tp * pp * (1 if attn else dp)
+            name = f"{split_name(tp, pp, dp, attn and dp > 1)} ({gpus} GPUs){_label(combo, several)}"
             if len(failed) == len(loads) and len(set(failed.values())) == 1:
                 reasons[name] = failed[loads[0]]  # the split, whatever the load
             else:

@@ -28,10 +28,14 @@ def _label(df: pd.DataFrame, gpus: int, split: str) -> str:
 
 
 def _splits(df: pd.DataFrame):
-    for (g, _tp, _pp), part in df.sort_values(["gpus", "tp", "pp", "conc"]).groupby(
-        ["gpus", "tp", "pp"], sort=True
+    """(label, rows) of each split, by GPUs, tp, pp and dp: keyed by the split's name, so
+    a DP split with a plain split's tp and pp stays apart."""
+    order = ["gpus", "tp", "pp"] + (["dp"] if "dp" in df.columns else [])
+    ranked = df.sort_values([*order, "conc"])
+    for _, part in sorted(
+        ranked.groupby(["gpus", "split"], sort=False), key=lambda kv: tuple(kv[1].iloc[0][order])
     ):
-        yield _label(df, g, part.split.iloc[0]), part
+        yield _label(df, int(part.gpus.iloc[0]), part.split.iloc[0]), part
 
 
 def _conc_axis(ax, concs) -> None:

@@ -277,7 +277,7 @@ def search(
     unqualified = []
     if objective == "max-load":
         best = []
-        for _, part in df.groupby(["gpus", "tp", "pp"], sort=True):
+        for _, part in df.groupby(["gpus", "split"], sort=True):
             carried, fail = _carried(part)
             if carried is None:
                 unqualified.append(
@@ -290,7 +290,7 @@ def search(
                     None if fail is None else f"{load_text(fail, lc)}: {_misses(fail, constraints)}"
                 )
     else:
-        best = [_best_of_split(part, objective) for _, part in ok.groupby(["gpus", "tp", "pp"], sort=True)]
+        best = [_best_of_split(part, objective) for _, part in ok.groupby(["gpus", "split"], sort=True)]
     ranked = _rank(pd.DataFrame(best), objective).reset_index(drop=True)
     winner = ranked.iloc[0]
     why = explain(winner, ranked.iloc[1] if len(ranked) > 1 else None, objective, df)
@@ -388,7 +388,7 @@ def explain(win: pd.Series, runner: pd.Series | None, objective: str, df: pd.Dat
                 "more GPUs per layer shorten it, and a lower concurrency keeps the batches small."
             )
     if larger and objective != "per-request":
-        same = df[(df.tp == win["tp"]) & (df.pp == win["pp"]) & (df.gpus == win["gpus"])]
+        same = df[(df.split == win["split"]) & (df.gpus == win["gpus"])]
         higher = same[same[lc] > win[lc]]
         if higher.empty:
             parts.append(

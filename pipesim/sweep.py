@@ -98,6 +98,7 @@ def run_point(
 
     load_kw = dict(rate_rps=float(load)) if open_loop else dict(concurrency=int(load))
     scenario = build_scenario(tp=tp, pp=pp, **load_kw, **kwargs)
+    plan = scenario.plan
     rec, r = simulate(scenario, **run_kwargs)
     idle = idle_breakdown(rec, *r.window_s)
     sc = r.scenario
@@ -113,16 +114,18 @@ def run_point(
         "input_len": sc["workload"]["input_len"],
         "output_len": sc["workload"]["output_len"],
         "seed": sc["workload"]["seed"],
-        "gpus": tp * pp,
+        "gpus": plan.gpus,
         "tp": tp,
         "pp": pp,
+        "dp": plan.dp,
+        "dp_attention": plan.dp_attention,
         "conc": 0 if open_loop else int(load),
         "rate_rps": float(load) if open_loop else 0.0,
-        "split": split_name(tp, pp),
+        "split": split_name(tp, pp, plan.dp, plan.dp_attention),
         "layers_per_stage": ",".join(map(str, sc["layers_per_stage"])),
         "output_throughput_tok_s": r.output_throughput_tok_s,
         "output_throughput_ci_tok_s": r.output_throughput_ci_tok_s,
-        "output_tok_s_per_gpu": r.output_throughput_tok_s / (tp * pp),
+        "output_tok_s_per_gpu": r.output_throughput_tok_s / plan.gpus,
         "request_throughput_req_s": r.request_throughput_req_s,
         "per_request_tok_s": r.per_request_tok_s,
         "ttft_ms_p50": r.ttft_ms_p50,
@@ -197,6 +200,7 @@ def sweep(
     *,
     rate: float | Sequence[float] | None = None,
     splits: Sequence[tuple[int, int]] | None = None,
+    dp: int | Sequence[int] = 1,
     input_len: str | int | Sequence[str | int] = DEFAULT_INPUT_LEN,
     output_len: str | int | Sequence[str | int] = DEFAULT_OUTPUT_LEN,
     engine: str | Sequence[str] | None = None,
@@ -213,8 +217,10 @@ def sweep(
     is then not read; `num_requests` per point, default 200), for every box, engine,
     input length and output length listed (`input_len`, `output_len`, `engine`, `box`:
     one value or a list; grid.py). `splits` [(tp, pp), ...]: only these (their GPU counts
-    are then the ones swept). Other keyword arguments are those of `pipesim.predict`
-    (model, profile, seed, engine knobs, warmup_requests, ...).
+    are then the ones swept). `dp`: the data-parallel sizes swept (one or a list; each
+    dp > 1 a split of pp 1: tp = gpus / dp, or tp = gpus with `dp_attention`; grid.py
+    `dp_splits_of`). Other keyword arguments are those of `pipesim.predict` (model,
+    profile, seed, engine knobs, dp_attention, enable_expert_parallel, warmup_requests, ...).
 
     `workers`: local processes (default: every core; 1 runs in this process).
     `scheduler`: a Dask scheduler address (tcp://host:port) to run on instead.
@@ -241,6 +247,7 @@ def sweep(
         )
         gpus = sorted({tp * pp for tp, pp in only})
     gpu_counts = whole_numbers(gpus, "gpus")
+    dps = whole_numbers(dp, "dp")
     open_loop = rate is not None
     loads = positive_numbers(rate, "rate") if open_loop else whole_numbers(conc, "conc", MAX_CONCURRENCY)
     for k in ("tp", "pp", "concurrency", "rate_rps", "trace") + (() if open_loop else ("num_requests",)):
@@ -261,10 +268,10 @@ def sweep(
     )
     options = stream.options_text(kwargs, run_kwargs, open_loop)
     done = stream.done_rows(out, options, resume) if out is not None else None  # refused before any work
-    grid = build_grid(gpu_counts, loads, open_loop, kwargs, lists, only)
+    grid = build_grid(gpu_counts, loads, open_loop, kwargs, lists, only, dps)
     have = set() if done is None else {row_key(r) for r in done[list(KEY_COLUMNS)].to_dict("records")}
     todo = [p for p in grid.points if p.key not in have]
-    tasks = [(p.tp, p.pp, p.load, _given(grid.combos[p.combo])) for p in todo]
+    tasks = [(p.tp, p.pp, p.load, {**_given(grid.combos[p.combo]), "dp": p.dp}) for p in todo]
     rows = []
     writer = stream.PartWriter(stream.part_path(out), done) if out is not None else None
     try:
@@ -314,6 +321,14 @@ def sort_table(df: pd.DataFrame) -> pd.DataFrame:
 # ---- summaries ---------------------------------------------------------------------------
 
 
+def with_split_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """A sweep table with its split columns: a table written before data parallelism has
+    no dp / dp_attention columns, its rows are dp 1."""
+    if "dp" in df.columns:
+        return df
+    return df.assign(dp=1, dp_attention=False)
+
+
 def best_by_conc(df: pd.DataFrame, column: str = "output_throughput_tok_s") -> pd.DataFrame:
     """The best split at each (gpus, load) by `column` (larger is better); the load is
     the concurrency, or the arrival rate of an open-loop sweep (`load_column`)."""
@@ -339,8 +354,11 @@ def summary(df: pd.DataFrame) -> str:
 
 def _block(df: pd.DataFrame) -> str:
     lc = load_column(df)
-    splits_ = df[["gpus", "tp", "pp", "split"]].drop_duplicates().sort_values(["gpus", "tp", "pp"])
-    best = {(r.gpus, getattr(r, lc)): (r.tp, r.pp) for r in best_by_conc(df).itertuples()}
+    df = with_split_columns(df)
+    splits_ = (
+        df[["gpus", "tp", "pp", "dp", "split"]].drop_duplicates().sort_values(["gpus", "dp", "tp", "pp"])
+    )
+    best = {(r.gpus, getattr(r, lc)): r.split for r in best_by_conc(df).itertuples()}
     first = df.iloc[0]
     what = "arrival rate" if lc == "rate_rps" else "concurrency"
     lines = [
@@ -350,21 +368,21 @@ def _block(df: pd.DataFrame) -> str:
         + ("; ! = overloaded (the queue grows)" if lc == "rate_rps" else ""),
         "",
     ]
-    width = 20
+    width = max(20, 2 + max(len(s) for s in splits_.split))
     header = f"{'GPUs':>4} {'req/s' if lc == 'rate_rps' else 'C':>5}  " + "".join(
         f"{s:>{width}}" for s in splits_.split
     )
     lines.append(header)
-    cells = df.set_index(["gpus", "tp", "pp", lc])
+    cells = df.set_index(["gpus", "split", lc])
     for (g, c), _ in df.groupby(["gpus", lc], sort=True):
         row = f"{g:>4} {c:>5g}  "
         for sp in splits_.itertuples():
-            key = (sp.gpus, sp.tp, sp.pp, c)
+            key = (sp.gpus, sp.split, c)
             if sp.gpus != g or key not in cells.index:
                 row += f"{'':>{width}}"
                 continue
             r = cells.loc[key]
-            mark = "*" if best.get((g, c)) == (sp.tp, sp.pp) else " "
+            mark = "*" if best.get((g, c)) == sp.split else " "
             if lc == "rate_rps" and bool(r.get("overloaded", False)):
                 mark = "!" + mark.strip()
             row += f"{mark + f'{r.output_throughput_tok_s:,.1f} ({r.per_request_tok_s:,.1f})':>{width}}"

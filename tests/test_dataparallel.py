@@ -260,3 +260,57 @@ def test_trace_names_dp_ranks():
     ]
     assert any(n.startswith("GPU 0: DP rank 0") for n in names)
     assert any(n.startswith("GPU 1: DP rank 1") for n in names)
+
+
+# ---- sweeps and search ----------------------------------------------------------------------
+
+
+def test_dp_splits_of():
+    """dp ranks of pp 1: tp = gpus / dp (replicas, vLLM), tp = gpus with DP attention."""
+    from pipesim.grid import dp_splits_of
+
+    assert dp_splits_of(8, 1, False) == [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1)]
+    assert dp_splits_of(8, 2, False) == [(4, 1, 2)]
+    assert dp_splits_of(8, 4, True) == [(8, 1, 4)]
+    assert dp_splits_of(6, 4, False) == []
+
+
+def test_sweep_includes_dp_splits():
+    from pipesim.sweep import summary, sweep
+
+    df = sweep(
+        gpus=2, dp=[1, 2], conc=[4], model=QWEN_MOE, engine="vllm", input_len=64, output_len=16, workers=1
+    )
+    dp2 = df[df.dp == 2]
+    assert list(dp2.split) == ["TP1 x PP1 x DP2"] and list(dp2.gpus) == [2] and list(dp2.tp) == [1]
+    assert set(df[df.dp == 1].split) == {"TP2 x PP1", "TP1 x PP2"}
+    assert "TP1 x PP1 x DP2" in summary(df)
+
+
+def test_sweep_dp_attention_splits_share_tp_with_the_plain_split():
+    """SGLang TP2 and TP2 with DP attention have the same tp, pp and GPUs: told apart by dp."""
+    from pipesim.search import search
+    from pipesim.sweep import summary, sweep
+
+    kw = dict(
+        gpus=2, dp=[1, 2], dp_attention=True, model=QWEN_MOE, engine="sglang", input_len=64, output_len=16
+    )
+    df = sweep(conc=[4, 16], workers=1, **kw)
+    both = df[(df.tp == 2) & (df.conc == 4)]
+    assert sorted(both.split) == ["TP2 x PP1", "TP2 x PP1 x DP2-attn"]
+    assert both.gpus.tolist() == [2, 2]
+    text = summary(df)
+    assert "TP2 x PP1 x DP2-attn" in text and "TP2 x PP1 " in text
+    ranked = search(2, "throughput", table=df).ranked
+    assert len(ranked) == 3  # TP1 x PP2, TP2 x PP1, TP2 x PP1 x DP2-attn: one row each
+
+
+def test_cli_sweep_dp_flag(capsys):
+    from pipesim.cli import main
+
+    args = ["sweep", "--gpus", "2", "--dp", "1,2", "--model", QWEN_MOE, "--engine", "vllm", "--conc", "4"]
+    try:
+        main([*args, "--input-len", "64", "--output-len", "16", "--workers", "1"])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    assert "TP1 x PP1 x DP2" in capsys.readouterr().out

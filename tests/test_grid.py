@@ -6,7 +6,7 @@ import pytest
 
 import pipesim
 import pipesim.checks
-from pipesim.grid import build_grid, choices
+from pipesim.grid import KEY_COLUMNS, build_grid, choices
 from pipesim.sweep import sweep
 
 LLAMA = dict(model="llama-3.1-8b")
@@ -24,7 +24,8 @@ def lists(box=None, engine=None, input_len="64", output_len="40") -> dict:
 def test_the_grid_is_the_product_in_table_order():
     grid = build_grid([2], [1.0, 8.0], False, LLAMA, lists(engine=["sglang", "vllm"], input_len=["64", 96]))
     assert len(grid.points) == 2 * 2 * 2 * 2 and grid.skipped == ()
-    assert [(p.key[1], p.key[2], p.tp, p.pp, p.key[7]) for p in grid.points] == [
+    conc = KEY_COLUMNS.index("conc")
+    assert [(p.key[1], p.key[2], p.tp, p.pp, p.key[conc]) for p in grid.points] == [
         (e, i, tp, pp, c)
         for e in ("sglang", "vllm")
         for i in ("64", "96")

@@ -175,7 +175,7 @@ def test_list_arguments_expand_to_their_product(tmp_path):
     keys = [row_key(r) for r in df.to_dict("records")]
     box = "rtx-pro-6000-server-8x"
     assert keys == [
-        (box, e, i, o, 1, 1, 1, c, 0.0)
+        (box, e, i, o, 1, 1, 1, 1, c, 0.0)  # gpus, tp, pp, dp
         for e in ("sglang", "vllm")
         for i in ("64", "96")
         for o in ("24", "40")

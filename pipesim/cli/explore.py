@@ -51,6 +51,21 @@ from .options import (
     help="open-loop Poisson arrival rates (req/s) instead of concurrencies",
 )
 @click.option("--num-requests", type=int, default=None, help="requests per point with --rate [default: 200]")
+@click.option(
+    "--dp",
+    "--data-parallel-size",
+    "dp",
+    default="1",
+    show_default=True,
+    metavar="N[,N..]",
+    help="data-parallel sizes to sweep, e.g. 1,2,4: each dp > 1 a split of pp 1 with tp = gpus / dp "
+    "(tp = gpus with --enable-dp-attention)",
+)
+@click.option(
+    "--enable-dp-attention",
+    is_flag=True,
+    help="SGLang: the dp ranks split each split's tp GPUs (DP attention)",
+)
 @sweep_scenario_options
 @click.option(
     "--out",
@@ -76,6 +91,8 @@ from .options import (
 def sweep(
     gpus: str,
     splits: str | None,
+    dp: str,
+    enable_dp_attention: bool,
     conc: str | None,
     rate: str | None,
     num_requests: int | None,
@@ -105,6 +122,8 @@ def sweep(
         df = run_sweep(
             parse_ints(gpus, "--gpus"),
             splits=parse_splits(splits),
+            dp=parse_ints(dp, "--dp"),
+            **({"dp_attention": True} if enable_dp_attention else {}),
             scheduler=scheduler,
             workers=parse_workers(workers),
             progress=progress,
@@ -196,6 +215,21 @@ def sweep(
 @click.option(
     "--from", "from_file", default=None, help="search a sweep table (.csv/.parquet) instead of running one"
 )
+@click.option(
+    "--dp",
+    "--data-parallel-size",
+    "dp",
+    default="1",
+    show_default=True,
+    metavar="N[,N..]",
+    help="data-parallel sizes to sweep, e.g. 1,2,4: each dp > 1 a split of pp 1 with tp = gpus / dp "
+    "(tp = gpus with --enable-dp-attention)",
+)
+@click.option(
+    "--enable-dp-attention",
+    is_flag=True,
+    help="SGLang: the dp ranks split each split's tp GPUs (DP attention)",
+)
 @scenario_options
 @click.option("--workers", type=int, default=None, help="local worker processes [default: every core]")
 @click.option("--scheduler", default=None, help="run on a Dask cluster: tcp://HOST:PORT")
@@ -203,6 +237,8 @@ def sweep(
 def search(
     gpus: str,
     splits: str | None,
+    dp: str,
+    enable_dp_attention: bool,
     conc: str | None,
     rate: str | None,
     num_requests: int | None,
@@ -252,6 +288,9 @@ def search(
         run.update(
             scheduler=scheduler, workers=parse_workers(workers), progress=progress, **scenario_kwargs(opts)
         )
+        run["dp"] = parse_ints(dp, "--dp")
+        if enable_dp_attention:
+            run["dp_attention"] = True
         gpus = parse_ints(gpus, "--gpus")
     result = run_search(gpus, objective, splits=parse_splits(splits), table=table, **limits, **run)
     click.echo(result.text())
