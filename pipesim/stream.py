@@ -118,6 +118,8 @@ def done_rows(out: str | Path, options: str, resume: bool) -> pd.DataFrame | Non
         OPTIONS_COLUMN in df.columns,
         f"--resume: {where} has no column {OPTIONS_COLUMN}, so its sweep's options are unknown; write a new --out",
     )
+    if "dp" not in df.columns:  # written before data-parallel splits: every row is dp 1
+        df = df.assign(dp=1)
     missing = [c for c in KEY_COLUMNS if c not in df.columns]
     require(not missing, f"--resume: {where} has no column(s) {', '.join(missing)}; write a new --out")
     seen: dict[tuple, int] = {}
