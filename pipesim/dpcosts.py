@@ -12,8 +12,9 @@ The rank part is the stage's operations (costs.py `CostModel.stage_ops`) without
 MoE layers' MLP block; the MoE part is the same block of the stage costed for the
 whole group (a `CostModel` of the group's plan) at the gathered token count. The
 gather and scatter of each MoE layer cost one all-reduce of the gathered tokens over
-the group: a ring all-reduce is a reduce-scatter plus an all-gather, the pair the
-engines run in a padded step (SGLang `MAX_LEN`, vLLM's all-gather / reduce-scatter
+the group (with an all-to-all EP backend, moe.py, its dispatch and combine instead): a
+ring all-reduce is a reduce-scatter plus an all-gather, the pair the engines run in a
+padded step (SGLang `MAX_LEN`, vLLM's all-gather / reduce-scatter
 dispatch). SGLang's `SUM_LEN` mode (a prefill in the step) gathers with an all-reduce
 and reduces the output with another; pipesim counts one there too (an understatement
 of a prefill step's collectives, small beside its compute).
@@ -30,6 +31,9 @@ MOE_OPS = frozenset(
     ("router gate", "routed experts", "shared expert gate_up", "shared expert act", "shared expert down")
 )
 GATHER_OP = "mlp all-reduce"  # per layer: TP all-reduce of the MLP block's output
+# expert parallel with an all-to-all backend (moe.py): each rank dispatches its own tokens
+# to the experts' ranks and gets their outputs back, so no gather or scatter is needed
+A2A_OPS = frozenset(("ep dispatch all-to-all", "ep combine all-to-all"))
 
 
 class DPStepCosts:
@@ -96,12 +100,11 @@ class DPStepCosts:
         key = ("dp-moe", tokens)
         hit = self._moe_cache.get(key)
         if hit is None:
-            ops = []
-            for o in self.group.stage_ops(0, Shape(tokens)):
-                if o.name in MOE_OPS:
-                    ops.append(o)
-                elif o.name == GATHER_OP and self.n_moe:
-                    ops.append(o._replace(name="dp gather/scatter", count=self.n_moe))
+            group_ops = self.group.stage_ops(0, Shape(tokens))
+            ops = [o for o in group_ops if o.name in MOE_OPS or o.name in A2A_OPS]
+            if self.n_moe and not any(o.name in A2A_OPS for o in group_ops):
+                gather = [o for o in group_ops if o.name == GATHER_OP]
+                ops += [o._replace(name="dp gather/scatter", count=self.n_moe) for o in gather]
             hit = self._moe_cache[key] = self._sum(key, ops)
         self._use(key)
         return hit

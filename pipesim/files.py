@@ -26,6 +26,7 @@ TABLE_COLUMNS = ("gpus", "tp", "pp", "conc", "output_throughput_tok_s", "per_req
 # allowed there (a TPOT of one-token requests), text is not
 NUMBER_TABLE_COLUMNS = (
     "seed",
+    "dp",
     "output_throughput_ci_tok_s",
     "output_tok_s_per_gpu",
     "request_throughput_req_s",
@@ -161,6 +162,8 @@ def check_table(df: pd.DataFrame, p: Path, allow_empty: bool = False) -> pd.Data
     require(not missing, f"'{p}' is not a pipesim sweep table: no column(s) {', '.join(missing)}")
     if "rate_rps" not in df.columns:  # written before open-loop sweeps: every row a closed loop
         df["rate_rps"] = 0.0
+    if "dp" not in df.columns:  # written before data-parallel splits: every row dp 1
+        df["dp"] = 1
     require(allow_empty or len(df) > 0, f"sweep file '{p}' has no rows")
     for col in [c for c in df.columns if c in TABLE_COLUMNS or c in NUMBER_TABLE_COLUMNS]:
         values = pd.to_numeric(df[col], errors="coerce")

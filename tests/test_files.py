@@ -29,12 +29,14 @@ def test_parquet_without_pyarrow_is_one_line(serial, tmp_path, monkeypatch):
 
 
 def test_a_table_read_back_needs_the_sweep_key(serial, tmp_path):
-    # rate_rps is the one key a table written before open-loop sweeps lacks: read as 0 (closed loop);
-    # the text keys (box, engine, lengths) are needed by a resume only (stream.py), not by search or plot
-    numbers = set(KEY_COLUMNS) - {"box", "engine", "input_len", "output_len", "rate_rps"}
+    # rate_rps and dp are the keys a table written before open-loop sweeps / data-parallel splits
+    # lacks: read as 0 (closed loop) and 1; the text keys (box, engine, lengths) are needed by a
+    # resume only (stream.py), not by search or plot
+    numbers = set(KEY_COLUMNS) - {"box", "engine", "input_len", "output_len", "rate_rps", "dp"}
     assert numbers <= set(TABLE_COLUMNS) <= set(serial.columns) and set(KEY_COLUMNS) <= set(serial.columns)
-    serial.drop(columns=["rate_rps"]).to_csv(tmp_path / "old.csv", index=False)
-    assert (read_table(tmp_path / "old.csv").rate_rps == 0).all()
+    serial.drop(columns=["rate_rps", "dp"]).to_csv(tmp_path / "old.csv", index=False)
+    old = read_table(tmp_path / "old.csv")
+    assert (old.rate_rps == 0).all() and (old.dp == 1).all()
     serial.drop(columns=["conc"]).to_csv(tmp_path / "r.csv", index=False)
     with pytest.raises(pipesim.UserError, match="not a pipesim sweep table: no column.s. conc"):
         read_table(tmp_path / "r.csv")
