@@ -6,7 +6,10 @@
    (and whether predict imported pandas);
 2. sim wall time at C = 4096 against C = 64 under the default profile's running cap
    of 64 (TP2 x PP4): the horizon follows the requests the engine admits;
-3. peak resident memory of an open-loop run of 20,000 requests against 2,000;
+3. peak resident memory of an open-loop run of 20,000 requests against 2,000; and
+   (`memory_open`) of 200,000 against 20,000 at a rate the engine keeps up with (the
+   run's wall time too): with an overloaded rate the waiting queue itself grows with
+   the requests;
 4. events per stage visit (PP8 at C = 256, TP2 x PP4 at C = 64) and the simulation's
    wall time against a bare SimPy loop (bench_sim.bare_simpy) of one event per visit;
 5. the CountingEnvironment against plain simpy.Environment on the same bare loop;
@@ -119,6 +122,32 @@ def memory(reps: int) -> dict:
     return {"rss_2000_mb": a, "rss_20000_mb": b, "ratio": b / a}
 
 
+def open_loop(n: int, rate_rps: float) -> dict:
+    code = (
+        "import json, resource, time, pipesim\n"
+        "t = time.perf_counter()\n"
+        f"r = pipesim.predict(8, 1, rate_rps={rate_rps}, num_requests={n}, output_len='50', input_len='200')\n"
+        "print(json.dumps({'wall_s': time.perf_counter() - t, 'sim_wall_s': r.sim_wall_s,"
+        " 'mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,"
+        " 'overloaded': r.saturation['overloaded'], 'ttft_ms_p99': r.ttft_ms_p99}))"
+    )
+    return child(code)
+
+
+def memory_open(reps: int, rate_rps: float = 8.0) -> dict:
+    """Peak RSS and wall of an open loop of 200,000 requests against 20,000 (TP8, 50
+    output tokens) at a rate it keeps up with (saturation.py says so: checked)."""
+    small, big = [], []
+    for _ in range(reps):
+        small.append(open_loop(20_000, rate_rps))
+        big.append(open_loop(200_000, rate_rps))
+    out = {"rate_rps": rate_rps, "overloaded": any(r["overloaded"] for r in small + big)}
+    for key in ("mb", "wall_s", "sim_wall_s"):
+        a, b = statistics.median(r[key] for r in small), statistics.median(r[key] for r in big)
+        out.update({f"{key}_20000": a, f"{key}_200000": b, f"{key}_ratio": b / a})
+    return out
+
+
 def events(reps: int) -> dict:
     """Events per stage visit, and the simulation's wall time against a bare SimPy
     loop of one event per stage visit, both measured in this process."""
@@ -174,7 +203,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--only", default="predict,horizon,memory,events")
+    ap.add_argument("--only", default="predict,horizon,memory,memory_open,events")
     args = ap.parse_args()
     report = {}
     for name in args.only.split(","):
@@ -182,6 +211,7 @@ def main() -> None:
             "predict": predict_vs_bare,
             "horizon": horizon,
             "memory": memory,
+            "memory_open": memory_open,
             "events": events,
             "sweep": sweep_1000,
         }[name](args.reps)
