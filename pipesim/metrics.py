@@ -8,6 +8,7 @@ busy.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -189,8 +190,8 @@ class Result:
     mean_requests_per_microbatch: float
     mean_decode_batch: float
     decode_batch_per_slot: list  # mean decode batch of each micro-batch slot (0: unused)
-    # vLLM: mean requests of the batches in each in-flight group (launch number mod
-    # max_concurrent_batches), the analogue of decode_batch_per_slot; None for SGLang
+    # vLLM: mean requests of each batch in flight at a launch, largest first (one entry
+    # per max_concurrent_batches), the analogue of decode_batch_per_slot; None for SGLang
     group_sizes: list | None
     # running requests evicted for KV in the window (SGLang retract_decode, vLLM
     # recompute preemption; docs/engines.md §4), and in the whole run
@@ -257,18 +258,33 @@ def _per_slot(batches: list[Batch], slots: int) -> list[float]:
     return [s / c if c else 0.0 for s, c in zip(sums, counts)]
 
 
-def _per_group(batches: list[Batch], groups: int, t0: float, t1: float) -> list[float] | None:
-    """Mean requests of each in-flight group's batches in [t0, t1]: vLLM has no slots,
-    but with n batches in flight the engine blocks on the oldest and refills it, so the
-    i-th launched batch carries the requests of batch i - n (group i mod n)."""
-    if groups < 1:
+def inflight_groups(rec: Record) -> list[tuple[float, list[int]]]:
+    """vLLM's in-flight groups at each launch: the requests of every batch in flight
+    then (launched, not yet returned), largest first, padded with zeros to
+    max_concurrent_batches. vLLM has no slots; a decoding request stays with the batch
+    it was scheduled with, so these are its groups (docs/engines.md §6). Batches return
+    in launch order (one pipeline), so the i-th token return is the i-th batch's."""
+    n = rec.groups
+    if n < 1 or rec.dp > 1:
+        return []
+    out, inflight = [], deque()
+    for i, b in enumerate(rec.batches):
+        while inflight and inflight[0][0] <= b.launch_s:
+            inflight.popleft()
+        inflight.append((rec.tokens[i].time_s if i < len(rec.tokens) else float("inf"), b.requests))
+        sizes = sorted((size for _, size in inflight), reverse=True)[:n]
+        out.append((b.launch_s, sizes + [0] * (n - len(sizes))))
+    return out
+
+
+def _per_group(rec: Record, t0: float, t1: float) -> list[float] | None:
+    """Mean size of each in-flight group (largest first) over the launches in [t0, t1]."""
+    samples = [sizes for t, sizes in inflight_groups(rec) if t0 <= t <= t1]
+    if not rec.groups or rec.dp > 1:
         return None
-    sums, counts = [0.0] * groups, [0] * groups
-    for i, b in enumerate(batches):
-        if t0 <= b.launch_s <= t1:
-            sums[i % groups] += b.requests
-            counts[i % groups] += 1
-    return [s / c if c else 0.0 for s, c in zip(sums, counts)]
+    if not samples:
+        return [0.0] * rec.groups
+    return [float(x) for x in np.mean(samples, axis=0)]
 
 
 def _saturation(finished: list[Request]) -> dict | None:
@@ -364,7 +380,7 @@ def collect(rec: Record, finished: list[Request], scenario: dict, wall_s: float)
         mean_requests_per_microbatch=float(np.mean([b.requests for b in batches])) if batches else 0.0,
         mean_decode_batch=float(np.mean(decode_sizes)) if decode_sizes else 0.0,
         decode_batch_per_slot=_per_slot(batches, rec.slots),
-        group_sizes=_per_group(rec.batches, rec.groups, t0, t1),
+        group_sizes=_per_group(rec, t0, t1),
         preemptions=sum(1 for t, _ in rec.evictions if t0 < t <= t1),
         preemptions_total=len(rec.evictions),
         completed_requests=n_done,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .metrics import Result, idle_breakdown
+from .metrics import Result, idle_breakdown, inflight_groups
 from .record import Record
 from .runner import simulate
 
@@ -95,17 +95,21 @@ def _counter(name: str, t_s: float, args: dict) -> dict:
 
 def counters(rec: Record, engine: str) -> list[dict]:
     """Counter tracks ("ph": "C") on the scheduler process: each micro-batch slot's
-    occupancy (SGLang: requests in the slot's latest batch; vLLM: in the latest batch of
-    each in-flight group, launch number mod max_concurrent_batches), the free KV-cache
+    occupancy (SGLang: requests in the slot's latest batch; vLLM: the batches in flight
+    at each launch, largest first, `metrics.inflight_groups`), the free KV-cache
     tokens after each batch was formed, and an instant event per request the engine
     evicted for KV (SGLang retract_decode, vLLM preemption; docs/engines.md §4)."""
-    groups = rec.groups if rec.groups > 1 else 0
-    n = groups or rec.slots
-    word = "group" if groups else "slot"
-    out = [_counter(f"{word} {k} occupancy", 0.0, {"requests": 0}) for k in range(n)]
-    for i, b in enumerate(rec.batches):
-        k = i % groups if groups else b.slot
-        out.append(_counter(f"{word} {k} occupancy", b.launch_s, {"requests": b.requests}))
+    groups = inflight_groups(rec) if rec.groups > 1 else []
+    if groups:  # vLLM: the batches in flight at each launch, largest first
+        n = rec.groups
+        out = [_counter(f"group {k} occupancy", 0.0, {"requests": 0}) for k in range(n)]
+        for t, sizes in groups:
+            out += [_counter(f"group {k} occupancy", t, {"requests": v}) for k, v in enumerate(sizes)]
+    else:
+        out = [_counter(f"slot {k} occupancy", 0.0, {"requests": 0}) for k in range(rec.slots)]
+        out += [
+            _counter(f"slot {b.slot} occupancy", b.launch_s, {"requests": b.requests}) for b in rec.batches
+        ]
     out += [_counter("KV cache", t, {"free tokens": free}) for t, free in rec.kv_free]
     what = "retract" if engine == "sglang" else "preempt"
     out += [

@@ -7,6 +7,11 @@ import pytest
 from conftest import simulate
 
 import pipesim
+from pipesim.profile import load_profile
+
+
+def load_profile_vllm():
+    return load_profile("rtx-pro-6000-vllm")
 
 
 def scenario(profile, pp, **kw):
@@ -158,3 +163,13 @@ def test_one_group_when_all_start_together(vllm_profile):
     # the stages are mostly idle: each stage is busy ~1/pp of the time at most
     busy = sum(e - s for s, e in sim.record().compute[0])
     assert busy / sim.env.now < 0.5
+
+
+def test_group_sizes_show_the_single_group():
+    # the result's in-flight groups (the analogue of decode_batch_per_slot): C = 8
+    # arriving at once form one group, so with PP4 one batch of 8 is in flight and the
+    # other three places are empty
+    sc = scenario(load_profile_vllm(), 4, concurrency=8, output_len="20")
+    r = pipesim.run(sc, warmup_requests=8, measure_requests=16, ci_target=None)
+    assert len(r.group_sizes) == 4
+    assert r.group_sizes[0] == pytest.approx(8) and r.group_sizes[1:] == [0.0, 0.0, 0.0]

@@ -319,8 +319,9 @@ def test_slot_occupancy_counters_follow_the_launched_batches(tp2pp4):
 
 
 def test_vllm_group_counters_and_preempt_instants():
-    # vLLM has no slots: the i-th batch belongs to in-flight group i mod
-    # max_concurrent_batches; every preemption is an instant on the scheduler track
+    # vLLM has no slots: its groups are the batches in flight (largest first), so at
+    # each launch the group tracks add up to the requests in flight; every preemption
+    # is an instant on the scheduler track
     sc = small_kv_scenario("vllm", 1500, concurrency=16, output_len="100:300")
     rec, result = simulate(sc, warmup_requests=8, measure_requests=24, ci_target=None)
     trace = build_trace(rec, result)
@@ -328,7 +329,15 @@ def test_vllm_group_counters_and_preempt_instants():
     occ = occupancy(trace)
     n = sc.settings.max_concurrent_batches
     assert set(occ) == {f"group {k} occupancy" for k in range(n)}
-    assert [v for _, v in occ["group 1 occupancy"]] == [0] + [b.requests for b in rec.batches[1::n]]
+    ret = [t.time_s for t in rec.tokens] + [float("inf")] * len(rec.batches)  # in launch order
+    expected = []
+    for i, b in enumerate(rec.batches):
+        flying = sorted(
+            (c.requests for j, c in enumerate(rec.batches[: i + 1]) if ret[j] > b.launch_s), reverse=True
+        )
+        expected.append((flying + [0] * n)[:n])
+    for k in range(n):
+        assert [v for _, v in occ[f"group {k} occupancy"]] == [0] + [e[k] for e in expected]
     marks = [ev for ev in trace["traceEvents"] if ev["ph"] == "i" and ev["name"] == "preempt"]
     assert len(marks) == result.preemptions_total == len(rec.evictions) > 0
     assert result.group_sizes is not None and len(result.group_sizes) == n
