@@ -182,21 +182,26 @@ def events(reps: int) -> dict:
 def sweep_1000(reps: int) -> dict:
     """Once (minutes): streamed to a CSV as the rows finish, as `pipesim sweep --out` runs;
     then a resume of the finished file (every scenario built and checked, none run)."""
+    import resource
     import tempfile
     from pathlib import Path
 
     from pipesim.sweep import sweep
 
+    def cpu_s() -> float:  # this process and its joined worker processes, user + system
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
     args = dict(gpus=8, conc=list(range(1, 251)), workers=2, output_len="100")
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "sweep.csv"
-        t = time.perf_counter()
+        t, c = time.perf_counter(), cpu_s()
         df = sweep(**args, out=out, progress=True)
-        wall_s = time.perf_counter() - t
+        wall_s, used_s = time.perf_counter() - t, cpu_s() - c
         t = time.perf_counter()
         sweep(**args, out=out, resume=True)
         resume_s = time.perf_counter() - t
-    return {"scenarios": len(df), "wall_s": wall_s, "resume_finished_s": resume_s}
+    return {"scenarios": len(df), "wall_s": wall_s, "cpu_s": used_s, "resume_finished_s": resume_s}
 
 
 def main() -> None:

@@ -47,6 +47,7 @@ def _run_local(n, fn, tasks, shared, run_kwargs, open_loop) -> Iterator[dict]:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     pool = ProcessPoolExecutor(max_workers=n, initializer=_die_with_parent, initargs=(os.getpid(),))
+    finished = False
     try:
         futures = [
             pool.submit(fn, tp, pp, load, shared, run_kwargs, open_loop, combo)
@@ -54,9 +55,11 @@ def _run_local(n, fn, tasks, shared, run_kwargs, open_loop) -> Iterator[dict]:
         ]
         for fut in as_completed(futures):
             yield fut.result()
+        finished = True
     finally:
-        # normally all done; stopped early, the runs not started are dropped, not waited for
-        pool.shutdown(wait=False, cancel_futures=True)
+        # all done: the idle workers exit and are joined; stopped early, the runs not
+        # started are dropped, not waited for
+        pool.shutdown(wait=finished, cancel_futures=not finished)
 
 
 def _die_with_parent(parent_pid: int) -> None:
