@@ -1,6 +1,6 @@
 """Regenerate docs/validation.md: pipesim against the public validation corpus.
 
-    python calibration/validate_corpus.py            # writes docs/validation.md
+    python calibration/validate_corpus.py [--jobs N] [--rows-json FILE]   # writes docs/validation.md
 
 Runs `pipesim validate --corpus` (pipesim.calibrate.crosscheck) on the shipped corpus
 and writes the result: the corpus as the check sees it, the error per source and
@@ -137,9 +137,15 @@ def render(chk: X.Check) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=HERE.parent / "docs" / "validation.md")
+    ap.add_argument("--jobs", type=int, default=1, help="processes to spread the runs over")
+    ap.add_argument(
+        "--rows-json", type=Path, default=None, help="also write `pipesim validate --corpus --json` here"
+    )
     args = ap.parse_args()
-    chk = X.check(load_corpus())
+    chk = X.check(load_corpus(), jobs=args.jobs)
     args.out.write_text(render(chk))
+    if args.rows_json:
+        args.rows_json.write_text(X.to_json(chk))
     print(X.text(chk))
 
 

@@ -1,9 +1,14 @@
 """Model architecture: what a decoder-only transformer is made of, from an HF config.
 
-Two families are understood:
-- dense GQA models (Llama, Qwen dense): attention with `num_key_value_heads`, SwiGLU MLP;
+Two attention families, each with dense or mixture-of-experts MLPs:
+- GQA models (Llama, Qwen dense): attention with `num_key_value_heads`, SwiGLU MLP; with
+  routed experts (Qwen3-MoE, GLM-4.5/4.6 with a shared expert and the first
+  `first_k_dense_replace` layers dense, gpt-oss with every layer MoE);
 - MLA + MoE models (DeepSeek-V3, Kimi K2.x): Multi-head Latent Attention, routed and
   shared experts, the first `first_k_dense_replace` layers dense.
+Not priced: attention biases and sinks (a few parameters per head), gpt-oss's 128-token
+sliding window on every other layer (those layers are priced and cached as full attention,
+an upper bound on their attention time and KV memory), multi-token-prediction layers.
 
 Sizes are counted from the config (parameters x bytes per parameter), never looked up.
 """
@@ -302,8 +307,21 @@ ARCHITECTURES = (
     "Qwen3MoeForCausalLM",
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
+    "Glm4MoeForCausalLM",
+    "GptOssForCausalLM",
 )
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2")
+MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "kimi_k2",
+    "glm4_moe",
+    "gpt_oss",
+)
 # torch_dtype of unquantized weights: all served in 16 bits (see `_weight_dtypes`)
 TORCH_DTYPES = ("bfloat16", "float16", "float32", "auto")
 
@@ -354,12 +372,17 @@ def from_hf_config(cfg: dict, name: str = "model") -> Model:
             g("v_head_dim"),
         )
     moe = None
-    n_experts = _int(cfg, "n_routed_experts", name, 0) or _int(cfg, "num_experts", name, 0)
+    n_experts = (
+        _int(cfg, "n_routed_experts", name, 0)
+        or _int(cfg, "num_experts", name, 0)
+        or _int(cfg, "num_local_experts", name, 0)  # gpt-oss, Mixtral
+    )
     if n_experts:
         moe = MoE(
             n_experts,
             g("num_experts_per_tok"),
-            g("moe_intermediate_size"),
+            # gpt-oss and Mixtral name the expert's size intermediate_size (every layer is MoE)
+            g("moe_intermediate_size", _get(cfg, "intermediate_size", name)),
             g("n_shared_experts", 0, 0),
             g("first_k_dense_replace", 0, 0),
             g("moe_layer_freq", 1, 0) or 1,

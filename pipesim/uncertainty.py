@@ -6,7 +6,12 @@ half-width of a "likely" band (about 80% coverage, a 1.28-sigma band):
 (a) calibration: the profile predicts points it was not fitted to only as well as
     its leave-one-out errors say; the 80% quantile of |LOO error| over the measured
     points of the scenario's regime (C = 1 or batched, PP or TP only), where at least
-    MIN_POINTS exist; otherwise DEFAULT_CALIBRATION_REL, said so in the basis;
+    MIN_POINTS exist; otherwise DEFAULT_CALIBRATION_REL, said so in the basis. The
+    share of the prediction's stage time priced by the roofline or borrowed from
+    another box (`Result.provenance_shares`) carries instead the error measured for
+    such predictions: the 10%-90% quantiles of log(measured / predicted) over the
+    public corpus's roofline-dominated numbers (pipesim/data/residuals.json, fitted by
+    calibration/fit_residuals.py), blended with the profile's part by that share;
 (b) workload: the spread of what the user did not pin, at the size of a short run
     (C warm-up, max(2C, 16) measured; an open loop's whole run). By default from the
     run itself (`run_spread`: batch means over stretches of its measured requests,
@@ -17,13 +22,18 @@ half-width of a "likely" band (about 80% coverage, a 1.28-sigma band):
 (c) simulation: the run's own 95% confidence half-width, rescaled to 80%.
 
 They are combined in quadrature, rel = sqrt(a^2 + b^2 + c^2), and the band is
-multiplicative, [v / (1 + rel), v * (1 + rel)], so it stays positive however wide.
+multiplicative, [v / (1 + rel), v * (1 + rel)], so it stays positive however wide;
+where the corpus residuals are biased (a roofline over-predicts throughput), the band
+is centred on v x exp(centre) rather than on v, the prediction itself unchanged.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
+from functools import cache
+from importlib import resources
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -57,6 +67,65 @@ RUN_BATCHES = 4  # the run's own spread: at least this many stretches of its req
 WORKLOAD_METHODS = ("run", "ensemble", "none")
 LENGTH_SPREAD = 0.5  # a fixed length N stands for uniform [N(1-s), N(1+s)] (same mean)
 FRONTEND_SPREAD = 0.5
+# cost provenances (costs.PROVENANCE) whose error the corpus residuals stand for
+UNMEASURED = ("roofline", "borrowed")
+# headline metric -> (residual group, sign): per-request tok/s is 1 / TPOT
+RESIDUAL_GROUP = {
+    "output_throughput_tok_s": ("throughput", 1),
+    "per_request_tok_s": ("tpot", -1),
+    "ttft_ms_p50": ("ttft", 1),
+    "ttft_ms_p99": ("ttft", 1),
+    "tpot_ms_p50": ("tpot", 1),
+    "tpot_ms_p99": ("tpot", 1),
+}
+
+
+@dataclass(frozen=True)
+class Residuals:
+    """Quantiles of log(measured / predicted) of one group of corpus numbers."""
+
+    q_lo: float  # 10% quantile
+    q_hi: float  # 90% quantile
+    numbers: int
+
+
+@cache
+def corpus_residuals() -> dict[str, Residuals]:
+    """Group -> Residuals, as calibration/fit_residuals.py wrote pipesim/data/residuals.json
+    ({} when the file is absent: no roofline band)."""
+    f = resources.files("pipesim.data").joinpath("residuals.json")
+    if not f.is_file():
+        return {}
+    data = json.loads(f.read_text())
+    return {g: Residuals(v["q_lo"], v["q_hi"], v["numbers"]) for g, v in data["groups"].items()}
+
+
+def unmeasured_share(result) -> float:
+    """Share of the prediction's stage time priced by the roofline or borrowed."""
+    shares = getattr(result, "provenance_shares", None) or {}
+    return float(min(1.0, max(0.0, sum(shares.get(k, 0.0) for k in UNMEASURED))))
+
+
+def band_log(
+    metric: str, profile_rel: float, share: float, others: tuple = (), residuals: dict | None = None
+) -> tuple[float, float]:
+    """(centre, half-width) of the band in log space, for a headline metric.
+
+    The calibration part is the profile's symmetric half-width `profile_rel` for the
+    measured share of the stage time, and the corpus residuals' (centre, half-width) for
+    the unmeasured `share`, blended linearly by that share; the other parts (relative
+    half-widths) join it in quadrature as relative widths, so a share of 0 gives the
+    band [v / (1 + r), v (1 + r)] with r = sqrt(a^2 + b^2 + c^2)."""
+    res = corpus_residuals() if residuals is None else residuals
+    group, sign = RESIDUAL_GROUP[metric]
+    centre, half = 0.0, math.log1p(profile_rel)
+    if share > 0 and group in res:
+        r = res[group]
+        lo, hi = (r.q_lo, r.q_hi) if sign > 0 else (-r.q_hi, -r.q_lo)
+        centre = share * (lo + hi) / 2
+        half = (1 - share) * half + share * (hi - lo) / 2
+    rel = math.sqrt(math.expm1(half) ** 2 + sum(o**2 for o in others))
+    return centre, math.log1p(rel)
 
 
 @dataclass(frozen=True)
@@ -273,19 +342,38 @@ def intervals(
         if v and math.isfinite(result.output_throughput_ci_tok_s)
         else 0.0
     )
+    share = unmeasured_share(result)
+    res = corpus_residuals()
     out, parts = {}, {}
     for m in HEADLINE:
         sim = ci if m == "output_throughput_tok_s" else 0.0
-        rel = math.sqrt(cal.rel**2 + ens[m] ** 2 + sim**2)
-        out[m] = band(getattr(result, m), rel)
-        parts[m] = {"calibration": cal.rel, "workload": ens[m], "simulation": sim, "combined": rel}
+        centre, half = band_log(m, cal.rel, share, (ens[m], sim), res)
+        v = getattr(result, m)
+        out[m] = (
+            (v * math.exp(centre - half), v * math.exp(centre + half)) if math.isfinite(v) else band(v, 0)
+        )
+        parts[m] = {
+            "calibration": cal.rel,
+            "workload": ens[m],
+            "simulation": sim,
+            "combined": math.expm1(half),
+            "centre_log": centre,
+            "half_log": half,
+        }
+    cal_text = cal.basis
+    if share > 0 and res:
+        cal_text += (
+            f"; {share:.0%} of the stage time is roofline or borrowed: that share carries the corpus's "
+            f"measured error for such predictions (pipesim/data/residuals.json)"
+        )
     basis = {
         "coverage": LIKELY_COVERAGE,
-        "calibration": cal.basis,
+        "unmeasured_share": share,
+        "calibration": cal_text,
         "calibration_regime": cal.regime,
         "workload": how,
         "workload_method": workload,
-        "rule": "relative half-widths in quadrature; band [v/(1+r), v(1+r)]",
+        "rule": "relative half-widths in quadrature; band [v e^(c-h), v e^(c+h)], c = 0 when all is measured",
         "parts": parts,
     }
     return out, basis

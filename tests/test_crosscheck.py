@@ -5,10 +5,12 @@ fixture corpus in the corpus schema (tests/data/corpus: invented numbers)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
+from pipesim import uncertainty as U
 from pipesim.calibrate import crosscheck as X
 from pipesim.cli import main
 from pipesim.corpus import load_corpus
@@ -37,6 +39,14 @@ def test_models_by_architecture_and_weight_format():
         X.model_for("meta-llama/Llama-3.1-8B-Instruct", "fp8 (checkpoint)")
     with pytest.raises(X.Skip, match="sparse attention"):
         X.model_for("deepseek-ai/DeepSeek-V3.2", "fp8 (checkpoint)")
+    # an FP8 checkpoint's own preset, not the bf16 one whose name it contains
+    assert X.model_for("Qwen/Qwen3-32B-FP8", "fp8 (checkpoint)") == "qwen3-32b-fp8"
+    assert X.model_for("Qwen/Qwen3-32B", "bf16 (checkpoint)") == "qwen3-32b"
+    assert X.model_for("Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", "fp8 (checkpoint)") == "qwen3-235b-a22b-fp8"
+    assert X.model_for("openai/gpt-oss-120b", "mxfp4 (checkpoint MoE weights)") == "gpt-oss-120b"
+    assert X.model_for("zai-org/GLM-4.6-FP8", "fp8 (checkpoint)") == "glm-4.6-fp8"
+    with pytest.raises(X.Skip, match="AWQ"):
+        X.model_for("Qwen/Qwen3-14B-AWQ", "bf16 (checkpoint)")
 
 
 def test_lengths_from_the_workload_text():
@@ -48,6 +58,10 @@ def test_lengths_from_the_workload_text():
     ) == ("1:1024", "1:512")
     with pytest.raises(X.Skip, match="ShareGPT"):
         X.lengths_for("ShareGPT (sharegpt.json), 200 prompts")
+    # "~20k input and ~2k output tokens (+-15% variance)": uniform within 15%
+    assert X.lengths_for(
+        "vllm bench serve, 150 requests, ~20k input tokens and ~2k output tokens (+-15% variance)"
+    ) == ("17000:23000", "1700:2300")
 
 
 def test_engine_flags_become_knobs():
@@ -76,7 +90,7 @@ def test_fixture_corpus_as_the_check_sees_it(chk):
     }
     reasons = dict(zip(chk.skipped.run_id, chk.skipped.reason))
     assert "ShareGPT" in reasons["fixture-h100-llama8b-r03"]
-    assert "no model preset for Qwen/Qwen3-14B" in reasons["fixture-h100-llama8b-r04"]
+    assert "no model preset for google/gemma-3-27b-it" in reasons["fixture-h100-llama8b-r04"]
 
 
 def test_each_number_compared_once_with_its_error_and_band(chk):
@@ -88,7 +102,13 @@ def test_each_number_compared_once_with_its_error_and_band(chk):
     ]
     for r in rows.itertuples():  # itl_ms_mean (row 003) is not a pipesim metric: left out
         assert r.error_pct == pytest.approx((r.predicted - r.measured) / r.measured * 100)
-        assert r.lo < r.predicted < r.hi and r.inside == (r.lo <= r.measured <= r.hi)
+        assert r.lo < r.hi and r.inside == (r.lo <= r.measured <= r.hi)
+        # the band is the prediction's, centred where the corpus residuals put it
+        centre, half = U.band_log(r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel))
+        assert (r.lo, r.hi) == pytest.approx(
+            (r.predicted * math.exp(centre - half), r.predicted * math.exp(centre + half))
+        )
+    assert rows.unmeasured_share.min() == pytest.approx(1.0)  # roofline profiles: nothing measured
     assert set(rows.profile) == {"roofline-vllm"}  # no shipped profile was measured on an H100
 
 

@@ -187,3 +187,40 @@ def test_bad_values_are_user_errors(tiny_config, overrides):
 def test_non_numeric_value_is_user_error(tiny_config, value):
     with pytest.raises(UserError):
         load_model(tiny_config(hidden_size=value))
+
+
+# Total parameters as the model cards publish them (billions): counted from each preset's
+# config, they check the config's sizes and the MoE / attention counting together.
+# gpt-oss model card: 20.9B and 116.8B; GLM-4.5 report: GLM-4.5-Air 106B, GLM-4.5/4.6 355B
+# (with the one MTP layer, which pipesim does not price); Qwen3 technical report: 8.2B,
+# 14.8B, 32.8B, 235B; Llama 3.1 405B.
+@pytest.mark.parametrize(
+    "name, billions, tol",
+    [
+        ("gpt-oss-20b", 20.9, 0.01),
+        ("gpt-oss-120b", 116.8, 0.01),
+        ("glm-4.5-air", 106, 0.02),
+        ("glm-4.6", 355, 0.02),
+        ("qwen3-8b", 8.2, 0.01),
+        ("qwen3-14b", 14.8, 0.01),
+        ("qwen3-32b", 32.8, 0.01),
+        ("qwen3-235b-a22b", 235, 0.01),
+        ("llama-3.1-405b", 405, 0.01),
+    ],
+)
+def test_preset_parameter_counts_match_the_model_cards(name, billions, tol):
+    assert load_model(name).total_weight_bytes("bf16") / 2e9 == pytest.approx(billions, rel=tol)
+
+
+def test_gpt_oss_experts_are_mxfp4_and_every_layer_moe():
+    m = load_model("gpt-oss-120b")
+    assert m.moe.n_routed_experts == 128 and m.moe.topk == 4 and m.moe.moe_intermediate == 2880
+    assert all(m.is_moe_layer(i) for i in range(m.num_layers))
+    assert m.expert_dtype.name == "mxfp4" and m.attn_dtype.name == "bf16"  # attention unconverted
+
+
+def test_fp8_presets_halve_the_bf16_weights():
+    for name in ("qwen3-14b", "qwen3-32b", "qwen3-235b-a22b", "glm-4.6"):
+        ratio = load_model(f"{name}-fp8").total_weight_bytes() / load_model(name).total_weight_bytes()
+        # 8 of 16 bits, plus block scales and the bf16 embedding and lm_head (10% of Qwen3-14B)
+        assert 0.5 < ratio < 0.56, name

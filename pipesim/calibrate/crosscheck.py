@@ -26,16 +26,26 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
+from .corpus_report import (  # noqa: F401 (re-exported)
+    CONDITION,
+    Check,
+    _filled,
+    _ranking,
+    kendall_tau,
+    pairwise_agreement,
+    per_source,
+    text,
+    to_json,
+)
+
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from numpy.typing import ArrayLike
 
     from ..profile import Profile
     from ..scenario import Scenario
@@ -55,13 +65,30 @@ BOXES = (
 # model id (lower case) fragment -> (preset, checkpoint weight format it stands for)
 MODELS = (
     ("deepseek-v3.2", None, "DeepSeek sparse attention (V3.2) is not modelled"),
+    ("-awq", None, "AWQ checkpoints: no preset (the corpus row does not give its quantization_config)"),
     ("llama-3.3-70b", "llama-3.1-70b", "bf16"),
     ("llama-3.1-70b", "llama-3.1-70b", "bf16"),
     ("llama-3.1-8b", "llama-3.1-8b", "bf16"),
+    ("llama-3.1-405b", "llama-3.1-405b", "bf16"),
     ("deepseek-r1", "deepseek-v3", "fp8"),
     ("deepseek-v3", "deepseek-v3", "fp8"),
     ("qwen3-30b-a3b", "qwen3-30b-a3b", "bf16"),
+    ("qwen3-14b-fp8", "qwen3-14b-fp8", "fp8"),
+    ("qwen3-14b", "qwen3-14b", "bf16"),
+    ("qwen3-32b-fp8", "qwen3-32b-fp8", "fp8"),
+    ("qwen3-32b", "qwen3-32b", "bf16"),
+    # the 2507 Instruct checkpoints have Qwen3-235B-A22B's layers (a longer context)
+    ("qwen3-235b-a22b-instruct-2507-fp8", "qwen3-235b-a22b-fp8", "fp8"),
+    ("qwen3-235b-a22b", "qwen3-235b-a22b", "bf16"),
+    ("gpt-oss-120b", "gpt-oss-120b", "mxfp4"),
+    ("gpt-oss-20b", "gpt-oss-20b", "mxfp4"),
+    ("glm-4.5-air-fp8", None, "GLM-4.5-Air-FP8: no preset (its quantization_config is not in the row)"),
+    ("glm-4.5-air", "glm-4.5-air", "bf16"),
+    ("glm-4.6-fp8", "glm-4.6-fp8", "fp8"),
+    ("glm-4.6", "glm-4.6", "bf16"),
 )
+# the corpus's --kv-cache-dtype text -> pipesim's (quantization.kv_cache_dtype reads the rest)
+KV_DTYPES = {"": None, "auto": None, "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 # corpus metric -> (Result field or derived name, interval family)
 METRIC_MAP = {
     "output_tok_s": ("output_throughput_tok_s", "output_throughput_tok_s"),
@@ -83,34 +110,10 @@ FLAGS = {
         ("--chunked-prefill-size", "chunked_prefill_size"),
     ),
 }
-# what one split is compared under: runs of a source equal on all of these
-CONDITION = (
-    "source_id",
-    "engine",
-    "engine_version",
-    "model",
-    "quantization",
-    "kv_cache_dtype",
-    "workload",
-    "num_prompts",
-    "concurrency",
-    "request_rate",
-    "metric",
-)
 
 
 class Skip(Exception):
     """A run pipesim cannot express; the message is the reason."""
-
-
-@dataclass(frozen=True)
-class Check:
-    """The outcome of the corpus check."""
-
-    rows: pd.DataFrame  # one per compared number
-    skipped: pd.DataFrame  # one per skipped run: run_id, source_id, rows, reason
-    ranking: pd.DataFrame  # one per condition with several splits
-    corpus: dict  # rows, runs, sources, PP > 1, several splits
 
 
 def box_for(hardware: str) -> str:
@@ -144,6 +147,13 @@ def lengths_for(workload: str) -> tuple[str, str]:
     )
     if m and ("range-ratio" not in w or "--random-range-ratio 1" in w):
         return m.group(1), m.group(2)
+    m = re.search(r"~(\d+)k input tokens and ~(\d+)k output tokens \(\+-(\d+)% variance\)", w)
+    if m:  # uniform within the stated variance
+        spread = int(m.group(3)) / 100
+        return tuple(
+            f"{round(int(g) * 1000 * (1 - spread))}:{round(int(g) * 1000 * (1 + spread))}"
+            for g in m.group(1, 2)
+        )
     m = re.search(r"--random-input (\d+) --random-output (\d+), random_range_ratio 0\.0", w)
     if m and "sglang.bench_serving" in w:
         return f"1:{m.group(1)}", f"1:{m.group(2)}"
@@ -209,8 +219,9 @@ def scenario_for(run: dict) -> Scenario:
         raise Skip(f"{run['nodes']} nodes: multi-node runs are not attempted")
     if run["dp"] != 1 or run["ep"] != 1:
         raise Skip(f"DP {run['dp']} / EP {run['ep']}: data and expert parallelism are not modelled here")
-    if (run["kv_cache_dtype"] or "").strip() not in ("", "auto"):
-        raise Skip(f"--kv-cache-dtype {run['kv_cache_dtype']}: not modelled here")
+    kv = (run["kv_cache_dtype"] or "").strip()
+    if kv not in KV_DTYPES:
+        raise Skip(f"--kv-cache-dtype {kv}: a KV dtype per layer kind is not modelled")
     box = box_for(run["hardware"])
     model = model_for(run["model"], run["quantization"])
     inp, out = lengths_for(run["workload"])
@@ -231,6 +242,7 @@ def scenario_for(run: dict) -> Scenario:
                 box=box,
                 input_len=inp,
                 output_len=out,
+                kv_cache_dtype=KV_DTYPES[kv],
                 **knobs,
             )
         elif rate is not None and math.isfinite(rate):
@@ -245,6 +257,7 @@ def scenario_for(run: dict) -> Scenario:
                 box=box,
                 input_len=inp,
                 output_len=out,
+                kv_cache_dtype=KV_DTYPES[kv],
                 **knobs,
             )
         elif n:
@@ -258,6 +271,7 @@ def scenario_for(run: dict) -> Scenario:
                 box=box,
                 input_len=inp,
                 output_len=out,
+                kv_cache_dtype=KV_DTYPES[kv],
                 **knobs,
             )
             rng = np.random.default_rng(0)
@@ -285,29 +299,6 @@ def _predicted(result, inp: str, out: str) -> dict:
     return vals
 
 
-def pairwise_agreement(measured: ArrayLike, predicted: ArrayLike) -> tuple[float, int]:
-    """(share of pairs ordered alike, pairs): ties in either count half."""
-    agree, pairs = 0.0, 0
-    for i in range(len(measured)):
-        for j in range(i + 1, len(measured)):
-            a, b = np.sign(measured[i] - measured[j]), np.sign(predicted[i] - predicted[j])
-            agree += 1.0 if a == b and a != 0 else 0.5 if a == 0 or b == 0 else 0.0
-            pairs += 1
-    return (agree / pairs if pairs else float("nan")), pairs
-
-
-def kendall_tau(measured: ArrayLike, predicted: ArrayLike) -> float:
-    """Kendall's tau-b of the two orderings (scipy)."""
-    from scipy.stats import kendalltau
-
-    return float(kendalltau(measured, predicted).statistic) if len(measured) > 1 else float("nan")
-
-
-def _filled(df: pd.DataFrame) -> pd.DataFrame:
-    """Unstated loads as -1, so that runs without a concurrency or a rate group together."""
-    return df.fillna({"num_prompts": -1, "concurrency": -1, "request_rate": -1})
-
-
 def summary(corpus: pd.DataFrame) -> dict:
     runs = corpus.drop_duplicates("run_id")
     split = runs.assign(
@@ -332,56 +323,82 @@ def summary(corpus: pd.DataFrame) -> dict:
     }
 
 
-def check(corpus: pd.DataFrame, progress: Callable[[object], None] | None = None) -> Check:
-    """Simulate every expressible run of `corpus` (pipesim.corpus.load_corpus()) once
-    and compare each of its measured numbers; intervals are the cheap form (calibration
-    and the run's CI, no ensemble: docs/uncertainty.md)."""
+def _compare(item: tuple) -> tuple[list, dict | None]:
+    """One corpus run: (compared rows, None) or ([], the skipped run)."""
     from ..api import run as simulate
     from ..uncertainty import intervals
 
+    run_id, part = item
+    first = part.iloc[0].to_dict()
+    try:
+        sc = scenario_for(first)
+    except Skip as exc:
+        return [], {"run_id": run_id, "source_id": first["source_id"], "rows": len(part), "reason": str(exc)}
+    result = simulate(sc)
+    _iv, basis = intervals(result, sc, workload="none")
+    pred = _predicted(result, str(sc.workload.input_len), str(sc.workload.output_len))
+    rows = []
+    for r in part.itertuples():
+        if r.metric not in METRIC_MAP:
+            continue  # p90s, ITL: pipesim reports p50 / p99 and TPOT
+        field, family = METRIC_MAP[r.metric]
+        p = pred.get(field, float("nan"))
+        part_ = basis["parts"][family]
+        c, h = part_["centre_log"], part_["half_log"]
+        lo, hi = (p * math.exp(c - h), p * math.exp(c + h)) if math.isfinite(p) else (float("nan"),) * 2
+        rows.append(
+            {
+                "row_id": r.row_id,
+                "run_id": run_id,
+                "source_id": r.source_id,
+                "metric": r.metric,
+                "tp": r.tp,
+                "pp": r.pp,
+                "dp": r.dp,
+                "ep": r.ep,
+                "measured": r.value,
+                "predicted": p,
+                "error_pct": (p - r.value) / r.value * 100,
+                "lo": lo,
+                "hi": hi,
+                "inside": bool(lo <= r.value <= hi),
+                "profile": sc.profile.name,
+                "box": sc.box.name,
+                # what the band was built from (calibration/fit_residuals.py refits it from these)
+                "family": family,
+                "unmeasured_share": basis["unmeasured_share"],
+                "calibration_rel": part_["calibration"],
+                "simulation_rel": part_["simulation"],
+                **{c: getattr(r, c) for c in CONDITION if c not in ("source_id", "metric")},
+            }
+        )
+    return rows, None
+
+
+def check(corpus: pd.DataFrame, progress: Callable[[object], None] | None = None, jobs: int = 1) -> Check:
+    """Simulate every expressible run of `corpus` (pipesim.corpus.load_corpus()) once
+    and compare each of its measured numbers; intervals are the cheap form (calibration
+    and the run's CI, no ensemble: docs/uncertainty.md). `jobs` > 1 spreads the runs
+    over that many processes (the same numbers: every run is deterministic)."""
+    items = list(corpus.groupby("run_id", sort=True))
     rows, skipped = [], []
-    for run_id, part in corpus.groupby("run_id", sort=True):
-        first = part.iloc[0].to_dict()
-        try:
-            sc = scenario_for(first)
-        except Skip as exc:
-            skipped.append(
-                {"run_id": run_id, "source_id": first["source_id"], "rows": len(part), "reason": str(exc)}
-            )
-            continue
-        result = simulate(sc)
-        _iv, basis = intervals(result, sc, workload="none")
-        pred = _predicted(result, str(sc.workload.input_len), str(sc.workload.output_len))
-        if progress:
-            progress(run_id)
-        for r in part.itertuples():
-            if r.metric not in METRIC_MAP:
-                continue  # p90s, ITL: pipesim reports p50 / p99 and TPOT
-            field, family = METRIC_MAP[r.metric]
-            p = pred.get(field, float("nan"))
-            rel = basis["parts"][family]["combined"]
-            lo, hi = (p / (1 + rel), p * (1 + rel)) if math.isfinite(p) else (float("nan"),) * 2
-            rows.append(
-                {
-                    "row_id": r.row_id,
-                    "run_id": run_id,
-                    "source_id": r.source_id,
-                    "metric": r.metric,
-                    "tp": r.tp,
-                    "pp": r.pp,
-                    "dp": r.dp,
-                    "ep": r.ep,
-                    "measured": r.value,
-                    "predicted": p,
-                    "error_pct": (p - r.value) / r.value * 100,
-                    "lo": lo,
-                    "hi": hi,
-                    "inside": bool(lo <= r.value <= hi),
-                    "profile": sc.profile.name,
-                    "box": sc.box.name,
-                    **{c: getattr(r, c) for c in CONDITION if c not in ("source_id", "metric")},
-                }
-            )
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(jobs) as pool:
+            outcomes = pool.map(_compare, items, chunksize=1)
+            for (run_id, _), (got, skip) in zip(items, outcomes):
+                rows += got
+                skipped += [skip] if skip else []
+                if progress and not skip:
+                    progress(run_id)
+    else:
+        for run_id, part in items:
+            got, skip = _compare((run_id, part))
+            rows += got
+            skipped += [skip] if skip else []
+            if progress and not skip:
+                progress(run_id)
     df = pd.DataFrame(rows)
     return Check(
         df,
@@ -391,135 +408,19 @@ def check(corpus: pd.DataFrame, progress: Callable[[object], None] | None = None
     )
 
 
-def _ranking(df: pd.DataFrame) -> pd.DataFrame:
-    out = []
-    if df.empty:
-        return pd.DataFrame(
-            out, columns=["source_id", "metric", "condition", "splits", "pairs", "agreement", "kendall_tau"]
-        )
-    keys = [c for c in CONDITION]
-    for key, g in _filled(df).groupby(keys, dropna=False):
-        g = g.assign(split=g.tp.astype(str) + "x" + g.pp.astype(str))
-        if g.split.nunique() < 2 or g.metric.iloc[0] not in (
-            "output_tok_s",
-            "per_request_tok_s",
-            "total_tok_s",
-            "request_s",
-            "tpot_ms_mean",
-            "ttft_ms_mean",
-        ):
-            continue
-        share, pairs = pairwise_agreement(g.measured.to_numpy(), g.predicted.to_numpy())
-        out.append(
-            {
-                "source_id": key[0],
-                "metric": key[-1],
-                "condition": f"{key[3]}, {key[6][:40]}, C={key[8]}",
-                "splits": ",".join(f"TP{a}xPP{b}" for a, b in zip(g.tp, g.pp)),
-                "pairs": pairs,
-                "agreement": share,
-                "kendall_tau": kendall_tau(g.measured.to_numpy(), g.predicted.to_numpy()),
-            }
-        )
-    return pd.DataFrame(
-        out, columns=["source_id", "metric", "condition", "splits", "pairs", "agreement", "kendall_tau"]
-    )
-
-
-def per_source(df: pd.DataFrame) -> pd.DataFrame:
-    """Per source: numbers compared, mean and median |error| in %, coverage."""
-    if df.empty:
-        return pd.DataFrame(
-            columns=["source_id", "numbers", "runs", "mape_pct", "median_ape_pct", "coverage"]
-        )
-    g = df.assign(ape=df.error_pct.abs()).groupby("source_id")
-    return pd.DataFrame(
-        {
-            "numbers": g.size(),
-            "runs": g.run_id.nunique(),
-            "mape_pct": g.ape.mean(),
-            "median_ape_pct": g.ape.median(),
-            "coverage": g.inside.mean(),
-        }
-    ).reset_index()
-
-
-def text(chk: Check) -> str:
-    c = chk.corpus
-    lines = [
-        (
-            f"corpus: {c['rows']} rows, {c['runs']} runs, {c['sources']} sources; PP > 1: {c['rows_pp_gt_1']} rows "
-            f"({c['runs_pp_gt_1']} runs); sources with several splits under one condition: "
-            f"{c['sources_with_several_splits']}"
-        ),
-        (
-            f"reproduced: {chk.rows.run_id.nunique() if len(chk.rows) else 0} runs, {len(chk.rows)} numbers; "
-            f"skipped: {len(chk.skipped)} runs ({int(chk.skipped.rows.sum()) if len(chk.skipped) else 0} rows)"
-        ),
-        "",
-    ]
-    ps = per_source(chk.rows)
-    lines.append(f"  {'source':52s} {'numbers':>7s} {'runs':>5s} {'MAPE':>8s} {'median':>8s} {'in band':>8s}")
-    for r in ps.itertuples():
-        lines.append(
-            f"  {r.source_id:52s} {r.numbers:7d} {r.runs:5d} {r.mape_pct:7.1f}% {r.median_ape_pct:7.1f}% "
-            f"{r.coverage:7.0%}"
-        )
-    if len(chk.rows):
-        ape = chk.rows.error_pct.abs()
-        lines.append(
-            f"  {'overall':52s} {len(chk.rows):7d} {chk.rows.run_id.nunique():5d} {ape.mean():7.1f}% "
-            f"{ape.median():7.1f}% {chk.rows.inside.mean():7.0%}"
-        )
-        for metric, g in chk.rows.groupby("metric"):
-            lines.append(
-                f"    {metric:50s} {len(g):7d} {'':5s} {g.error_pct.abs().mean():7.1f}% "
-                f"{g.error_pct.abs().median():7.1f}% {g.inside.mean():7.0%}"
-            )
-    if len(chk.ranking):
-        rk = chk.ranking
-        lines += [
-            "",
-            (
-                f"ranking of splits under one condition: {len(rk)} groups, {int(rk.pairs.sum())} pairs, "
-                f"pairwise agreement {np.average(rk.agreement, weights=rk.pairs):.0%}, "
-                f"mean Kendall tau {rk.kendall_tau.mean():+.2f}"
-            ),
-        ]
-    else:
-        lines += ["", "ranking of splits: no reproduced condition has several splits"]
-    if len(chk.skipped):
-        lines += ["", "skipped (reason: runs):"]
-        for reason, g in chk.skipped.groupby("reason"):
-            lines.append(f"  {reason}: {len(g)}")
-    return "\n".join(lines)
-
-
-def to_json(chk: Check) -> str:
-    import json
-
-    def records(df):
-        return json.loads(df.to_json(orient="records"))
-
-    ape = chk.rows.error_pct.abs() if len(chk.rows) else pd.Series(dtype=float)
-    rk = chk.ranking
-    overall = {
-        "numbers": len(chk.rows),
-        "runs": int(chk.rows.run_id.nunique()) if len(chk.rows) else 0,
-        "mape_pct": float(ape.mean()) if len(ape) else None,
-        "median_ape_pct": float(ape.median()) if len(ape) else None,
-        "coverage": float(chk.rows.inside.mean()) if len(chk.rows) else None,
-        "ranking_pairs": int(rk.pairs.sum()) if len(rk) else 0,
-        "ranking_agreement": float(np.average(rk.agreement, weights=rk.pairs)) if len(rk) else None,
-    }
-    return json.dumps(
-        {
-            "corpus": chk.corpus,
-            "overall": overall,
-            "per_source": records(per_source(chk.rows)),
-            "ranking": records(rk),
-            "rows": records(chk.rows),
-            "skipped": records(chk.skipped),
-        },
-        indent=2,
-    )
+__all__ = [
+    "Check",
+    "Skip",
+    "box_for",
+    "check",
+    "kendall_tau",
+    "knobs_for",
+    "lengths_for",
+    "model_for",
+    "pairwise_agreement",
+    "per_source",
+    "scenario_for",
+    "summary",
+    "text",
+    "to_json",
+]

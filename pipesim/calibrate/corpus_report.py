@@ -1,0 +1,195 @@
+"""Reporting of the corpus check (pipesim.calibrate.crosscheck): error per source, the
+ranking of splits under one condition, the text and JSON forms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+# what one split is compared under: runs of a source equal on all of these
+CONDITION = (
+    "source_id",
+    "engine",
+    "engine_version",
+    "model",
+    "quantization",
+    "kv_cache_dtype",
+    "workload",
+    "num_prompts",
+    "concurrency",
+    "request_rate",
+    "metric",
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of the corpus check."""
+
+    rows: pd.DataFrame  # one per compared number
+    skipped: pd.DataFrame  # one per skipped run: run_id, source_id, rows, reason
+    ranking: pd.DataFrame  # one per condition with several splits
+    corpus: dict  # rows, runs, sources, PP > 1, several splits
+
+
+def _filled(df: pd.DataFrame) -> pd.DataFrame:
+    """Unstated loads as -1, so that runs without a concurrency or a rate group together."""
+    return df.fillna({"num_prompts": -1, "concurrency": -1, "request_rate": -1})
+
+
+def pairwise_agreement(measured: ArrayLike, predicted: ArrayLike) -> tuple[float, int]:
+    """(share of pairs ordered alike, pairs): ties in either count half."""
+    agree, pairs = 0.0, 0
+    for i in range(len(measured)):
+        for j in range(i + 1, len(measured)):
+            a, b = np.sign(measured[i] - measured[j]), np.sign(predicted[i] - predicted[j])
+            agree += 1.0 if a == b and a != 0 else 0.5 if a == 0 or b == 0 else 0.0
+            pairs += 1
+    return (agree / pairs if pairs else float("nan")), pairs
+
+
+def kendall_tau(measured: ArrayLike, predicted: ArrayLike) -> float:
+    """Kendall's tau-b of the two orderings (scipy)."""
+    from scipy.stats import kendalltau
+
+    return float(kendalltau(measured, predicted).statistic) if len(measured) > 1 else float("nan")
+
+
+def _ranking(df: pd.DataFrame) -> pd.DataFrame:
+    out = []
+    if df.empty:
+        return pd.DataFrame(
+            out, columns=["source_id", "metric", "condition", "splits", "pairs", "agreement", "kendall_tau"]
+        )
+    keys = [c for c in CONDITION]
+    for key, g in _filled(df).groupby(keys, dropna=False):
+        g = g.assign(split=g.tp.astype(str) + "x" + g.pp.astype(str))
+        if g.split.nunique() < 2 or g.metric.iloc[0] not in (
+            "output_tok_s",
+            "per_request_tok_s",
+            "total_tok_s",
+            "request_s",
+            "tpot_ms_mean",
+            "ttft_ms_mean",
+        ):
+            continue
+        share, pairs = pairwise_agreement(g.measured.to_numpy(), g.predicted.to_numpy())
+        out.append(
+            {
+                "source_id": key[0],
+                "metric": key[-1],
+                "condition": f"{key[3]}, {key[6][:40]}, C={key[8]}",
+                "splits": ",".join(f"TP{a}xPP{b}" for a, b in zip(g.tp, g.pp)),
+                "pairs": pairs,
+                "agreement": share,
+                "kendall_tau": kendall_tau(g.measured.to_numpy(), g.predicted.to_numpy()),
+            }
+        )
+    return pd.DataFrame(
+        out, columns=["source_id", "metric", "condition", "splits", "pairs", "agreement", "kendall_tau"]
+    )
+
+
+def per_source(df: pd.DataFrame) -> pd.DataFrame:
+    """Per source: numbers compared, mean and median |error| in %, coverage."""
+    if df.empty:
+        return pd.DataFrame(
+            columns=["source_id", "numbers", "runs", "mape_pct", "median_ape_pct", "coverage"]
+        )
+    g = df.assign(ape=df.error_pct.abs()).groupby("source_id")
+    return pd.DataFrame(
+        {
+            "numbers": g.size(),
+            "runs": g.run_id.nunique(),
+            "mape_pct": g.ape.mean(),
+            "median_ape_pct": g.ape.median(),
+            "coverage": g.inside.mean(),
+        }
+    ).reset_index()
+
+
+def text(chk: Check) -> str:
+    c = chk.corpus
+    lines = [
+        (
+            f"corpus: {c['rows']} rows, {c['runs']} runs, {c['sources']} sources; PP > 1: {c['rows_pp_gt_1']} rows "
+            f"({c['runs_pp_gt_1']} runs); sources with several splits under one condition: "
+            f"{c['sources_with_several_splits']}"
+        ),
+        (
+            f"reproduced: {chk.rows.run_id.nunique() if len(chk.rows) else 0} runs, {len(chk.rows)} numbers; "
+            f"skipped: {len(chk.skipped)} runs ({int(chk.skipped.rows.sum()) if len(chk.skipped) else 0} rows)"
+        ),
+        "",
+    ]
+    ps = per_source(chk.rows)
+    lines.append(f"  {'source':52s} {'numbers':>7s} {'runs':>5s} {'MAPE':>8s} {'median':>8s} {'in band':>8s}")
+    for r in ps.itertuples():
+        lines.append(
+            f"  {r.source_id:52s} {r.numbers:7d} {r.runs:5d} {r.mape_pct:7.1f}% {r.median_ape_pct:7.1f}% "
+            f"{r.coverage:7.0%}"
+        )
+    if len(chk.rows):
+        ape = chk.rows.error_pct.abs()
+        lines.append(
+            f"  {'overall':52s} {len(chk.rows):7d} {chk.rows.run_id.nunique():5d} {ape.mean():7.1f}% "
+            f"{ape.median():7.1f}% {chk.rows.inside.mean():7.0%}"
+        )
+        for metric, g in chk.rows.groupby("metric"):
+            lines.append(
+                f"    {metric:50s} {len(g):7d} {'':5s} {g.error_pct.abs().mean():7.1f}% "
+                f"{g.error_pct.abs().median():7.1f}% {g.inside.mean():7.0%}"
+            )
+    if len(chk.ranking):
+        rk = chk.ranking
+        lines += [
+            "",
+            (
+                f"ranking of splits under one condition: {len(rk)} groups, {int(rk.pairs.sum())} pairs, "
+                f"pairwise agreement {np.average(rk.agreement, weights=rk.pairs):.0%}, "
+                f"mean Kendall tau {rk.kendall_tau.mean():+.2f}"
+            ),
+        ]
+    else:
+        lines += ["", "ranking of splits: no reproduced condition has several splits"]
+    if len(chk.skipped):
+        lines += ["", "skipped (reason: runs):"]
+        for reason, g in chk.skipped.groupby("reason"):
+            lines.append(f"  {reason}: {len(g)}")
+    return "\n".join(lines)
+
+
+def to_json(chk: Check) -> str:
+    import json
+
+    def records(df):
+        return json.loads(df.to_json(orient="records"))
+
+    ape = chk.rows.error_pct.abs() if len(chk.rows) else pd.Series(dtype=float)
+    rk = chk.ranking
+    overall = {
+        "numbers": len(chk.rows),
+        "runs": int(chk.rows.run_id.nunique()) if len(chk.rows) else 0,
+        "mape_pct": float(ape.mean()) if len(ape) else None,
+        "median_ape_pct": float(ape.median()) if len(ape) else None,
+        "coverage": float(chk.rows.inside.mean()) if len(chk.rows) else None,
+        "ranking_pairs": int(rk.pairs.sum()) if len(rk) else 0,
+        "ranking_agreement": float(np.average(rk.agreement, weights=rk.pairs)) if len(rk) else None,
+    }
+    return json.dumps(
+        {
+            "corpus": chk.corpus,
+            "overall": overall,
+            "per_source": records(per_source(chk.rows)),
+            "ranking": records(rk),
+            "rows": records(chk.rows),
+            "skipped": records(chk.skipped),
+        },
+        indent=2,
+    )
