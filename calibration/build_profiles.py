@@ -42,6 +42,21 @@ HYPOTHESES = {
     "a slow TP all-reduce path": ["cpu_iteration_ms", "allreduce_offset_us"],
 }
 NEUTRAL_AR = {"allreduce_scale": 1.0, "allreduce_offset_us": 0.0}
+# SGLang's engine timing measured here (calibration/measure_frontend.py; docs/engines.md §1):
+# held fixed in the fit, which then fits only what they leave (the scheduler CPU, the launch)
+FRONTEND = "measured by calibration/measure_frontend.py (docs/engines.md §1)"
+ENGINE_TIMING = {
+    "frontend_ms": (0.24, f"{FRONTEND}: tokenize a 300-token prompt 0.19 ms + pickle and ZMQ 0.05 ms"),
+    "detokenize_step_us": (25.0, f"{FRONTEND}: about 25 us per returned step"),
+    "detokenize_token_us": (3.65, f"{FRONTEND}: 2.4-4.9 us per request in a step, the middle taken"),
+    "cpu_hop_ms": (
+        0.006,
+        f"{FRONTEND}: a pickled (empty) request list over a local socket, 6 us, per PP hop per micro-batch",
+    ),
+}
+
+
+FIXED_SHOWN = ("kernel_floor_us", "custom_allreduce_max_gpus", *ENGINE_TIMING)
 
 
 def base_meta(name: str, description: str, engine: str, version: str, kernels: str, tables: dict) -> dict:
@@ -67,8 +82,16 @@ def base_meta(name: str, description: str, engine: str, version: str, kernels: s
     }
 
 
+def with_engine_timing(meta: dict) -> dict:
+    """The SGLang engine timing measured here, with its sources (ENGINE_TIMING)."""
+    meta["params"].update({k: v for k, (v, _) in ENGINE_TIMING.items()})
+    meta["param_sources"].update({k: src for k, (_, src) in ENGINE_TIMING.items()})
+    return meta
+
+
 def fit_deployment(tables: Tables, meta: dict, points: list) -> tuple[dict, str, dict]:
-    """Fit each hypothesis; keep the one with the lowest error. Returns (params, report, fit summary)."""
+    """Fit each hypothesis (the engine timing held at its measured values); keep the one
+    with the lowest error. Returns (params, report, fit summary)."""
     base = Profile(
         meta["name"], BOX, "sglang", "0.5.14", Params.from_dict(meta["params"], "build"), meta, tables
     )
@@ -78,6 +101,16 @@ def fit_deployment(tables: Tables, meta: dict, points: list) -> tuple[dict, str,
         "# Fit of rtx-pro-6000-sglang-deployment",
         "",
         "Measured points: calibration/reference_points.csv (physics.md §1).",
+        "",
+        "## Held fixed: measured or cited, not fitted",
+        "",
+        "| parameter | value | source |",
+        "|---|---|---|",
+        *(
+            f"| {k} | {meta['params'][k]:g} | {meta['param_sources'][k]} |"
+            for k in FIXED_SHOWN
+            if k in meta["params"]
+        ),
         "",
     ]
     for h, r in results.items():
@@ -126,6 +159,7 @@ def main() -> None:
         "SGLang 0.5.14",
         tables,
     )
+    meta = with_engine_timing(meta)
     params, report, summary = fit_deployment(tables, meta, points)
     meta["params"].update({**NEUTRAL_AR, **params})
     meta["param_sources"].update(
@@ -154,11 +188,8 @@ def main() -> None:
         "SGLang 0.5.14",
         tables,
     )
-    cpu = {
-        k: v
-        for k, v in params.items()
-        if k in ("cpu_iteration_ms", "eager_launch_us_per_layer", "cpu_hop_ms")
-    }
+    healthy = with_engine_timing(healthy)
+    cpu = {k: v for k, v in params.items() if k in ("cpu_iteration_ms", "eager_launch_us_per_layer")}
     healthy["params"].update({**NEUTRAL_AR, **cpu})
     healthy["param_sources"].update(
         {k: "fitted to the deployment's points (see rtx-pro-6000-sglang-deployment)" for k in cpu}

@@ -18,7 +18,13 @@ def _value(v) -> str:
         return repr(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_value(x) for x in v) + "]"
-    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
+    return _string(v)
+
+
+def _string(v) -> str:
+    """A TOML basic string: JSON's escapes are TOML's, and non-ASCII text (a "§") is
+    written as itself, not as a \\u escape, so the file reads as it was meant."""
+    return json.dumps(str(v), ensure_ascii=False)
 
 
 def _is_table_array(v) -> bool:
@@ -27,14 +33,14 @@ def _is_table_array(v) -> bool:
 
 def _header(path: tuple) -> str:
     return ".".join(
-        k if k.replace("_", "").replace("-", "").isalnum() else json.dumps(k) for k in map(str, path)
+        k if k.replace("_", "").replace("-", "").isalnum() else _string(k) for k in map(str, path)
     )
 
 
 def _body(data: dict, path: tuple) -> list[str]:
     """Key-value lines of one table (keys bare at the top level, quoted inside tables),
     then its sub-tables and arrays of tables."""
-    key = (lambda k: k) if not path else (lambda k: json.dumps(str(k)))
+    key = (lambda k: k) if not path else _string
     lines = [
         f"{key(k)} = {_value(v)}"
         for k, v in data.items()

@@ -22,6 +22,15 @@ if TYPE_CHECKING:
 TABLE_SUFFIXES = (".csv", ".parquet")
 # a sweep table read back needs its key (sweep.KEY_COLUMNS) and what search and plot rank by
 TABLE_COLUMNS = ("gpus", "tp", "pp", "conc", "output_throughput_tok_s", "per_request_tok_s")
+# headline numbers that carry a likely band `<col>_lo` / `<col>_hi` (uncertainty.HEADLINE)
+INTERVAL_COLUMNS = (
+    "output_throughput_tok_s",
+    "per_request_tok_s",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "tpot_ms_p50",
+    "tpot_ms_p99",
+)
 # other number columns of a sweep table (sweep.run_point) that search and plot read; NaN is
 # allowed there (a TPOT of one-token requests), text is not
 NUMBER_TABLE_COLUMNS = (
@@ -45,6 +54,8 @@ NUMBER_TABLE_COLUMNS = (
     "cpu_share",
     "mean_requests_per_microbatch",
     "mean_decode_batch",
+    # the likely band of each headline number (uncertainty.HEADLINE; docs/uncertainty.md)
+    *(f"{m}{end}" for m in INTERVAL_COLUMNS for end in ("_lo", "_hi")),
 )
 
 

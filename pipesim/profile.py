@@ -269,7 +269,7 @@ def write_profile(
             measured.to_csv(tmp / "measured.csv", index=False)
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text)
-        (tmp / "profile.toml").write_text(dumps(meta))
+        (tmp / "profile.toml").write_text(dumps(meta), encoding="utf-8")
         if out.exists():
             os.rename(out, old)
         os.rename(tmp, out)

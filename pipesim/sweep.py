@@ -93,6 +93,7 @@ def run_point(
     processes (local or Dask) can unpickle it."""
     from .metrics import idle_breakdown
     from .runner import simulate
+    from .uncertainty import HEADLINE, intervals
 
     kwargs = {**kwargs, **(combo or {})}
 
@@ -105,6 +106,10 @@ def run_point(
     eng = sc["engine"]
     n = len(idle)
     sat = r.saturation or {}
+    # the band without an extra run (docs/uncertainty.md): a closed loop's workload part
+    # from the run itself, an open loop's left out (it would take the ensemble's runs)
+    iv, _basis = intervals(r, scenario, workload="run" if scenario.workload.kind == "closed" else "none")
+    bands = {f"{m}{end}": v for m in HEADLINE for end, v in zip(("_lo", "_hi"), iv[m])}
     return {
         "box": sc["box"],
         "gpu": sc["gpu"],
@@ -133,6 +138,7 @@ def run_point(
         "tpot_ms_p50": r.tpot_ms_p50,
         "tpot_ms_p99": r.tpot_ms_p99,
         "e2e_ms_mean": r.e2e_ms_mean,
+        **bands,
         "compute_share": r.time_shares["compute"],
         "allreduce_share": r.allreduce_share,
         "bubble_fraction": r.bubble_fraction,

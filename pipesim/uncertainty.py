@@ -68,7 +68,7 @@ WORKLOAD_METHODS = ("run", "ensemble", "none")
 LENGTH_SPREAD = 0.5  # a fixed length N stands for uniform [N(1-s), N(1+s)] (same mean)
 FRONTEND_SPREAD = 0.5
 # cost provenances (costs.PROVENANCE) whose error the corpus residuals stand for
-UNMEASURED = ("roofline", "borrowed")
+UNMEASURED = ("roofline", "roofline (fitted)", "borrowed")
 # headline metric -> (residual group, sign): per-request tok/s is 1 / TPOT
 RESIDUAL_GROUP = {
     "output_throughput_tok_s": ("throughput", 1),

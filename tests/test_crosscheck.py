@@ -56,8 +56,11 @@ def test_lengths_from_the_workload_text():
         "random, --random-input 1024 --random-output 512, random_range_ratio 0.0 (as recorded), "
         "sglang.bench_serving --backend sglang"
     ) == ("1:1024", "1:512")
-    with pytest.raises(X.Skip, match="ShareGPT"):
+    with pytest.raises(X.Skip, match="ShareGPT: the run prints no token totals"):
         X.lengths_for("ShareGPT (sharegpt.json), 200 prompts")
+    # ShareGPT: the run's own mean lengths, (4150 - 2000) / 10 in and 2000 / 10 out
+    totals = {"output_tok_s": 2000.0, "total_tok_s": 4150.0, "request_s": 10.0}
+    assert X.lengths_for("ShareGPT (sharegpt.json), 1000 prompts", totals) == ("215", "200")
     # "~20k input and ~2k output tokens (+-15% variance)": uniform within 15%
     assert X.lengths_for(
         "vllm bench serve, 150 requests, ~20k input tokens and ~2k output tokens (+-15% variance)"
@@ -131,3 +134,16 @@ def test_validation_doc_states_the_shipped_corpus():
     # describe the corpus that ships now
     c = X.summary(load_corpus())
     assert f"{c['rows']} rows, {c['runs']} runs, {c['sources']} sources" in DOC.read_text()
+
+
+def test_splits_are_compared_only_when_the_launch_differs_in_the_parallel_flags_alone():
+    from pipesim.calibrate.corpus_report import other_flags
+
+    pp4 = "python3 -m sglang.launch_server --model-path zai-org/GLM-4.5-Air  --pp-size 4"
+    tp4 = "python3 -m sglang.launch_server --model-path zai-org/GLM-4.5-Air --tp-size 4"
+    assert other_flags(pp4) == other_flags(tp4)
+    # a step that also turns on async scheduling is not a split comparison
+    assert other_flags("vllm serve m --max-model-len 32768") != other_flags(
+        "vllm serve m --max-model-len 32768 --async-scheduling -tp 2"
+    )
+    assert other_flags("vllm serve m --tensor-parallel-size=4 --enable-expert-parallel") == "vllm serve m"

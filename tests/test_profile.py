@@ -90,3 +90,15 @@ def test_predict_imports_no_pandas():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_profile_toml_writes_non_ascii_text_as_itself(tmp_path):
+    # a source line citing "physics.md §1" must read as written, not as a \u00a7 escape
+    from pipesim.profile import load_profile, write_profile
+
+    prof = load_profile("rtx-pro-6000-sglang-deployment")
+    meta = dict(prof.meta, name="copy", description="fitted to physics.md §1's points")
+    write_profile(tmp_path / "copy", meta, prof.tables)
+    text = (tmp_path / "copy" / "profile.toml").read_text(encoding="utf-8")
+    assert "physics.md §1's points" in text and "\\u00a7" not in text
+    assert load_profile(tmp_path / "copy").meta["description"] == "fitted to physics.md §1's points"

@@ -65,19 +65,34 @@ def test_result_counts_every_token_open_loop(profile):
 
 
 def test_closed_loop_keeps_concurrency(profile):
-    # C clients, each sends its next request when the last finishes: never more than C
-    # requests alive, each client's requests one after another
-    sc = pipesim.build_scenario(
-        tp=1, pp=2, concurrency=5, model="llama-3.1-8b", output_len="2:20", seed=1, profile=profile
-    )
-    sim = simulate(sc, 5, 20)
-    by_client = {}
-    for r in sim.requests:
-        by_client.setdefault(r.client, []).append(r)
-    assert sorted(by_client) == list(range(5))
-    for reqs in by_client.values():
+    # C clients, each sends its next request when the last has fully arrived: never more
+    # than C requests alive, each client's requests one after another, the next one sent
+    # after the output path (the detokenizer: a cost per step and per token in the step,
+    # docs/engines.md §1)
+    def by_client(prof):
+        sc = pipesim.build_scenario(
+            tp=1, pp=2, concurrency=5, model="llama-3.1-8b", output_len="2:20", seed=1, profile=prof
+        )
+        out = {}
+        for r in simulate(sc, 5, 20).requests:
+            out.setdefault(r.client, []).append(r)
+        assert sorted(out) == list(range(5))
+        return out.values()
+
+    # with no output path, the next request leaves the client the moment the last finished
+    bare = profile.with_params(detokenize_step_us=0.0, detokenize_token_us=0.0)
+    for reqs in by_client(bare):
         for a, b in zip(reqs, reqs[1:]):
             assert a.finish_s >= 0 and b.arrival_s == a.finish_s
+    # with the profile's measured output path: one step's cost plus one to C tokens' (the
+    # detokenizer is idle here: its ~40 us per step is far below a step's time)
+    p = profile.params
+    assert p.detokenize_step_us > 0  # the shipped SGLang profiles carry the measured path
+    lo = (p.detokenize_step_us + p.detokenize_token_us) * 1e-6
+    hi = (p.detokenize_step_us + 5 * p.detokenize_token_us) * 1e-6
+    for reqs in by_client(profile):
+        for a, b in zip(reqs, reqs[1:]):
+            assert lo - 1e-12 <= b.arrival_s - a.finish_s <= hi + 1e-12
 
 
 # ---- determinism ----------------------------------------------------------------------

@@ -101,5 +101,20 @@ def test_clients_beyond_the_cap_cost_no_longer_a_run():
     at_cap = pipesim.predict(8, 1, 8, **kw)
     far_above = pipesim.predict(8, 1, 512, **kw)
     assert far_above.completed_requests <= 1.5 * at_cap.completed_requests
-    assert far_above.sim_events <= 1.5 * at_cap.sim_events
+    # the run is no longer; what the extra clients do cost is their first requests' pass
+    # through the front end, one event each (the profile's measured frontend_ms,
+    # docs/engines.md §1), not a longer horizon
+    assert far_above.sim_events <= 1.5 * at_cap.sim_events + (512 - 8)
+    # a queue keeps the cap full: at the cap, each finished request's replacement first
+    # crosses the output path and the serial front end, and arrives alone
+    assert far_above.output_throughput_tok_s >= at_cap.output_throughput_tok_s
+    # with neither, the clients beyond the cap change nothing
+    from pipesim.profile import load_profile
+    from pipesim.scenario import DEFAULT_PROFILE
+
+    bare = load_profile(DEFAULT_PROFILE).with_params(
+        frontend_ms=0.0, detokenize_step_us=0.0, detokenize_token_us=0.0
+    )
+    at_cap = pipesim.predict(8, 1, 8, profile=bare, **kw)
+    far_above = pipesim.predict(8, 1, 512, profile=bare, **kw)
     assert far_above.output_throughput_tok_s == pytest.approx(at_cap.output_throughput_tok_s, rel=0.02)

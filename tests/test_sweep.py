@@ -173,3 +173,17 @@ def test_vllm_rows_carry_group_sizes(vllm_profile):
         groups = [float(x) for x in str(row.group_sizes).split(";")]
         assert len(groups) == (row.pp if row.pp > 1 else 2) and all(g >= 0 for g in groups)
         assert row.preemptions == 0
+
+
+def test_rows_carry_the_cheap_likely_band_of_each_headline_number(serial, profile):
+    from pipesim import uncertainty
+    from pipesim.files import INTERVAL_COLUMNS
+
+    assert INTERVAL_COLUMNS == uncertainty.HEADLINE  # the table schema names every banded number
+    sc = pipesim.build_scenario(tp=2, pp=4, concurrency=8, profile=profile, **SMALL)
+    r = pipesim.run(sc)
+    iv, _ = uncertainty.intervals(r, sc, workload="run")  # from the run itself, no extra run
+    row = serial[(serial.tp == 2) & (serial.conc == 8)].iloc[0]
+    for m in INTERVAL_COLUMNS:
+        assert (row[f"{m}_lo"], row[f"{m}_hi"]) == pytest.approx(iv[m])
+        assert row[f"{m}_lo"] < row[m] < row[f"{m}_hi"]  # a measured profile: the band holds its value

@@ -213,3 +213,53 @@ def test_cli_ensemble_flag(capsys):
     assert json.loads(capsys.readouterr().out)["interval_basis"]["workload_method"] == "ensemble"
     main(args)
     assert json.loads(capsys.readouterr().out)["interval_basis"]["workload_method"] == "run"
+
+
+def test_band_log_blends_the_profile_and_the_corpus_residuals_by_the_unmeasured_share():
+    res = {"throughput": U.Residuals(math.log(0.2), math.log(0.8), 50), "tpot": U.Residuals(-0.1, 0.9, 50)}
+    # nothing unmeasured: the symmetric band of the profile, other parts in quadrature
+    c, h = U.band_log("output_throughput_tok_s", 0.25, 0.0, (0.1, 0.05), res)
+    assert c == 0 and math.expm1(h) == pytest.approx(math.sqrt(0.25**2 + 0.1**2 + 0.05**2))
+    # all unmeasured: where the corpus residuals fell, 0.2x-0.8x of the prediction
+    c, h = U.band_log("output_throughput_tok_s", 0.25, 1.0, (), res)
+    assert (math.exp(c - h), math.exp(c + h)) == pytest.approx((0.2, 0.8))
+    # half and half: the centre and the half-width move halfway
+    c, h = U.band_log("output_throughput_tok_s", 0.25, 0.5, (), res)
+    assert c == pytest.approx(0.5 * math.log(0.4)) and h == pytest.approx(
+        0.5 * math.log1p(0.25) + 0.5 * 0.5 * math.log(4)
+    )
+    # per-request tok/s is 1 / TPOT: the TPOT residuals mirrored
+    c, h = U.band_log("per_request_tok_s", 0.25, 1.0, (), res)
+    assert (c - h, c + h) == pytest.approx((-0.9, 0.1))
+    # a group the fit does not have: the profile's band alone
+    assert U.band_log("ttft_ms_p50", 0.25, 1.0, (), res) == (0.0, pytest.approx(math.log1p(0.25)))
+
+
+def test_residual_fit_weights_each_run_once_per_group():
+    import pandas as pd
+
+    from pipesim.calibrate import residuals as R
+
+    # run a: three throughput numbers with one error (measured = predicted / 2);
+    # runs b..e: one each at measured = 1x, 2x, 4x, 8x of the prediction
+    rows = pd.DataFrame(
+        [
+            {
+                "row_id": f"a{i}",
+                "run_id": "a",
+                "family": "output_throughput_tok_s",
+                "predicted": 2.0,
+                "measured": 1.0,
+            }
+            for i in range(3)
+        ]
+        + [
+            {"row_id": k, "run_id": k, "family": "output_throughput_tok_s", "predicted": 1.0, "measured": m}
+            for k, m in zip("bcde", (1.0, 2.0, 4.0, 8.0))
+        ]
+    ).assign(unmeasured_share=1.0, source_id="s")
+    r = R.residual_rows(rows)
+    assert r.weight.sum() == pytest.approx(5.0)  # five runs, each once
+    x, w = r.log_residual.to_numpy(), r.weight.to_numpy()
+    assert R.weighted_quantile(x, w, 0.5) == pytest.approx(math.log(2.0))  # the middle of five runs
+    assert R.publisher("gpustack-perflab-qwen3-32b-h100") == "gpustack-perflab"

@@ -3,6 +3,7 @@ ranking of splits under one condition, the text and JSON forms."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -61,29 +62,39 @@ def kendall_tau(measured: ArrayLike, predicted: ArrayLike) -> float:
     return float(kendalltau(measured, predicted).statistic) if len(measured) > 1 else float("nan")
 
 
+# the launch flags that set the split; two runs are a split comparison when their flags
+# differ in these alone (validation/README.md)
+PARALLEL_FLAGS = re.compile(
+    r"(?:^|\s)(?:-tp|-pp|-dp|--tp|--pp|--dp|--tp-size|--pp-size|--dp-size|--ep-size|--tensor-parallel-size"
+    r"|--pipeline-parallel-size|--data-parallel-size)(?:[ =]\S+)|(?:^|\s)--enable-expert-parallel\b"
+)
+# metrics whose order ranks splits; request rate and total tok/s order as output tok/s does
+RANKED = ("output_tok_s", "per_request_tok_s", "tpot_ms_mean", "ttft_ms_mean")
+
+
+def other_flags(flags: str) -> str:
+    """The launch flags without the parallel ones, whitespace collapsed."""
+    return " ".join(PARALLEL_FLAGS.sub(" ", flags or "").split())
+
+
 def _ranking(df: pd.DataFrame) -> pd.DataFrame:
+    """Per condition (CONDITION, and launch flags equal but for the parallel ones) with
+    several splits and a ranked metric: how often predicted and measured order the
+    splits alike."""
+    cols = ["source_id", "metric", "condition", "splits", "pairs", "agreement", "kendall_tau"]
     out = []
-    if df.empty:
-        return pd.DataFrame(
-            out, columns=["source_id", "metric", "condition", "splits", "pairs", "agreement", "kendall_tau"]
-        )
-    keys = [c for c in CONDITION]
-    for key, g in _filled(df).groupby(keys, dropna=False):
+    if df.empty or "launch_flags" not in df:
+        return pd.DataFrame(out, columns=cols)
+    d = _filled(df[df.metric.isin(RANKED)]).assign(other_flags=lambda x: x.launch_flags.map(other_flags))
+    for key, g in d.groupby([*CONDITION, "other_flags"], dropna=False):
         g = g.assign(split=g.tp.astype(str) + "x" + g.pp.astype(str))
-        if g.split.nunique() < 2 or g.metric.iloc[0] not in (
-            "output_tok_s",
-            "per_request_tok_s",
-            "total_tok_s",
-            "request_s",
-            "tpot_ms_mean",
-            "ttft_ms_mean",
-        ):
-            continue
+        if g.split.nunique() < len(g) or len(g) < 2:
+            continue  # one split run twice differs in more than the split
         share, pairs = pairwise_agreement(g.measured.to_numpy(), g.predicted.to_numpy())
         out.append(
             {
                 "source_id": key[0],
-                "metric": key[-1],
+                "metric": key[-2],
                 "condition": f"{key[3]}, {key[6][:40]}, C={key[8]}",
                 "splits": ",".join(f"TP{a}xPP{b}" for a, b in zip(g.tp, g.pp)),
                 "pairs": pairs,
@@ -91,9 +102,7 @@ def _ranking(df: pd.DataFrame) -> pd.DataFrame:
                 "kendall_tau": kendall_tau(g.measured.to_numpy(), g.predicted.to_numpy()),
             }
         )
-    return pd.DataFrame(
-        out, columns=["source_id", "metric", "condition", "splits", "pairs", "agreement", "kendall_tau"]
-    )
+    return pd.DataFrame(out, columns=cols)
 
 
 def per_source(df: pd.DataFrame) -> pd.DataFrame:

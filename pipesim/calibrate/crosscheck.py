@@ -2,8 +2,9 @@
 
 Every corpus run pipesim can express is simulated once, from the matching box preset
 and profile, and each of its measured numbers is compared with the prediction; a run
-that pipesim cannot express is listed with the reason. Nothing here is fitted: the
-corpus is for checking only (docs/validation.md).
+that pipesim cannot express is listed with the reason. No prediction is fitted to the
+corpus (docs/validation.md); only the likely band of roofline-priced predictions is
+(pipesim.calibrate.residuals, with its leave-one-out coverage).
 
 How a run becomes a scenario (each rule stated, none tuned):
 - box: the preset of the row's GPU (A100 80 GB, H100 SXM or PCIe, H200, B200, L40S,
@@ -14,8 +15,14 @@ How a run becomes a scenario (each rule stated, none tuned):
   same model), preferring the row's engine; else the engine's scheduling with no
   tables and neutral parameters: every operation priced by the roofline;
 - workload: random lengths as the row gives them (sglang.bench_serving with
-  random_range_ratio 0 draws uniform [1, L]); ShareGPT rows are skipped (the row does
-  not give the length distribution);
+  random_range_ratio 0 draws uniform [1, L]; "~20k tokens (+-15% variance)" is uniform
+  within 15%); ShareGPT (no distribution in the row) as the run's own mean input and
+  output tokens per request, (total - output tok/s) / req/s and output tok/s / req/s,
+  a fixed length each: a workload input taken from the measurement, so a ShareGPT run's
+  request rate and total tok/s carry the same error as its output tok/s, and the spread
+  of real lengths (which lengthens the tail of an all-at-once run) is left out;
+- KV cache: --kv-cache-dtype as launched (fp8 / fp8_e4m3 / fp8_e5m2; empty or auto: the
+  model's 16 bits); a cache with one dtype per layer kind is skipped;
 - load: max concurrency C -> closed loop of C; no concurrency and rate inf -> all
   num_prompts requests at t = 0 (a trace); a finite rate -> Poisson at that rate;
 - engine flags: --max-num-seqs, --max-num-batched-tokens, --enforce-eager (vLLM);
@@ -139,8 +146,10 @@ def model_for(model: str, quantization: str) -> str:
     raise Skip(f"no model preset for {model} (pipesim needs its config.json)")
 
 
-def lengths_for(workload: str) -> tuple[str, str]:
-    """(input, output) as pipesim length texts, from the row's workload description."""
+def lengths_for(workload: str, totals: dict | None = None) -> tuple[str, str]:
+    """(input, output) as pipesim length texts, from the row's workload description;
+    for ShareGPT, the run's own mean tokens per request from `totals` (its metric ->
+    value: output and total tok/s over requests/s), a fixed length each."""
     w = workload
     m = re.search(r"input (\d+) tokens, output (\d+) tokens", w) or re.search(
         r"input (\d+) / output (\d+) tokens", w
@@ -158,7 +167,11 @@ def lengths_for(workload: str) -> tuple[str, str]:
     if m and "sglang.bench_serving" in w:
         return f"1:{m.group(1)}", f"1:{m.group(2)}"
     if w.lower().startswith("sharegpt"):
-        raise Skip("ShareGPT: the row does not give the length distribution")
+        t = totals or {}
+        out_s, total_s, req_s = (t.get(k, float("nan")) for k in ("output_tok_s", "total_tok_s", "request_s"))
+        if not all(math.isfinite(v) and v > 0 for v in (out_s, total_s, req_s)) or total_s <= out_s:
+            raise Skip("ShareGPT: the run prints no token totals to take its mean lengths from")
+        return str(round((total_s - out_s) / req_s)), str(max(1, round(out_s / req_s)))
     raise Skip(f"workload not understood: {w[:60]}")
 
 
@@ -209,8 +222,9 @@ def profile_for(box: str, engine: str, model: str) -> Profile:
     )
 
 
-def scenario_for(run: dict) -> Scenario:
-    """The scenario of a corpus run (raises Skip with the reason)."""
+def scenario_for(run: dict, totals: dict | None = None) -> Scenario:
+    """The scenario of a corpus run (raises Skip with the reason); `totals` are the
+    run's measured metric -> value, read only for a ShareGPT run's mean lengths."""
     from ..errors import UserError
     from ..scenario import build_scenario
     from ..workload import Lengths, Workload
@@ -224,7 +238,7 @@ def scenario_for(run: dict) -> Scenario:
         raise Skip(f"--kv-cache-dtype {kv}: a KV dtype per layer kind is not modelled")
     box = box_for(run["hardware"])
     model = model_for(run["model"], run["quantization"])
-    inp, out = lengths_for(run["workload"])
+    inp, out = lengths_for(run["workload"], totals)
     knobs = knobs_for(run["engine"], run["launch_flags"])
     prof = profile_for(box, run["engine"], model)
     conc, rate, n = run["concurrency"], run["request_rate"], run["num_prompts"]
@@ -331,7 +345,7 @@ def _compare(item: tuple) -> tuple[list, dict | None]:
     run_id, part = item
     first = part.iloc[0].to_dict()
     try:
-        sc = scenario_for(first)
+        sc = scenario_for(first, dict(zip(part.metric, part.value)))
     except Skip as exc:
         return [], {"run_id": run_id, "source_id": first["source_id"], "rows": len(part), "reason": str(exc)}
     result = simulate(sc)
@@ -364,6 +378,7 @@ def _compare(item: tuple) -> tuple[list, dict | None]:
                 "inside": bool(lo <= r.value <= hi),
                 "profile": sc.profile.name,
                 "box": sc.box.name,
+                "launch_flags": r.launch_flags,
                 # what the band was built from (calibration/fit_residuals.py refits it from these)
                 "family": family,
                 "unmeasured_share": basis["unmeasured_share"],
