@@ -149,7 +149,16 @@ def test_rank_cpu_waits_for_the_previous_rank(profile):
 
 
 def _pp_run(profile, depth, cpu_ms, conc):
-    prof = profile.with_params(cpu_iteration_ms=cpu_ms)
+    # the CPU's only cost is `cpu_ms` per slot iteration: the profile's measured relay,
+    # front end and output path (docs/engines.md §1) are set to 0 here so that "no CPU
+    # time" means none
+    prof = profile.with_params(
+        cpu_iteration_ms=cpu_ms,
+        cpu_hop_ms=0.0,
+        frontend_ms=0.0,
+        detokenize_step_us=0.0,
+        detokenize_token_us=0.0,
+    )
     sc = pipesim.build_scenario(
         tp=2,
         pp=4,

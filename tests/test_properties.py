@@ -68,7 +68,9 @@ def test_throughput_below_the_memory_bandwidth_bound(kw):
 @SETTINGS
 @given(scenarios())
 def test_littles_law_in_a_closed_loop(kw):
-    """C clients with no think time: C = request rate x mean request latency."""
+    """C clients, each with one request in the system or waiting for its response to
+    cross the output path (the detokenizer, docs/engines.md §1: the closed loop's only
+    think time): C = request rate x (mean latency + mean output-path wait)."""
     sc = pipesim.build_scenario(**kw)
     sim = simulate(sc, sc.workload.concurrency, 4 * sc.workload.concurrency + 8)
     done = [r for r in sim.requests if r.finish_s >= 0]
@@ -77,7 +79,24 @@ def test_littles_law_in_a_closed_loop(kw):
     in_system = sum(r.finish_s - r.arrival_s for r in done) + sum(
         t1 - r.arrival_s for r in sim.requests if r.finish_s < 0
     )
-    assert in_system / (t1 - t0) == pytest.approx(sc.workload.concurrency, rel=1e-6)
+    # and every client's wait between a response and its next request
+    by_client = {}
+    for r in sim.requests:
+        by_client.setdefault(r.client, []).append(r)
+    waits = []
+    for reqs in by_client.values():
+        waits += [b.arrival_s - a.finish_s for a, b in zip(reqs, reqs[1:])]
+        if reqs[-1].finish_s >= 0:
+            waits.append(t1 - reqs[-1].finish_s)  # its next request not sent when the run ended
+    assert min(waits, default=0.0) >= 0  # never two requests of one client in the system
+    # each wait is at least the output path's cost for one step of one token
+    p = sc.profile.params
+    assert min(waits[:1] or [1.0]) >= 0 and all(
+        w >= (p.detokenize_step_us + p.detokenize_token_us) * 1e-6 - 1e-12
+        for reqs in by_client.values()
+        for w in (b.arrival_s - a.finish_s for a, b in zip(reqs, reqs[1:]))
+    )
+    assert (in_system + sum(waits)) / (t1 - t0) == pytest.approx(sc.workload.concurrency, rel=1e-6)
 
 
 @SETTINGS

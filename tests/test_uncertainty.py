@@ -96,13 +96,18 @@ def test_parts_combine_in_quadrature_and_the_band_holds_the_value():
 
     sc = build_scenario(tp=1, pp=1, concurrency=4, **FAST)
     r = U.attach(run(sc), sc, workload="ensemble", runs=3)
+    share = r.interval_basis["unmeasured_share"]
+    assert 0 <= share < 0.2  # the reference box's tables price nearly all of it
     for m in U.HEADLINE:
         p = r.interval_basis["parts"][m]
-        assert p["combined"] == pytest.approx(
-            math.sqrt(p["calibration"] ** 2 + p["workload"] ** 2 + p["simulation"] ** 2)
-        )
+        # the parts in quadrature (test_band_log_... checks the blend by hand)
+        c, h = U.band_log(m, p["calibration"], share, (p["workload"], p["simulation"]))
+        assert (p["centre_log"], p["half_log"]) == pytest.approx((c, h))
+        assert p["combined"] == pytest.approx(math.expm1(h))
         lo, hi = r.intervals[m]
-        assert lo < getattr(r, m) < hi
+        v = getattr(r, m)
+        assert (lo, hi) == pytest.approx((v * math.exp(c - h), v * math.exp(c + h)))
+        assert lo < v < hi  # a small unmeasured share moves the centre less than the width
     cheap = U.attach(run(sc), sc, workload="none")
     assert all(cheap.interval_basis["parts"][m]["workload"] == 0 for m in U.HEADLINE)
 
