@@ -268,3 +268,11 @@ def test_residual_fit_weights_each_run_once_per_group():
     x, w = r.log_residual.to_numpy(), r.weight.to_numpy()
     assert R.weighted_quantile(x, w, 0.5) == pytest.approx(math.log(2.0))  # the middle of five runs
     assert R.publisher("gpustack-perflab-qwen3-32b-h100") == "gpustack-perflab"
+
+
+def test_the_unmeasured_provenances_are_costs_own():
+    from pipesim.costs import PROVENANCE
+
+    # every provenance but the measured tables' (costs.TABLE_PROVENANCE) carries the corpus band
+    assert set(U.UNMEASURED) <= set(PROVENANCE) and "measured" not in U.UNMEASURED
+    assert set(PROVENANCE) - set(U.UNMEASURED) == {"measured", "interpolated", "extrapolated"}
