@@ -100,7 +100,7 @@ def corpus_residuals() -> dict[str, Residuals]:
     return {g: Residuals(v["q_lo"], v["q_hi"], v["numbers"]) for g, v in data["groups"].items()}
 
 
-def unmeasured_share(result) -> float:
+def unmeasured_share(result: Result) -> float:
     """Share of the prediction's stage time priced by the roofline or borrowed."""
     shares = getattr(result, "provenance_shares", None) or {}
     return float(min(1.0, max(0.0, sum(shares.get(k, 0.0) for k in UNMEASURED))))

@@ -15,7 +15,7 @@ PACKAGE = ROOT / "pipesim"
 MAX_LINES = 450  # the house style's hard limit (about 400 is the aim)
 # Modules above the limit while their split is under way: each may not grow, and its
 # entry goes when it is split.
-SPLIT_PENDING = {"pipesim.calibrate.crosscheck": 525}  # the corpus report moves out
+SPLIT_PENDING: dict[str, int] = {}  # none now (the corpus report moved to calibrate/corpus_report.py)
 
 
 def module_name(path: Path) -> str:
