@@ -109,8 +109,7 @@ def test_clients_beyond_the_cap_cost_no_longer_a_run():
     # crosses the output path and the serial front end, and arrives alone
     assert far_above.output_throughput_tok_s >= at_cap.output_throughput_tok_s
     # with neither, the clients beyond the cap change nothing
-    from pipesim.profile import load_profile
-    from pipesim.scenario import DEFAULT_PROFILE
+    from pipesim.profile import DEFAULT_PROFILE, load_profile
 
     bare = load_profile(DEFAULT_PROFILE).with_params(
         frontend_ms=0.0, detokenize_step_us=0.0, detokenize_token_us=0.0
