@@ -33,6 +33,7 @@ from typing import NamedTuple
 from .hardware import Box
 from .interp import TABLE_PROVENANCE, bracket, grid_provenance, weakest
 from .model import Model
+from .moe import alltoall_ops, ep_moe_time
 from .plan import Plan
 from .profile import Profile
 from .quantization import BF16, WeightFormat, as_format
@@ -353,13 +354,21 @@ class CostModel:
         if n_moe:
             mo = m.moe
             add("router gate", self.gemm(T, mo.n_routed_experts, h, BF16), n_moe)
-            add("routed experts", self.moe(T, tp), n_moe)
+            add("routed experts", self.moe(T, tp) if self.plan.ep == 1 else ep_moe_time(self, T), n_moe)
             if mo.n_shared_experts:
                 inter = mo.n_shared_experts * mo.moe_intermediate // tp
                 add("shared expert gate_up", self.gemm(T, 2 * inter, h, dt), n_moe)
                 add("shared expert act", self.elementwise(T, 2 * inter, 1.5), n_moe)
                 add("shared expert down", self.gemm(T, h, inter, dt), n_moe)
-        add("mlp all-reduce", tp_ar, L if tp > 1 else 0, "tp_comm")
+        if self.plan.moe_a2a == "alltoall" and n_moe:  # expert parallel's token traffic (moe.py)
+            for name, result in alltoall_ops(self, T, gpus):
+                add(name, result, n_moe, "tp_comm")
+        add(
+            "mlp all-reduce",
+            tp_ar,
+            (n_dense if self.plan.moe_a2a == "alltoall" else L) if tp > 1 else 0,
+            "tp_comm",
+        )
         if stage == self.plan.pp - 1:
             # logits only for the last token of each request (decode tokens + prefill
             # chunks that end a prompt; counting every chunk is a small overestimate)

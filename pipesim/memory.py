@@ -29,19 +29,24 @@ def stage_weight_bytes(model: Model, plan: Plan, stage: int) -> float:
 
     With expert or data parallel (docs/parallel.md §3) the routed experts are split
     over the MoE group: the fullest EP rank's `experts_per_rank` experts, each split
-    `moe_tp` ways; everything else (attention, shared experts, router, dense MLP,
-    embedding, lm_head) over the attention TP group."""
+    `moe_tp` ways. The rest follows the engine: vLLM splits it over each DP rank's `tp`
+    GPUs; SGLang's DP attention splits attention over the attention group (`attn_tp`),
+    keeps the embedding whole on every GPU, and splits the lm_head, shared experts,
+    router and dense MLP layers over all `tp` GPUs of the stage."""
     layers = sum(model.layer_weight_bytes(i) for i in plan.stage_layers(stage))
-    extra = (model.embedding_bytes() if stage == 0 else 0.0) + (
-        model.embedding_bytes() if stage == plan.pp - 1 else 0.0
-    )
+    embed = model.embedding_bytes() if stage == 0 else 0.0
+    head = model.embedding_bytes() if stage == plan.pp - 1 else 0.0
     if plan.dp == 1 and plan.ep == 1:
-        return (layers + extra) / plan.tp
+        return (layers + embed + head) / plan.tp
     routed = sum(model.routed_expert_bytes(i) for i in plan.stage_layers(stage))
     per_rank = (
         plan.experts_per_rank(model.moe.n_routed_experts) / model.moe.n_routed_experts if routed else 0.0
     )
-    return (layers - routed + extra) / plan.attn_tp + routed * per_rank / plan.moe_tp
+    experts = routed * per_rank / plan.moe_tp
+    if not plan.dp_attention:
+        return (layers - routed + embed + head) / plan.attn_tp + experts
+    attn = len(plan.stage_layers(stage)) * model.attention_params() * model.attn_dtype.bytes_per_param
+    return attn / plan.attn_tp + embed + (layers - routed - attn + head) / plan.tp + experts
 
 
 def plan_memory(box: Box, model: Model, plan: Plan, fraction: float, engine: str) -> Memory:

@@ -37,6 +37,7 @@ class Plan:
     ep: int = 1  # expert-parallel size of the MoE layers
     dp_attention: bool = False  # the DP ranks split each stage's tp GPUs (SGLang --enable-dp-attention)
     moe_spans_dp: bool = False  # the MoE layers span every DP rank of a stage, in lock step
+    moe_a2a: str = "none"  # expert parallel's token traffic: "none" (engines' default) | "alltoall" (moe.py)
 
     @property
     def attn_tp(self) -> int:
@@ -170,6 +171,7 @@ def make_plan(
     dp_attention: bool = False,
     enable_expert_parallel: bool = False,
     num_experts: int = 0,
+    moe_a2a: str = "none",
 ) -> Plan:
     """A validated plan. `rule` is the engine ("sglang" | "vllm"): its layer split and
     its GPU-count and EP rules; `num_experts` the model's routed experts (0: dense)."""
@@ -225,4 +227,30 @@ def make_plan(
         )
     # vLLM: an MoE model's DP ranks share the MoE layers (docs/parallel.md §1); SGLang: with DP attention
     moe_spans_dp = dp > 1 and (dp_attention if rule == "sglang" else bool(num_experts))
-    return Plan(tp, pp, tuple(layers), dp, ep, dp_attention, moe_spans_dp)
+    moe_a2a = resolve_a2a(moe_a2a)
+    require(
+        moe_a2a == "none" or ep > 1,
+        f"--moe-a2a-backend {moe_a2a} dispatches tokens to expert-parallel ranks; give --ep > 1 with it",
+    )
+    return Plan(tp, pp, tuple(layers), dp, ep, dp_attention, moe_spans_dp, moe_a2a)
+
+
+# the engines' names of an all-to-all backend -> pipesim's mode (moe.py, docs/parallel.md §4)
+A2A_NAMES = {
+    "none": "none",  # SGLang --moe-a2a-backend default
+    "allgather_reducescatter": "none",  # vLLM --all2all-backend default
+    "alltoall": "alltoall",
+    "deepep": "alltoall",
+    "deepep_high_throughput": "alltoall",
+    "deepep_low_latency": "alltoall",
+    "pplx": "alltoall",
+    "naive": "alltoall",
+}
+
+
+def resolve_a2a(name: str) -> str:
+    require(
+        isinstance(name, str) and name in A2A_NAMES,
+        f"--moe-a2a-backend {name!r} is not known; allowed: {', '.join(A2A_NAMES)}",
+    )
+    return A2A_NAMES[name]

@@ -109,6 +109,7 @@ class Profile:
     # lookups, from the shared tables
     gemm = property(lambda self: self.tables.gemm)
     moe = property(lambda self: self.tables.moe)
+    moe_ep = property(lambda self: self.tables.moe_ep)
     mla_decode = property(lambda self: self.tables.mla_decode)
     mla_prefill = property(lambda self: self.tables.mla_prefill)
     gqa_decode = property(lambda self: self.tables.gqa_decode)

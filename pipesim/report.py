@@ -60,7 +60,7 @@ def table(result: Result) -> str:
     )
     lines = [
         f"pipesim  {sc['model']} on {sc['box']} ({sc['profile']})",
-        f"  TP{sc['tp']} x PP{sc['pp']}  layers {','.join(map(str, sc['layers_per_stage']))}  "
+        f"  TP{sc['tp']} x PP{sc['pp']}{_parallel(sc)}  layers {','.join(map(str, sc['layers_per_stage']))}  "
         f"{eng['engine']}  {load}  in/out {w.get('input_len', '-')}/{w.get('output_len', '-')} tokens",
     ]
     src = _sources(sc.get("knob_sources", {}))
@@ -140,3 +140,14 @@ def table(result: Result) -> str:
         f"  ({r.completed_requests} requests measured; {r.sim_events:,} events in {r.sim_wall_s:.2f} s)",
     ]
     return "\n".join(lines)
+
+
+def _parallel(sc: dict) -> str:
+    """' x DP2-attn x EP8 (attention TP 4, experts split 1 way, 8 GPUs)' for a data or
+    expert parallel plan; '' for TP x PP alone (docs/parallel.md)."""
+    if "ep" not in sc:
+        return ""
+    dp = f" x DP{sc['dp']}" + ("-attn" if sc["dp_attention"] else "") if sc["dp"] > 1 else ""
+    ep = f" x EP{sc['ep']}" if sc["ep"] > 1 else ""
+    a2a = ", all-to-all" if sc.get("moe_a2a") == "alltoall" else ""
+    return f"{dp}{ep} (attention TP {sc['attn_tp']}, experts split {sc['moe_tp']} way(s){a2a}, {sc['gpus']} GPUs)"

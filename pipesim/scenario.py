@@ -40,6 +40,7 @@ from .errors import UserError, require
 from .hardware import Box, cluster, load_box, load_network
 from .memory import Memory, plan_memory
 from .model import Model, load_model
+from .moe import is_power_law
 from .plan import Plan, make_plan
 from .quantization import kv_cache_dtype as resolve_kv_cache_dtype
 from .workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, Workload, closed_loop, from_trace, poisson
@@ -83,6 +84,7 @@ class Scenario:
                     "dp_attention": self.plan.dp_attention,
                     "attn_tp": self.plan.attn_tp,
                     "moe_tp": self.plan.moe_tp,
+                    "moe_a2a": self.plan.moe_a2a,
                     "gpus": self.plan.gpus,
                 }
                 if self.plan.dp > 1 or self.plan.ep > 1
@@ -138,6 +140,8 @@ def build_scenario(
     ep: int = 1,
     dp_attention: bool = False,
     enable_expert_parallel: bool = False,
+    moe_a2a_backend: str | None = None,
+    moe_distribution: str | None = None,
     concurrency: int | None = None,
     model: str | Model | None = None,
     profile: str | Profile | None = None,
@@ -200,6 +204,13 @@ def build_scenario(
         )
         bx = box if isinstance(box, Box) else load_box(box or prof.box)
     prof = apply_profile(prof, changes)
+    if moe_distribution is not None:  # the routing the MoE tables are read at (moe.py)
+        require(
+            moe_distribution == "balanced" or is_power_law(moe_distribution),
+            f"--moe-distribution {moe_distribution!r}; allowed: balanced or power_law_S with S a number > 0, "
+            "e.g. power_law_1.01",
+        )
+        prof = prof.with_params(moe_distribution=moe_distribution)
     engine_name = engine or prof.engine
     require(engine_name in ENGINES, f"unknown engine '{engine_name}'; known: {', '.join(ENGINES)}")
     differs = foreign_reasons(prof, bx, engine_name)
@@ -255,6 +266,7 @@ def build_scenario(
         dp_attention=dp_attention,
         enable_expert_parallel=enable_expert_parallel,
         num_experts=mdl.moe.n_routed_experts if mdl.moe else 0,
+        moe_a2a="none" if moe_a2a_backend is None else moe_a2a_backend,
     )
     mdl.check_plan(plan)
     fraction = config.memory_fraction(bx.gpu.memory_bytes, tp, pp)

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "gemm": ("dtype", "m", "n", "k"),
     "moe": ("dtype", "hidden", "inter", "topk", "experts", "moe_tp", "distribution", "tokens"),
+    # one rank of an expert-parallel MoE (docs/parallel.md §4): tokens of the whole batch
+    "moe_ep": ("dtype", "hidden", "inter", "topk", "experts", "moe_tp", "moe_ep", "distribution", "tokens"),
     "mla_decode": ("heads_per_gpu", "batch", "context"),
     "mla_prefill": ("heads_per_gpu", "batch", "isl"),
     "gqa_decode": ("heads_per_gpu", "kv_heads_per_gpu", "head_dim", "batch", "context"),
@@ -102,12 +104,20 @@ class Tables(Mapping):
     @cached_property
     def moe(self) -> dict:
         """(dtype, hidden, inter, topk, experts, moe_tp, distribution) -> Curve over tokens."""
-        df = self.columns("moe")
+        return self._moe_curves("moe", ("hidden", "inter", "topk", "experts", "moe_tp"))
+
+    @cached_property
+    def moe_ep(self) -> dict:
+        """(dtype, hidden, inter, topk, experts, moe_tp, moe_ep, distribution) -> Curve over tokens."""
+        return self._moe_curves("moe_ep", ("hidden", "inter", "topk", "experts", "moe_tp", "moe_ep"))
+
+    def _moe_curves(self, table: str, shape_cols: tuple[str, ...]) -> dict:
+        df = self.columns(table)
         if df is None:
             return {}
         out = {}
         for (dtype, dist), part in _groups(df, ("dtype", "distribution")):
-            shape = _keys(part, ("hidden", "inter", "topk", "experts", "moe_tp"))
+            shape = _keys(part, shape_cols)
             for key, curve in group_curves(shape, part["tokens"], part["latency_ms"]).items():
                 out[(str(dtype),) + key + (str(dist),)] = curve
         return out

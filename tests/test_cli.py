@@ -300,3 +300,58 @@ def test_defaults_shown_come_from_their_modules():
         ",".join(map(str, DEFAULT_CONC)),
     ):
         assert f"default: {value}]" in text
+
+
+# ---- expert and data parallel flags (docs/parallel.md) ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--ep", "8"], ["--ep-size", "8"], ["--expert-parallel-size", "8"], ["--enable-expert-parallel"]],
+)
+def test_ep_flag_aliases(capsys, flags):
+    # SGLang's names (--ep-size, --expert-parallel-size) and vLLM's --enable-expert-parallel
+    # (with SGLang: ep = tp) all give EP8 at tp 8
+    base = ["predict", "--tp", "8", "--conc", "1", "--output-len", "8", "--no-intervals", "--json"]
+    d = json.loads(run_ok(capsys, [*base, *flags])[0])
+    assert (d["scenario"]["ep"], d["scenario"]["moe_tp"], d["scenario"]["attn_tp"]) == (8, 1, 8)
+
+
+@pytest.mark.parametrize("flag", ["--dp", "--data-parallel-size", "--dp-size"])
+def test_dp_flag_aliases_reach_the_plan(capsys, flag):
+    # each name reaches the plan's rule: SGLang DP attention needs dp | tp
+    expect_bad_input(
+        capsys, ["predict", "--tp", "8", flag, "3", "--enable-dp-attention", "--conc", "1"], "dp=3"
+    )
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--tp", "8", "--ep", "3", "--conc", "1"], "divisor of 8"),
+        (["--tp", "8", "--dp", "3", "--enable-dp-attention", "--conc", "1"], "must divide tp=8"),
+        (["--tp", "8", "--ep", "2", "--model", "llama-3.1-8b", "--conc", "1"], "mixture-of-experts"),
+        (["--tp", "8", "--moe-a2a-backend", "deepep", "--conc", "1"], "--ep > 1"),
+        (["--tp", "8", "--ep", "8", "--moe-a2a-backend", "nvlink", "--conc", "1"], "not known"),
+        (["--tp", "8", "--ep", "8", "--moe-distribution", "zipf", "--conc", "1"], "--moe-distribution"),
+        (
+            [
+                "--engine",
+                "vllm",
+                "--tp",
+                "2",
+                "--dp",
+                "2",
+                "--ep",
+                "2",
+                "--conc",
+                "1",
+                "--model",
+                "qwen3-30b-a3b",
+            ],
+            "allowed: 1 or 4",
+        ),
+    ],
+)
+def test_bad_parallel_flags(capsys, args, needle):
+    expect_bad_input(capsys, ["predict", *args], needle)

@@ -41,12 +41,25 @@ def test_ep_divides_experts_like_tp():
     assert stage_weight_bytes(m, ep8, 0) == pytest.approx(stage_weight_bytes(m, tp8, 0), rel=1e-12)
 
 
-def test_dp_attention_replicates_dense_weights():
-    # SGLang DP8 attention + EP8: attention, shared experts, dense layer, embedding and
-    # lm_head whole on every GPU (attention tp 1), the routed experts an eighth each
+def test_dp_attention_memory_is_sglangs_split():
+    # SGLang DP8 attention + EP8: attention whole on every GPU (attention tp 1), the
+    # embedding replicated (VocabParallelEmbedding enable_tp=not is_dp_attention_enabled()),
+    # lm_head, shared experts, router and the dense layer over all 8 GPUs, routed experts 1/8
     m = load_model("kimi-k2.6")
     p = make_plan(8, 1, m.num_layers, 8, "sglang", dp=8, ep=8, dp_attention=True, num_experts=384)
     routed = sum(m.routed_expert_bytes(i) for i in range(m.num_layers))
     assert routed == pytest.approx(60 * 384 * 3 * 7168 * 2048 * m.expert_dtype.bytes_per_param)
-    dense = m.total_weight_bytes() - routed
-    assert stage_weight_bytes(m, p, 0) == pytest.approx(dense + routed / 8, rel=1e-12)
+    attn = 61 * m.attention_params() * 2  # bf16 MLA projections
+    embed = 163840 * 7168 * 2
+    rest = m.total_weight_bytes() - routed - attn - 2 * embed
+    want = attn + embed + (rest + embed) / 8 + routed / 8
+    assert stage_weight_bytes(m, p, 0) == pytest.approx(want, rel=1e-12)
+
+
+def test_vllm_dp_keeps_non_experts_on_each_ranks_tp():
+    # vLLM DP2 x TP4 with EP8 on Kimi: all but the routed experts over each rank's 4 GPUs
+    m = load_model("kimi-k2.6")
+    p = make_plan(4, 1, m.num_layers, 8, "vllm", dp=2, enable_expert_parallel=True, num_experts=384)
+    routed = sum(m.routed_expert_bytes(i) for i in range(m.num_layers))
+    assert p.ep == 8
+    assert stage_weight_bytes(m, p, 0) == pytest.approx((m.total_weight_bytes() - routed) / 4 + routed / 8)

@@ -66,6 +66,11 @@ from .options import (
     is_flag=True,
     help="SGLang: the dp ranks split each split's tp GPUs (DP attention)",
 )
+@click.option(
+    "--enable-expert-parallel",
+    is_flag=True,
+    help="every split's MoE layers expert-parallel over the GPUs they span (SGLang: ep = tp; vLLM: dp x tp)",
+)
 @sweep_scenario_options
 @click.option(
     "--out",
@@ -93,6 +98,7 @@ def sweep(
     splits: str | None,
     dp: str,
     enable_dp_attention: bool,
+    enable_expert_parallel: bool,
     conc: str | None,
     rate: str | None,
     num_requests: int | None,
@@ -124,6 +130,7 @@ def sweep(
             splits=parse_splits(splits),
             dp=parse_ints(dp, "--dp"),
             **({"dp_attention": True} if enable_dp_attention else {}),
+            **({"enable_expert_parallel": True} if enable_expert_parallel else {}),
             scheduler=scheduler,
             workers=parse_workers(workers),
             progress=progress,

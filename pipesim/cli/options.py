@@ -216,6 +216,21 @@ def scenario_options(f: F, lists: bool = False) -> F:
             default=None,
             help="what-if: the scheduler's CPU time per iteration [default: the profile's]",
         ),
+        click.option(
+            "--moe-distribution",
+            default=None,
+            metavar="balanced|power_law_S",
+            help="expert routing: balanced, or expert popularity ~ rank^-S (power_law_1.01, power_law_1.2: "
+            "the measured tables' rows) [default: the profile's]",
+        ),
+        click.option(
+            "--moe-a2a-backend",
+            "--all2all-backend",
+            "moe_a2a_backend",
+            default=None,
+            help="expert parallel's token traffic: none / allgather_reducescatter (the engines' default), "
+            "or deepep / pplx / alltoall (dispatch and combine all-to-all) [default: none]",
+        ),
     ]
     for option in reversed(options):
         f = option(f)
@@ -225,6 +240,53 @@ def scenario_options(f: F, lists: bool = False) -> F:
 def sweep_scenario_options(f: F) -> F:
     """The scenario flags of a sweep: engine, box and lengths may be lists (`list_kwargs`)."""
     return scenario_options(f, lists=True)
+
+
+def parallel_options(f: F) -> F:
+    """Data and expert parallel flags, with the engines' own names (docs/parallel.md)."""
+    options = [
+        click.option(
+            "--dp",
+            "--data-parallel-size",
+            "--dp-size",
+            "dp",
+            type=int,
+            default=1,
+            show_default=True,
+            help="data-parallel ranks (vLLM: tp x pp x dp GPUs; SGLang: tp x pp with --enable-dp-attention)",
+        ),
+        click.option(
+            "--ep",
+            "--ep-size",
+            "--expert-parallel-size",
+            "ep",
+            type=int,
+            default=1,
+            show_default=True,
+            help="expert-parallel size of the MoE layers (SGLang: divides tp; vLLM: dp x tp)",
+        ),
+        click.option(
+            "--enable-dp-attention", is_flag=True, help="SGLang: the dp ranks split each stage's tp GPUs"
+        ),
+        click.option(
+            "--enable-expert-parallel",
+            is_flag=True,
+            help="expert parallel over every GPU an MoE layer spans (vLLM: dp x tp; SGLang: tp)",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+PARALLEL_FLAGS = ("dp", "ep", "enable_dp_attention", "enable_expert_parallel")
+
+
+def parallel_kwargs(opts: dict) -> dict:
+    """The parallel flags as `build_scenario` keywords (popped from `opts`)."""
+    kw = {k: opts.pop(k) for k in PARALLEL_FLAGS}
+    kw["dp_attention"] = kw.pop("enable_dp_attention")
+    return kw
 
 
 SCENARIO_FLAGS = (
@@ -252,6 +314,8 @@ SCENARIO_FLAGS = (
     "allreduce_scale",
     "pcie_bandwidth_scale",
     "cpu_iteration_ms",
+    "moe_distribution",
+    "moe_a2a_backend",
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..errors import require
-from .options import parse_layers, scenario_kwargs, scenario_options
+from .options import parallel_kwargs, parallel_options, parse_layers, scenario_kwargs, scenario_options
 
 
 @click.command()
@@ -53,6 +53,7 @@ from .options import parse_layers, scenario_kwargs, scenario_options
     help="replay a CSV: arrival_s,input_tokens,output_tokens",
 )
 @click.option("--layers", default=None, help="explicit layers per stage, e.g. 7,7,7,8,8,8,8,8")
+@parallel_options
 @scenario_options
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of the table")
 @click.option(
@@ -113,6 +114,7 @@ def predict(
         num_requests=num_requests,
         trace=trace,
         layers=parse_layers(layers),
+        **parallel_kwargs(opts),
         **scenario_kwargs(opts),
     )
     if sensitivity:
@@ -158,6 +160,7 @@ def predict(
 @click.option(
     "--conc", "--max-concurrency", "conc", type=int, default=None, help="closed-loop concurrency C (needed)"
 )
+@parallel_options
 @scenario_options
 @click.option("--out", default="trace.json", show_default=True, help="the Chrome trace event file (.json)")
 def trace(tp: int, pp: int, conc: int | None, out: str, **opts: object) -> None:
@@ -166,7 +169,7 @@ def trace(tp: int, pp: int, conc: int | None, out: str, **opts: object) -> None:
     from ..files import check_out_path
 
     check_out_path(out, (".json",), "trace")
-    obj, result = tr.trace(tp, pp, conc, **scenario_kwargs(opts))
+    obj, result = tr.trace(tp, pp, conc, **parallel_kwargs(opts), **scenario_kwargs(opts))
     tr.write_trace(out, obj)
     meta = obj["otherData"]
     slices = sum(1 for e in obj["traceEvents"] if e["ph"] == "X")

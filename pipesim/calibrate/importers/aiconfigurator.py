@@ -122,8 +122,10 @@ def _gemm(folder: Layout, vllm: bool) -> pd.DataFrame:
     return _finish(df, ["dtype"] + keys)
 
 
-def _moe(folder: Layout, vllm: bool) -> pd.DataFrame:
-    """Fused MoE layer latency without expert parallelism (moe_ep_size 1).
+def _moe(folder: Layout, vllm: bool, ep: bool = False) -> pd.DataFrame:
+    """Fused MoE layer latency of one GPU without expert parallelism (moe_ep_size 1), or
+    with `ep` one EP rank's (moe_ep_size 2-8, moe_tp x moe_ep <= 8: the ``moe_ep`` table,
+    docs/parallel.md §4).
 
     fp8 means block-scaled fp8 on both engines, so the two kernel sets agree;
     vLLM's per-tensor ``fp8`` rows are left out."""
@@ -153,8 +155,12 @@ def _moe(folder: Layout, vllm: bool) -> pd.DataFrame:
         }
     )
     raw = folder.read("moe_perf")
-    raw = raw[raw["moe_ep_size"] == 1]
-    df, keys = _rename(_pick_kernels(raw, kernels, "moe_dtype"), _MOE_COLS)
+    if ep:
+        raw = raw[raw["moe_ep_size"].isin((2, 4, 8)) & (raw["moe_tp_size"] * raw["moe_ep_size"] <= 8)]
+    else:
+        raw = raw[raw["moe_ep_size"] == 1]
+    cols = _MOE_COLS[:5] + (("moe_ep_size", "moe_ep"),) + _MOE_COLS[5:] if ep else _MOE_COLS
+    df, keys = _rename(_pick_kernels(raw, kernels, "moe_dtype"), cols)
     return _finish(df, ["dtype"] + keys)
 
 
@@ -215,7 +221,7 @@ def build_tables(
     with the engine version each table came from (table -> text).
 
     ``src_dir`` is a system folder such as ``.../aiconfigurator/rtx_pro_6000_server``.
-    With ``kernel_set="sglang"`` the result has gemm, moe, mla_decode, mla_prefill,
+    With ``kernel_set="sglang"`` the result has gemm, moe, moe_ep, mla_decode, mla_prefill,
     gqa_decode, gqa_prefill and collectives (those the system measured, nested).
 
     With ``kernel_set="vllm"`` the flat layout's tables come from the ``vllm-*``
@@ -259,6 +265,7 @@ def build_tables(
         parts = {
             "gemm": lambda: _gemm(layout, vllm=False),
             "moe": lambda: _moe(layout, vllm=False),
+            "moe_ep": lambda: _moe(layout, vllm=False, ep=True),
             "mla_decode": lambda: _mla(layout, "generation_mla_perf", "step", "context"),
             "mla_prefill": lambda: _mla(layout, "context_mla_perf", "isl", "isl"),
             "gqa_decode": lambda: _gqa(layout, "generation_attention_perf", gqa_pref, "step", "context"),
@@ -280,6 +287,7 @@ def build_tables(
         parts = {
             "gemm": lambda: _gemm(layout, vllm=True),
             "moe": lambda: _moe(layout, vllm=True),
+            "moe_ep": lambda: _moe(layout, vllm=True, ep=True),
             "gqa_decode": lambda: _gqa(layout, "generation_attention_perf", gqa_pref, "step", "context"),
             "gqa_prefill": lambda: _gqa(layout, "context_attention_perf", gqa_pref, "isl", "isl"),
             "collectives": lambda: _collectives(layout),
@@ -298,6 +306,7 @@ def build_tables(
         stems = {
             "gemm": ("gemm_perf",),
             "moe": ("moe_perf",),
+            "moe_ep": ("moe_perf",),
             "mla_decode": ("generation_mla_perf",),
             "mla_prefill": ("context_mla_perf",),
             "gqa_decode": ("generation_attention_perf",),
