@@ -187,3 +187,12 @@ def test_rows_carry_the_cheap_likely_band_of_each_headline_number(serial, profil
     for m in INTERVAL_COLUMNS:
         assert (row[f"{m}_lo"], row[f"{m}_hi"]) == pytest.approx(iv[m])
         assert row[f"{m}_lo"] < row[m] < row[f"{m}_hi"]  # a measured profile: the band holds its value
+
+
+def test_sweep_with_expert_parallel(profile):
+    # every split's MoE layers expert-parallel over its TP group (SGLang: ep = tp); the rows
+    # say so, and each is what predict says for the same plan
+    df = sweep(splits=[(8, 1)], conc=[8], profile=profile, workers=1, enable_expert_parallel=True, **SMALL)
+    assert list(zip(df.split, df.ep)) == [("TP8 x PP1 x EP8", 8)]
+    r = pipesim.predict(tp=8, ep=8, conc=8, profile=profile, **SMALL)
+    assert df.output_throughput_tok_s.iloc[0] == r.output_throughput_tok_s
