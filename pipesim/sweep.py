@@ -170,17 +170,19 @@ def caps(sc: dict) -> dict:
     SGLang's per-slot cap times its slots, and the KV cache (the requests of the
     workload's largest size it holds whole, as they are when they finish). `effective_cap` is the smallest: a closed loop with
     more clients than that only queues, so throughput flattens there; `cap_reason`
-    names the bound."""
+    names the bound. With DP ranks each has its own caps and KV pool: the bounds are
+    theirs times dp (the KV tokens column stays one rank's pool)."""
     eng, w = sc["engine"], sc["workload"]
-    running = eng.get("max_running_requests", eng.get("max_num_seqs"))
+    dp = sc.get("dp", 1)
+    running = eng.get("max_running_requests", eng.get("max_num_seqs")) * dp
     slot_cap, slots = eng.get("pp_max_micro_batch_size"), eng.get("slots", 1)
     kv = sc["kv_cache_tokens"]
     size = (_hi(w.get("input_len")) + _hi(w.get("output_len"))) if "input_len" in w else None
     bounds = {"running cap": running}
     if slot_cap is not None:
-        bounds["per-slot cap x slots"] = slot_cap * slots
+        bounds["per-slot cap x slots"] = slot_cap * slots * dp
     if size:
-        bounds["KV cache"] = kv // size
+        bounds["KV cache"] = kv // size * dp
     reason = min(bounds, key=lambda k: bounds[k])
     return {
         "running_cap": running,

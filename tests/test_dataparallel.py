@@ -314,3 +314,13 @@ def test_cli_sweep_dp_flag(capsys):
     except SystemExit as e:
         assert e.code in (0, None)
     assert "TP1 x PP1 x DP2" in capsys.readouterr().out
+
+
+def test_sweep_caps_count_every_rank():
+    """Each DP rank has its own running cap and KV pool: the sweep's bounds are dp times a rank's."""
+    from pipesim.sweep import sweep
+
+    kw = dict(gpus=2, conc=[4], model=LLAMA, engine="vllm", input_len=64, output_len=16, workers=1)
+    row = sweep(dp=[2], max_num_seqs=100, **kw).iloc[0]
+    assert row.running_cap == 200
+    assert row.kv_request_cap == 2 * (row.kv_cache_tokens // (64 + 16))
