@@ -10,14 +10,13 @@ run once for the tokens of every rank, gathered over every GPU of the stage
 
 The rank part is the stage's operations (costs.py `CostModel.stage_ops`) without the
 MoE layers' MLP block; the MoE part is the same block of the stage costed for the
-whole group (a `CostModel` of the group's plan) at the gathered token count. The
-gather and scatter of each MoE layer cost one all-reduce of the gathered tokens over
-the group (with an all-to-all EP backend, moe.py, its dispatch and combine instead): a
-ring all-reduce is a reduce-scatter plus an all-gather, the pair the engines run in a
-padded step (SGLang `MAX_LEN`, vLLM's all-gather / reduce-scatter
-dispatch). SGLang's `SUM_LEN` mode (a prefill in the step) gathers with an all-reduce
-and reduces the output with another; pipesim counts one there too (an understatement
-of a prefill step's collectives, small beside its compute).
+whole group (a `CostModel` of the group's plan) at the gathered token count. Each MoE
+layer's tokens are all-gathered over the group before it and its output
+reduce-scattered after it, every rank padded to the largest (moe.py
+`dp_gather_scatter`: SGLang `MAX_LEN`, vLLM's all-gather / reduce-scatter dispatch);
+with an all-to-all EP backend its dispatch and combine instead. SGLang's `SUM_LEN` mode
+(a prefill in the step) gathers with all-reduces instead; pipesim costs the same pair
+there (a stated approximation of a prefill step's collectives, small beside its compute).
 """
 
 from __future__ import annotations
@@ -25,15 +24,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .costs import CONTEXT_BUCKET, CostModel, Op, Shape
+from .moe import A2A_OPS, dp_gather_scatter
 
 # The MLP-block operations of a MoE layer, as costs.py names them.
 MOE_OPS = frozenset(
     ("router gate", "routed experts", "shared expert gate_up", "shared expert act", "shared expert down")
 )
 GATHER_OP = "mlp all-reduce"  # per layer: TP all-reduce of the MLP block's output
-# expert parallel with an all-to-all backend (moe.py): each rank dispatches its own tokens
-# to the experts' ranks and gets their outputs back, so no gather or scatter is needed
-A2A_OPS = frozenset(("ep dispatch all-to-all", "ep combine all-to-all"))
+# (an all-to-all EP backend's dispatch and combine, moe.A2A_OPS, replace the gather and scatter:
+# each rank dispatches its own tokens to the experts' ranks and gets their outputs back)
 
 
 class DPStepCosts:
@@ -94,17 +93,25 @@ class DPStepCosts:
         self._use(key)
         return hit
 
-    def moe_part(self, tokens: int) -> tuple[float, float]:
+    def moe_part(self, tokens: int, largest: int) -> tuple[float, float]:
         """(compute, comm) of every MoE layer for `tokens` gathered tokens on the whole
-        group, with the gather and scatter collectives (module docstring)."""
-        key = ("dp-moe", tokens)
+        group, with the gather and scatter collectives of every rank padded to the
+        `largest` rank's tokens (moe.py `dp_gather_scatter`), or an all-to-all EP
+        backend's dispatch and combine."""
+        key = ("dp-moe", tokens, largest)
         hit = self._moe_cache.get(key)
         if hit is None:
             group_ops = self.group.stage_ops(0, Shape(tokens))
             ops = [o for o in group_ops if o.name in MOE_OPS or o.name in A2A_OPS]
             if self.n_moe and not any(o.name in A2A_OPS for o in group_ops):
-                gather = [o for o in group_ops if o.name == GATHER_OP]
-                ops += [o._replace(name="dp gather/scatter", count=self.n_moe) for o in gather]
+                for name, (seconds, source) in zip(
+                    ("dp gather all-gather", "dp scatter reduce-scatter"),
+                    dp_gather_scatter(self.costs, (largest,) * self.dp),
+                    strict=True,
+                ):
+                    if self.costs._foreign and source != "roofline":
+                        source = "borrowed"
+                    ops.append(Op(name, seconds, self.n_moe, source, "tp_comm"))
             hit = self._moe_cache[key] = self._sum(key, ops)
         self._use(key)
         return hit
@@ -126,6 +133,6 @@ class DPStepCosts:
         sync_s = max(c + a for c, a in (p for p in parts if p is not None))
         tokens = [s.tokens for s in real]
         gathered = self.dp * max(tokens) if graphed else sum(tokens)
-        moe_c, moe_a = self.moe_part(gathered)
+        moe_c, moe_a = self.moe_part(gathered, max(tokens))
         moe_c += self.costs.launch_wait(0, sync_s + moe_c + moe_a, graphed)
         return parts, sync_s, moe_c, moe_a
