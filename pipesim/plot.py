@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from matplotlib.figure import Figure
 
+from .conditions import condition_slug, condition_text, conditions
 from .errors import require
 from .files import check_out_path, ensure_dir, write_atomic
 from .plot_parts import (
@@ -32,7 +33,7 @@ from .plot_parts import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .search import Search
+    from .search import Search, Searches
 
 # GPU time of a stage: these five add up to 100% (metrics.idle_breakdown)
 SHARES = (
@@ -180,18 +181,42 @@ def pareto_frontier(x: Sequence[float], y: Sequence[float]) -> list[int]:
     return sorted(out, key=lambda i: x[i])
 
 
-def pareto(result: Search) -> Figure:
+def pareto(result: Search | Searches) -> Figure:
     """A search's trade-off: every swept point (output tok/s vs per-request tok/s),
     filled where it meets the constraints and hollow where it misses them; the Pareto
     frontier of the qualifying points (none is better on both axes); the constraint
-    lines; the winner starred."""
+    lines; the winner starred. A search of several conditions (`Searches`): one panel
+    per condition, titled with it."""
+    from .search import CONSTRAINTS
+
+    results = getattr(result, "results", (result,))
+    cols = min(2, len(results))
+    rows = math.ceil(len(results) / cols)
+    fig = _figure(8.5 * cols, 5.5 * rows) if len(results) > 1 else _figure(8.5, 5.5)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, one in zip(axes, results):
+        _pareto_axes(ax, one)
+        if one.condition:
+            ax.set_title(condition_text(one.condition), fontsize=9)
+    for ax in axes[len(results) :]:
+        ax.set_visible(False)
+    slo = (
+        ", ".join(CONSTRAINTS[k][2].format(v) for k, v in results[0].constraints.items()) or "no constraints"
+    )
+    fig.suptitle(
+        f"Search trade-off: filled points meet {slo}, hollow ones miss it\n{_subtitle(result.table)}",
+        fontsize=10,
+    )
+    return fig
+
+
+def _pareto_axes(ax, result: Search) -> None:
+    """One search's points, frontier, constraint lines and winner on `ax`."""
     from .search import CONSTRAINTS, load_text
     from .sweep import load_column
 
     df = result.table
     lc = load_column(df)
-    fig = _figure(8.5, 5.5)
-    ax = fig.add_subplot()
     for label, part in _splits(df):
         (line,) = ax.plot(part.output_throughput_tok_s, part.per_request_tok_s, linewidth=0.8, alpha=0.5)
         color = line.get_color()
@@ -267,11 +292,6 @@ def pareto(result: Search) -> Figure:
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
-    slo = ", ".join(CONSTRAINTS[k][2].format(v) for k, v in result.constraints.items()) or "no constraints"
-    fig.suptitle(
-        f"Search trade-off: filled points meet {slo}, hollow ones miss it\n{_subtitle(df)}", fontsize=10
-    )
-    return fig
 
 
 def breakdown(df: pd.DataFrame) -> Figure:
@@ -321,6 +341,11 @@ def compare(
     where it differs (equal curves draw over each other: the markers tell them apart)."""
     from .sweep import best_by_conc
 
+    variants = {
+        name + (f" [{condition_text(c)}]" if c else ""): part
+        for name, df in variants.items()
+        for c, part in conditions(df)
+    }
     fig = _figure()
     ax = fig.add_subplot()
     markers = "osD^vPX*"
@@ -371,7 +396,10 @@ def save(fig: Figure, path: str | Path) -> Path:
 
 def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", prefix: str = "") -> list[Path]:
     """The figures of a sweep as OUT_DIR/[PREFIX]NAME.FMT, NAME in FIGURES: throughput,
-    per-GPU throughput, the trade-off, the time breakdown, the bubble's cause."""
+    per-GPU throughput, the trade-off, the time breakdown, the bubble's cause. A table
+    of several conditions (box, engine, lengths: conditions.py) gets a set per condition,
+    OUT_DIR/[PREFIX]NAME_CONDITION.FMT (e.g. throughput_engine-vllm.png), each titled
+    with its condition: splits are compared within one. Written all or none."""
     require(fmt in ("png", "svg"), f"unknown figure format '{fmt}'; allowed: png, svg")
     require(len(df) > 0, "the sweep table is empty")
     folder = ensure_dir(out_dir, "figure")
@@ -384,12 +412,19 @@ def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", pref
     }
     # a table written before the slot column: no bubble-cause figure rather than none at all
     names = [n for n in FIGURES if n != "bubble_cause" or "decode_batch_per_slot" in df.columns]
+    # one set of figures per condition (box, engine, lengths), its file named for it
+    parts = list(conditions(df))
+    jobs = [
+        (name, part, f"{prefix}{name}" + (f"_{condition_slug(c)}" if c else "") + f".{fmt}")
+        for c, part in parts
+        for name in names
+    ]
     # all figures or none: each is drawn to a temporary file first, then all are renamed into place
-    paths = [check_out_path(folder / f"{prefix}{name}.{fmt}", (".png", ".svg"), "figure") for name in names]
+    paths = [check_out_path(folder / file, (".png", ".svg"), "figure") for _, _, file in jobs]
     temps: list[Path] = []
     try:
-        for name, path in zip(names, paths):
-            fig = makers[name](df)
+        for (name, part, _), path in zip(jobs, paths):
+            fig = makers[name](part)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=folder)
             os.close(fd)
             temps.append(Path(tmp))

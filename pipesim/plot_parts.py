@@ -29,13 +29,23 @@ def _label(df: pd.DataFrame, gpus: int, split: str) -> str:
 
 def _splits(df: pd.DataFrame):
     """(label, rows) of each split, by GPUs, tp, pp and dp: keyed by the split's name, so
-    a DP split with a plain split's tp and pp stays apart."""
+    a DP split with a plain split's tp and pp stays apart. A table of several conditions
+    (box, engine, lengths: conditions.py) gives one per split and condition, labelled
+    with the condition."""
+    from .conditions import condition_index, condition_text, conditions
+
     order = ["gpus", "tp", "pp"] + (["dp"] if "dp" in df.columns else [])
-    ranked = df.sort_values([*order, "conc"])
+    texts = [condition_text(c) for c, _ in conditions(df)]
+    ranked = df.assign(_condition=condition_index(df)).sort_values(["_condition", *order, "conc"])
     for _, part in sorted(
-        ranked.groupby(["gpus", "split"], sort=False), key=lambda kv: tuple(kv[1].iloc[0][order])
+        ranked.groupby(["_condition", "gpus", "split"], sort=False),
+        key=lambda kv: tuple(kv[1].iloc[0][["_condition", *order]]),
     ):
-        yield _label(df, int(part.gpus.iloc[0]), part.split.iloc[0]), part
+        label = _label(df, int(part.gpus.iloc[0]), part.split.iloc[0])
+        tag = f" [{texts[int(part._condition.iloc[0])]}]" if len(texts) > 1 else ""
+        if tag not in label:  # a search across conditions names them in the split already
+            label += tag
+        yield label, part.drop(columns="_condition")
 
 
 def _conc_axis(ax, concs) -> None:

@@ -4,39 +4,24 @@ the GPU time goes in it and in the runner-up)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
+from .conditions import condition_text, conditions
 from .errors import UserError, require
+from .objectives import (
+    COLUMN_NAMES,
+    CONSTRAINTS,
+    OBJECTIVES,
+    constraint_texts,
+    interval_text,
+    load_text,
+)
+from .objectives import noise as _noise
+from .search_why import explain, gpu_ms_per_token
 from .sweep import DEFAULT_CONC, load_column, sweep
-
-# objective -> (column, larger is better, label)
-OBJECTIVES = {
-    "throughput": ("output_throughput_tok_s", True, "output tok/s"),
-    "throughput-per-gpu": ("output_tok_s_per_gpu", True, "output tok/s per GPU"),
-    "max-load": ("load", True, "the most load under the constraints"),
-    "per-request": ("per_request_tok_s", True, "per-request tok/s"),
-    "ttft": ("ttft_ms_p99", False, "TTFT p99 ms"),
-    "fewest-gpus": ("gpus", False, "GPUs"),
-}
-# constraint -> (column, a point qualifies when column <= limit (True) or >= limit, text)
-CONSTRAINTS = {
-    "max_ttft_p50_ms": ("ttft_ms_p50", True, "TTFT p50 <= {:g} ms"),
-    "max_ttft_p99_ms": ("ttft_ms_p99", True, "TTFT p99 <= {:g} ms"),
-    "max_tpot_p50_ms": ("tpot_ms_p50", True, "TPOT p50 <= {:g} ms"),
-    "max_tpot_p99_ms": ("tpot_ms_p99", True, "TPOT p99 <= {:g} ms"),
-    "min_per_request_tok_s": ("per_request_tok_s", False, "per-request >= {:g} tok/s"),
-}
-
-COLUMN_NAMES = {
-    "ttft_ms_p50": ("TTFT p50", "ms"),
-    "ttft_ms_p99": ("TTFT p99", "ms"),
-    "tpot_ms_p50": ("TPOT p50", "ms"),
-    "tpot_ms_p99": ("TPOT p99", "ms"),
-    "per_request_tok_s": ("per-request", "tok/s"),
-}
 
 
 @dataclass(frozen=True)
@@ -51,6 +36,8 @@ class Search:
     table: pd.DataFrame  # the whole sweep (with a `qualifies` column)
     why: str
     unqualified: tuple = ()  # max-load: splits that carry none of the swept loads, and why
+    condition: dict = field(default_factory=dict)  # the condition searched, where the table has several
+    across: tuple = ()  # with across_conditions: the conditions ranked together
 
     def text(self) -> str:
         _, _, label = OBJECTIVES[self.objective]
@@ -59,7 +46,13 @@ class Search:
         lines = [
             f"pipesim search  {w['model']} on {w['box']} ({w['profile']}), {w['engine']}, "
             f"objective {self.objective} ({label})"
+            + (f"  [{condition_text(self.condition)}]" if self.condition else "")
         ]
+        if self.across:
+            lines.append(
+                f"  one best over {len(self.across)} conditions, as asked (each split named with its own): "
+                + "; ".join(condition_text(c) for c in self.across)
+            )
         if self.constraints or lc == "rate_rps":
             lines.append(
                 "  constraints: "
@@ -91,35 +84,28 @@ class Search:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Searches:
+    """A search of a table of several conditions: one Search per condition (each split
+    ranked within its own), and the conditions where no point qualifies, with why."""
+
+    results: tuple[Search, ...]
+    failed: tuple[str, ...]
+    table: pd.DataFrame
+
+    def text(self) -> str:
+        blocks = [
+            f"{len(self.results) + len(self.failed)} conditions in the table, searched one by one "
+            "(a split ranks only against the splits of its own condition)"
+        ]
+        blocks += [r.text() for r in self.results]
+        blocks += [f"nothing qualifies {f}" for f in self.failed]
+        blocks += ["\n".join(f"skipped {s}" for s in self.table.attrs.get("skipped", []))]
+        return "\n\n".join(blocks).rstrip()
+
+
 def _ms(v) -> str:
     return "-" if v is None or v != v else f"{v:,.0f} ms"
-
-
-def load_text(r: Mapping[str, object], lc: str) -> str:
-    return f"{r['rate_rps']:g} req/s" if lc == "rate_rps" else f"C={int(r['conc'])}"
-
-
-def constraint_texts(constraints: dict, lc: str = "conc") -> list[str]:
-    out = [CONSTRAINTS[k][2].format(v) for k, v in constraints.items()]
-    if lc == "rate_rps":
-        out.append("not overloaded (saturation.py)")
-    return out
-
-
-def _constraint_text(key: str, value: float) -> str:
-    return CONSTRAINTS[key][2].format(value)
-
-
-def interval_text(r: Mapping[str, object], col: str) -> str:
-    """A point's uncertainty on `col`, where the table has one: a prediction interval
-    (`<col>_lo` / `<col>_hi` columns) or, for throughput, the 95% CI half-width."""
-    lo, hi = r.get(f"{col}_lo"), r.get(f"{col}_hi")
-    if lo is not None and hi is not None and lo == lo and hi == hi:
-        return f" [{lo:,.1f}, {hi:,.1f}]"
-    ci = r.get("output_throughput_ci_tok_s")
-    if col == "output_throughput_tok_s" and ci is not None and ci == ci and round(ci, 1) > 0:
-        return f" (+/- {ci:,.1f})"
-    return ""
 
 
 def _point_text(r) -> str:
@@ -146,15 +132,6 @@ def _rank(df: pd.DataFrame, objective: str) -> pd.DataFrame:
     return df.sort_values(
         [col, "gpus", "load", "pp"], ascending=[not larger, True, True, True], kind="stable"
     )
-
-
-def _noise(row, objective: str) -> float:
-    """The 95% half-width of a point's objective: throughput has one, latencies none."""
-    if objective not in ("throughput", "throughput-per-gpu") or "output_throughput_ci_tok_s" not in row:
-        return 0.0
-    ci = row["output_throughput_ci_tok_s"]
-    ci = 0.0 if ci != ci else float(ci)
-    return ci / row["gpus"] if objective == "throughput-per-gpu" else ci
 
 
 def _best_of_split(part: pd.DataFrame, objective: str) -> pd.Series:
@@ -207,15 +184,21 @@ def search(
     max_tpot_p50_ms: float | None = None,
     max_tpot_p99_ms: float | None = None,
     table: pd.DataFrame | None = None,
+    across_conditions: bool = False,
     **kwargs: object,
-) -> Search:
+) -> Search | Searches:
     """The best split and load by `objective` (one of OBJECTIVES) among the points that
     meet the constraints (an overloaded open-loop point never does). Runs
     `sweep(gpus, conc, rate=rate, splits=splits, **kwargs)` unless a sweep `table` is
     given; `splits` [(tp, pp), ...] limits it to those splits.
 
     max-load: per split the largest load (concurrency, or arrival rate with `rate`)
-    that qualifies together with every smaller swept load; splits ranked by it."""
+    that qualifies together with every smaller swept load; splits ranked by it.
+
+    A table of several conditions (box, engine, input and output lengths; conditions.py)
+    is searched condition by condition: a `Searches`, one `Search` each, a split ranked
+    only against the splits of its own condition. `across_conditions`: one best over all
+    of them instead, each split named with its condition."""
     require(objective in OBJECTIVES, f"unknown objective '{objective}'; allowed: {', '.join(OBJECTIVES)}")
     given = dict(
         min_per_request_tok_s=min_per_request_tok_s,
@@ -263,6 +246,30 @@ def search(
     if "overloaded" in df.columns and lc == "rate_rps":
         ok_mask &= ~df.overloaded.astype(bool)
     df["qualifies"] = ok_mask
+    parts = list(conditions(df))
+    if len(parts) == 1:
+        return _search_one(df, objective, constraints)
+    if across_conditions:
+        for cond, part in parts:
+            df.loc[part.index, "split"] = part.split + f" [{condition_text(cond)}]"
+        return replace(_search_one(df, objective, constraints), across=tuple(c for c, _ in parts))
+    results, failed = [], []
+    for cond, part in parts:
+        part = part.copy()
+        part.attrs = {}  # the skipped scenarios are said once, after every condition
+        try:
+            results.append(replace(_search_one(part, objective, constraints), condition=cond))
+        except UserError as e:
+            failed.append(f"[{condition_text(cond)}] {e}")
+    if not results:
+        raise UserError("; ".join(failed))
+    return Searches(tuple(results), tuple(failed), df)
+
+
+def _search_one(df: pd.DataFrame, objective: str, constraints: dict) -> Search:
+    """The search of one condition's rows (`qualifies` and `load` set)."""
+    lc = load_column(df)
+    ok_mask = df.qualifies
     ok = df[ok_mask]
     if ok.empty:
         fastest = df.loc[df.per_request_tok_s.idxmax()]
@@ -297,144 +304,16 @@ def search(
     return Search(objective, constraints, winner, ranked, int(ok_mask.sum()), df, why, tuple(unqualified))
 
 
-def gpu_ms_per_token(row: pd.Series) -> dict[str, float]:
-    """GPU time per output token (GPUs x window / tokens out) by where it went. With
-    equal GPU counts the split with less of it has the higher throughput, so the
-    difference in each part is what the winner wins or loses on."""
-    total = (
-        row["gpus"] * 1e3 / row["output_throughput_tok_s"]
-        if row["output_throughput_tok_s"] > 0
-        else float("nan")
-    )
-    return {
-        "compute": row["compute_share"] * total,
-        "all-reduce": row["allreduce_share"] * total,
-        "idle (bubble)": row["bubble_fraction"] * total,
-    }
-
-
-def _per_token(win, runner) -> str:
-    w, r = gpu_ms_per_token(win), gpu_ms_per_token(runner)
-    text = lambda d: " + ".join(f"{k} {v:,.2f}" for k, v in d.items())  # noqa: E731
-    diff = {k: r[k] - w[k] for k in w}  # > 0: the winner spends less on it
-    gains = [f"{d:,.2f} ms less {k}" for k, d in sorted(diff.items(), key=lambda x: -x[1]) if d > 0.005]
-    losses = [f"{-d:,.2f} ms more {k}" for k, d in sorted(diff.items(), key=lambda x: x[1]) if d < -0.005]
-    out = (
-        f"GPU time per output token: winner {sum(w.values()):,.2f} ms = {text(w)}; "
-        f"runner-up {sum(r.values()):,.2f} ms = {text(r)}."
-    )
-    if gains:
-        out += (
-            " The winner wins on "
-            + ", ".join(gains)
-            + (", against " + ", ".join(losses) + "." if losses else ".")
-        )
-    if win["gpus"] != runner["gpus"]:
-        out += f" (It uses {win['gpus']} GPUs, the runner-up {runner['gpus']}.)"
-    return out
-
-
-def explain(win: pd.Series, runner: pd.Series | None, objective: str, df: pd.DataFrame) -> str:
-    """Why the winner wins: its objective against the runner-up split's best point,
-    and where the GPU time goes in each (compute, all-reduce, bubble)."""
-    col, larger, label = OBJECTIVES[objective]
-    lc = load_column(df)
-    at = lambda r: load_text(r, lc)  # noqa: E731
-    parts = []
-    if objective == "max-load":
-        return _explain_max_load(win, runner, lc)
-    if runner is None:
-        parts.append(f"{win['split']} is the only split that qualifies.")
-    elif objective == "fewest-gpus":
-        parts.append(
-            f"{win['split']} meets the constraints on {win['gpus']} GPUs"
-            + (
-                f", fewer than the runner-up {runner['split']} ({runner['gpus']} GPUs)."
-                if runner["gpus"] > win["gpus"]
-                else f", as many as the runner-up {runner['split']}, with the lower TTFT p99 "
-                f"({win['ttft_ms_p99']:,.0f} ms against {runner['ttft_ms_p99']:,.0f} ms): more headroom."
-            )
-        )
-        parts.append(_per_token(win, runner))
-    else:
-        a, b = win[col], runner[col]
-        rel = (a / b - 1) if b else float("inf")
-        value = (
-            (lambda v: f"a TTFT p99 of {v:,.0f} ms")
-            if objective == "ttft"
-            else (lambda v: f"{v:,.1f} {label}")
-        )
-        parts.append(
-            f"{win['split']} at {at(win)} gives {value(a)}, "
-            f"{abs(rel):.0%} {'more' if larger else 'less'} than the runner-up split "
-            f"{runner['split']} (at its best, {at(runner)}: {value(b)})."
-        )
-        parts.append(
-            f"GPU time, winner vs runner-up: compute {win['compute_share']:.0%} vs {runner['compute_share']:.0%}, "
-            f"all-reduce {win['allreduce_share']:.0%} vs {runner['allreduce_share']:.0%}, "
-            f"bubble {win['bubble_fraction']:.0%} vs {runner['bubble_fraction']:.0%}."
-        )
-        noise = _noise(win, objective)
-        if noise and abs(a - b) <= noise:
-            parts.append(
-                f"That is within the winner's 95% confidence interval (+/- {noise:,.1f}): on {label} "
-                "alone the two tie, so weigh their latency too."
-            )
-        if objective in ("throughput", "throughput-per-gpu"):
-            parts.append(_per_token(win, runner))
-        else:
-            parts.append(
-                "Per-request speed and TTFT follow one token's trip through every stage: fewer stages and "
-                "more GPUs per layer shorten it, and a lower concurrency keeps the batches small."
-            )
-    if larger and objective != "per-request":
-        same = df[(df.split == win["split"]) & (df.gpus == win["gpus"])]
-        higher = same[same[lc] > win[lc]]
-        if higher.empty:
-            parts.append(
-                f"Throughput was still rising at the largest load swept ({at(win)}); "
-                f"try a larger {'--rate' if lc == 'rate_rps' else '--conc'}."
-            )
-        else:
-            top = higher.loc[higher[col].idxmax()]
-            if top[col] > win[col] + max(_noise(win, objective), 1e-9 * abs(win[col])):
-                parts.append(
-                    f"{at(top)} would give {top[col]:,.1f} but misses the constraints "
-                    f"({top['per_request_tok_s']:,.1f} tok/s per request, TTFT p99 "
-                    f"{top['ttft_ms_p99']:,.0f} ms)."
-                )
-            else:
-                parts.append(
-                    f"{at(top)} gives {top[col]:,.1f}, no more within the 95% CI, with a TTFT p99 "
-                    f"of {top['ttft_ms_p99']:,.0f} ms instead of {win['ttft_ms_p99']:,.0f} ms: "
-                    "the extra requests only queue."
-                )
-    return " ".join(parts)
-
-
-def _explain_max_load(win: pd.Series, runner: pd.Series | None, lc: str) -> str:
-    def one(r) -> str:
-        nxt = r.get("next_fail")
-        return (
-            f"{r['split']} carries {load_text(r, lc)} ({r['output_throughput_tok_s']:,.1f} output tok/s, TPOT p99 "
-            f"{r['tpot_ms_p99']:,.1f} ms, TTFT p99 {r['ttft_ms_p99']:,.0f} ms); "
-            + (
-                f"the next load swept, {nxt}"
-                if nxt
-                else "every load swept qualifies: sweep further to find its limit"
-            )
-        )
-
-    parts = [one(win) + "."]
-    if runner is not None:
-        parts.append("Runner-up: " + one(runner) + ".")
-        parts.append(
-            f"GPU time at those loads, winner vs runner-up: compute {win['compute_share']:.0%} vs "
-            f"{runner['compute_share']:.0%}, all-reduce {win['allreduce_share']:.0%} vs "
-            f"{runner['allreduce_share']:.0%}, bubble {win['bubble_fraction']:.0%} vs "
-            f"{runner['bubble_fraction']:.0%}: a TPOT limit is one token's trip through every stage, so "
-            "fewer stages and more GPUs per layer let more requests share a step before it is reached."
-        )
-    else:
-        parts.append(f"{win['split']} is the only split that carries a swept load.")
-    return " ".join(parts)
+__all__ = [
+    "COLUMN_NAMES",
+    "CONSTRAINTS",
+    "OBJECTIVES",
+    "Search",
+    "Searches",
+    "constraint_texts",
+    "explain",
+    "gpu_ms_per_token",
+    "interval_text",
+    "load_text",
+    "search",
+]

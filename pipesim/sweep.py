@@ -339,49 +339,76 @@ def with_split_columns(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_by_conc(df: pd.DataFrame, column: str = "output_throughput_tok_s") -> pd.DataFrame:
-    """The best split at each (gpus, load) by `column` (larger is better); the load is
-    the concurrency, or the arrival rate of an open-loop sweep (`load_column`)."""
+    """The best split at each (condition, gpus, load) by `column` (larger is better): a
+    condition is the box, engine and lengths of a row (conditions.py), so a split is only
+    ever compared with the splits of its own; the load is the concurrency, or the arrival
+    rate of an open-loop sweep (`load_column`). Rows in table order of the conditions."""
+    from .conditions import condition_index
+
     lc = load_column(df)
+    df = df.assign(_condition=condition_index(df))
+    keys = ["_condition", "gpus", lc]
     idx = (
-        df.sort_values(["gpus", lc, column, "tp"], ascending=[True, True, False, True])
-        .groupby(["gpus", lc], sort=True)
+        df.sort_values([*keys, column, "tp"], ascending=[True, True, True, False, True])
+        .groupby(keys, sort=True)
         .head(1)
         .index
     )
-    return df.loc[idx].sort_values(["gpus", lc]).reset_index(drop=True)
+    return df.loc[idx].sort_values(keys).drop(columns="_condition").reset_index(drop=True)
 
 
 def summary(df: pd.DataFrame) -> str:
     """The human table of a sweep: output tok/s (per-request tok/s) by concurrency and
     split, the best split at each concurrency marked with *; in an open-loop sweep
     (by arrival rate) an overloaded point is marked with ! (saturation.py). One table per
-    box, engine and lengths swept."""
-    combo = [c for c in KEY_COLUMNS[:4] if c in df.columns]
-    blocks = [_block(part) for _, part in df.groupby(combo, sort=False)] if combo else [_block(df)]
-    return "\n\n".join(blocks + ["\n".join(f"skipped {s}" for s in df.attrs.get("skipped", []))]).rstrip()
+    condition (box, engine and lengths swept), headed by what tells it apart."""
+    from .conditions import condition_text, conditions, varying
+
+    parts = list(conditions(df))
+    skipped = "\n".join(f"skipped {s}" for s in df.attrs.get("skipped", []))
+    if len(parts) == 1:
+        return "\n\n".join([_block(df), skipped]).rstrip()
+    lines = _heading(df, varying(df))
+    lines[-1] = f"{len(parts)} conditions, one table each"
+    blocks = ["\n".join(lines)]
+    blocks += [f"[{condition_text(c)}]\n" + "\n".join(_table(part)) for c, part in parts]
+    return "\n\n".join(blocks + [skipped]).rstrip()
+
+
+def _heading(df: pd.DataFrame, varying: list[str] = ()) -> list[str]:
+    """The sweep's model, box, profile, engine and lengths (those in `varying` listed),
+    what the cells hold, and a blank line."""
+    lc = load_column(df)
+    first = df.iloc[0]
+    val = lambda c: ", ".join(dict.fromkeys(map(str, df[c]))) if c in varying else first.get(c, "?")  # noqa: E731
+    what = "arrival rate" if lc == "rate_rps" else "concurrency"
+    lengths = "input_len" in df.columns and "output_len" in df.columns  # a table from before they were
+    return [
+        f"pipesim sweep  {first['model']} on {val('box')} ({first['profile']}), {val('engine')}"
+        + (f", in/out {val('input_len')}/{val('output_len')} tokens" if lengths else ""),
+        f"output tok/s (per-request tok/s); * = most output tok/s at that {what} and GPU count"
+        + ("; ! = overloaded (the queue grows)" if lc == "rate_rps" else ""),
+        "",
+    ]
 
 
 def _block(df: pd.DataFrame) -> str:
+    return "\n".join(_heading(df) + _table(df))
+
+
+def _table(df: pd.DataFrame) -> list[str]:
+    """One condition's table: a row per (gpus, load), a column per split."""
     lc = load_column(df)
     df = with_split_columns(df)
     splits_ = (
         df[["gpus", "tp", "pp", "dp", "split"]].drop_duplicates().sort_values(["gpus", "dp", "tp", "pp"])
     )
     best = {(r.gpus, getattr(r, lc)): r.split for r in best_by_conc(df).itertuples()}
-    first = df.iloc[0]
-    what = "arrival rate" if lc == "rate_rps" else "concurrency"
-    lines = [
-        f"pipesim sweep  {first['model']} on {first['box']} ({first['profile']}), {first['engine']}, "
-        f"in/out {first['input_len']}/{first['output_len']} tokens",
-        f"output tok/s (per-request tok/s); * = most output tok/s at that {what} and GPU count"
-        + ("; ! = overloaded (the queue grows)" if lc == "rate_rps" else ""),
-        "",
-    ]
     width = max(20, 2 + max(len(s) for s in splits_.split))
     header = f"{'GPUs':>4} {'req/s' if lc == 'rate_rps' else 'C':>5}  " + "".join(
         f"{s:>{width}}" for s in splits_.split
     )
-    lines.append(header)
+    lines = [header]
     cells = df.set_index(["gpus", "split", lc])
     for (g, c), _ in df.groupby(["gpus", lc], sort=True):
         row = f"{g:>4} {c:>5g}  "
@@ -396,4 +423,4 @@ def _block(df: pd.DataFrame) -> str:
                 mark = "!" + mark.strip()
             row += f"{mark + f'{r.output_throughput_tok_s:,.1f} ({r.per_request_tok_s:,.1f})':>{width}}"
         lines.append(row)
-    return "\n".join(lines)
+    return lines

@@ -223,6 +223,11 @@ def sweep(
     "--from", "from_file", default=None, help="search a sweep table (.csv/.parquet) instead of running one"
 )
 @click.option(
+    "--across-conditions",
+    is_flag=True,
+    help="a table of several boxes, engines or lengths: one best over all of them, not one per condition",
+)
+@click.option(
     "--dp",
     "--data-parallel-size",
     "dp",
@@ -257,6 +262,7 @@ def search(
     max_tpot_p99_ms: str | None,
     plot_file: str | None,
     from_file: str | None,
+    across_conditions: bool,
     workers: int | None,
     scheduler: str | None,
     progress: bool | None,
@@ -299,7 +305,15 @@ def search(
         if enable_dp_attention:
             run["dp_attention"] = True
         gpus = parse_ints(gpus, "--gpus")
-    result = run_search(gpus, objective, splits=parse_splits(splits), table=table, **limits, **run)
+    result = run_search(
+        gpus,
+        objective,
+        splits=parse_splits(splits),
+        table=table,
+        across_conditions=across_conditions,
+        **limits,
+        **run,
+    )
     click.echo(result.text())
     if plot_file is not None:
         from .. import plot as pl
