@@ -179,7 +179,7 @@ KNOB_BOUNDS = {
     "max_num_batched_tokens": (1, MAX_BATCH_TOKENS),
     "pp_async_batch_depth": (0, MAX_ASYNC_DEPTH),
 }
-FLAG_KNOBS = ("disable_cuda_graph", "async_scheduling", "enforce_eager")
+FLAG_KNOBS = ("disable_cuda_graph", "async_scheduling", "enforce_eager", "enable_prefix_caching")
 FRACTION_KNOBS = ("mem_fraction_static", "gpu_memory_utilization")
 
 

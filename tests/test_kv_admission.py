@@ -287,3 +287,89 @@ def test_result_and_table_report_evictions():
     from pipesim.report import table
 
     assert f"KV retractions {r.preemptions} ({r.preemptions_total} in the run)" in table(r)
+
+
+# ---- vLLM prefix caching: a preempted request's own blocks (docs/engines.md §4) -----------
+
+
+def test_free_queue_evicts_oldest_freed_first_and_shortens_the_prefix():
+    # BlockPool: allocation pops the free queue's head; freed blocks join the tail; a
+    # request's blocks are freed last block first, so eviction shortens its cached prefix
+    q = kv.FreeBlockQueue(32)  # never-used memory at the head
+    q.free(64, owner=7, cached=64)  # a preempted request's 4 blocks
+    q.free(32)  # a finished request's, freed after it
+    q.take(48)  # 32 never used, then 16 of request 7's
+    assert q.hit(7) == 48 and q.tokens == 80
+    q.take(48, rid=7, hit=48)  # it resumes: its 48 cached tokens are touched, not evicted
+    assert q.hit(7) == 0 and q.tokens == 32
+    q.free(16, owner=8, cached=0)  # nothing of it cached: plain free memory
+    assert q.hit(8) == 0 and q.tokens == 48
+
+
+def preempted_vllm(
+    prefix_caching: bool, budget: int = 8192
+) -> tuple[FakeSim, VLLMScheduler, Request, Request]:
+    """A (64 tokens computed, 4 blocks) runs; B (a 100-token prompt) held the other 4
+    blocks of an 8-block pool, 64 tokens computed, when it was preempted."""
+    st = VLLMSettings(64, budget, False, 1, 128, 0.9, 0, (), prefix_caching)
+    sim = FakeSim(128)
+    sched = VLLMScheduler(sim, st)
+    a = running_vllm(sched, 0, 64)
+    b = Request(1, 0.0, 100, 10)
+    for r, held, computed in ((a, 64, 63), (b, 64, 64)):
+        r.kv_reserved, sched.computed[r.rid] = held, computed
+        sim.kv_free -= held
+        if sched.free_queue is not None:
+            sched.free_queue.take(held)
+    b.scheduled = b.prefilled = 64
+    sched.active.append(b)
+    sched._preempt(sched.active.pop())
+    return sim, sched, a, b
+
+
+def test_vllm_resumed_request_prefills_only_past_its_cached_prefix():
+    # get_computed_blocks finds its own 4 full blocks; it computes the other 36 tokens
+    sim, sched, a, b = preempted_vllm(True)
+    sched.active.remove(a)  # A finished: 4 free blocks beside B's
+    sim.kv_free += a.kv_reserved
+    sched.free_queue.free(a.kv_reserved)
+    _, prefill = sched.form()
+    assert prefill == [(b, 36, 64)] and b.prefilled == 64 and b.scheduled == 100
+    assert b.kv_reserved == 112 and sim.kv_free == 16 == sched.free_queue.tokens
+
+
+def test_vllm_cached_blocks_count_as_needed_so_the_resumed_request_waits():
+    # allocate_slots counts a hit block that sits in the free queue
+    # (num_evictable_computed_blocks) as one to allocate: B's 4 cached blocks + its
+    # next 15-token chunk need 5 blocks, 4 are free, so B waits and A decodes alone
+    sim, sched, a, b = preempted_vllm(True, budget=16)
+    decode, prefill = sched.form()
+    assert decode == [a] and not prefill and list(sim.waiting) == [b] and sim.requeued == [b]
+    # without prefix caching the 15-token chunk fits one free block: B is admitted, only to
+    # be preempted again at its next chunk (recompute thrash)
+    sim, sched, a, b = preempted_vllm(False, budget=16)
+    decode, prefill = sched.form()
+    assert decode == [a] and prefill == [(b, 15, 0)]
+
+
+@pytest.mark.parametrize("caching,at_most_once", [(True, True), (False, False)])
+def test_vllm_prompts_too_long_for_two_are_preempted_once_with_prefix_caching(caching, at_most_once):
+    # two 1000-token prompts do not fit a ~1500-token pool: the second is preempted when
+    # its chunks outgrow the memory the first leaves; with its blocks cached it then waits
+    # (previous test) instead of re-entering and being preempted again
+    sc = small_kv_scenario(
+        "vllm",
+        1500,
+        rate_rps=1000.0,
+        num_requests=6,
+        input_len="1000",
+        output_len="60",
+        enable_prefix_caching=caching,
+        max_num_batched_tokens=256,
+    )
+    sim = simulate(sc, 0, 6)
+    open_loop_done(sim, 6)
+    assert any(r.evicted for r in sim.requests)
+    assert all(r.evicted <= 1 for r in sim.requests) == at_most_once
+    if caching:
+        assert sim.scheduler.free_queue.tokens == sim.kv_free

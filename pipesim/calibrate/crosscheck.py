@@ -25,7 +25,8 @@ How a run becomes a scenario (each rule stated, none tuned):
   model's 16 bits); a cache with one dtype per layer kind is skipped;
 - load: max concurrency C -> closed loop of C; no concurrency and rate inf -> all
   num_prompts requests at t = 0 (a trace); a finite rate -> Poisson at that rate;
-- engine flags: --max-num-seqs, --max-num-batched-tokens, --enforce-eager (vLLM);
+- engine flags: --max-num-seqs, --max-num-batched-tokens, --enforce-eager,
+  --no-enable-prefix-caching (vLLM);
   --max-running-requests, --chunked-prefill-size, --disable-cuda-graph (SGLang).
 """
 
@@ -183,6 +184,8 @@ def knobs_for(engine: str, flags: str) -> dict:
             out[knob] = int(m.group(1))
     if engine == "vllm" and "--enforce-eager" in (flags or ""):
         out["enforce_eager"] = True
+    if engine == "vllm" and "--no-enable-prefix-caching" in (flags or ""):
+        out["enable_prefix_caching"] = False
     if engine == "sglang" and "--disable-cuda-graph" in (flags or ""):
         out["disable_cuda_graph"] = True
     for unsupported in (

@@ -82,3 +82,71 @@ def retract_estimate(remaining: list[Request]) -> float:
     decoded = sum(r.generated for r in remaining)
     max_new = sum(r.output_len for r in remaining)
     return min(1.0, (decoded + RETRACT_DECODE_STEPS * len(remaining)) / (max_new + 1))
+
+
+class FreeBlockQueue:
+    """vLLM's free block queue with prefix caching on (docs/engines.md §4), in tokens of
+    whole blocks: free memory in the order it was freed, the oldest first. A new
+    allocation evicts from the front (the never-used pool, then memory in the order it
+    was freed); a preempted request's blocks keep their hashes while free, so when it
+    resumes its own prefix is still cached, short of what was evicted meanwhile (a
+    request's blocks are freed last block first, so eviction shortens its prefix).
+
+    `segments` holds [owner, tokens] in free order (owner: the preempted request's rid,
+    or None for memory nobody will hit: never used, or a finished request's); their
+    sum is the pool's free memory."""
+
+    __slots__ = ("segments", "cached")
+
+    def __init__(self, tokens: int):
+        self.segments: list[list] = [[None, tokens]] if tokens else []
+        self.cached: dict[int, int] = {}  # rid -> tokens of its prefix still cached
+
+    def free(self, tokens: int, owner: int | None = None, cached: int = 0) -> None:
+        """`tokens` go back at the end of the queue; `cached` of them (whole blocks of
+        computed tokens) stay a prefix of request `owner`."""
+        if tokens:
+            self.segments.append([owner if cached else None, tokens])
+        if owner is not None and cached:
+            self.cached[owner] = min(cached, tokens)
+
+    def hit(self, rid: int) -> int:
+        """Tokens of `rid`'s own prefix still cached (0 if none)."""
+        return self.cached.get(rid, 0)
+
+    def take(self, tokens: int, rid: int | None = None, hit: int = 0) -> None:
+        """Allocate `tokens`: `hit` of them are `rid`'s cached blocks (touched, they
+        leave the queue), the rest come from the front (evicting cached prefixes)."""
+        if rid is not None:
+            self._forget(rid, hit)
+        rest = tokens - hit
+        while rest > 0 and self.segments:
+            seg = self.segments[0]
+            used = min(rest, seg[1])
+            seg[1] -= used
+            rest -= used
+            if seg[0] is not None:
+                self.cached[seg[0]] = min(self.cached.get(seg[0], 0), seg[1])
+            if seg[1] == 0:
+                self.segments.pop(0)
+                if seg[0] is not None:
+                    self.cached.pop(seg[0], None)
+
+    def drop(self, rid: int) -> None:
+        """`rid` will not resume (it finished): its blocks are plain free memory."""
+        self._forget(rid, 0)
+
+    def _forget(self, rid: int, touched: int) -> None:
+        self.cached.pop(rid, None)
+        for i, seg in enumerate(self.segments):
+            if seg[0] == rid:
+                seg[1] -= touched
+                seg[0] = None
+                if seg[1] == 0:
+                    self.segments.pop(i)
+                break
+
+    @property
+    def tokens(self) -> int:
+        """Free tokens in the queue (equals the pool's free memory)."""
+        return sum(s[1] for s in self.segments)

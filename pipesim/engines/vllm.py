@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 from ..errors import require
-from .kv import VLLM_BLOCK_SIZE, blocks_for, take
+from .kv import VLLM_BLOCK_SIZE, FreeBlockQueue, blocks_for, take
 from .protocol import EngineSimulation
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ class VLLMConfig:
     async_scheduling: bool | None = None  # None: vLLM's default (see `resolve`)
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
+    enable_prefix_caching: bool = True  # V1's default (--no-enable-prefix-caching turns it off)
 
     partition_rule = "vllm"
     name = "vllm"
@@ -95,6 +96,7 @@ class VLLMConfig:
             self.gpu_memory_utilization,
             max(sizes, default=0),
             sizes,
+            self.enable_prefix_caching,
         )
 
 
@@ -108,6 +110,7 @@ class VLLMSettings:
     gpu_memory_utilization: float
     cudagraph_max_tokens: int  # 0: enforce_eager
     cudagraph_capture_sizes: tuple = ()
+    enable_prefix_caching: bool = True
 
     def graphed(self, decode: int, prefill_tokens: int) -> bool:
         """vLLM V1 captures (piecewise) CUDA graphs for batches up to its largest
@@ -161,6 +164,8 @@ class VLLMScheduler:
         self.step = 0
         self.eligible: dict[int, int] = {}
         self.computed: dict[int, int] = {}  # rid -> num_computed_tokens once scheduled
+        # prefix caching: a preempted request's blocks stay cached while free (kv.py)
+        self.free_queue = FreeBlockQueue(sim.kv_free) if settings.enable_prefix_caching else None
 
     def run(self) -> Generator[simpy.Event, object, None]:
         """Launch while the queue has room and a batch can be formed, else block on
@@ -228,36 +233,53 @@ class VLLMScheduler:
             r = sim.waiting[0]
             if r.inflight:
                 break  # preempted with a batch still in flight: it resumes once that is back
-            n = min(r.input_len + r.generated, budget)
-            if not self._allocate(r, n, fresh=True):
+            hit = self._cache_hit(r)
+            n = min(r.input_len + r.generated - hit, budget)
+            if not self._allocate(r, n, fresh=True, hit=hit):
                 break
             sim.waiting.popleft()
             sim.admit(r)
             self.active.append(r)
-            prefill.append((r, n, 0))
-            r.scheduled = n
+            prefill.append((r, n, hit))
+            r.prefilled, r.scheduled = hit, hit + n
             budget -= n
         if not decode and not prefill:
             return None
         self.step += 1
         return decode, prefill
 
-    def _allocate(self, r, n: int, fresh: bool = False) -> bool:
+    def _allocate(self, r, n: int, fresh: bool = False, hit: int = 0) -> bool:
         """`KVCacheManager.allocate_slots`: the blocks `r` needs for `n` more computed
-        tokens (ceil(computed / block_size) in all), or False when the pool lacks them."""
+        tokens (ceil(computed / block_size) in all), or False when the pool lacks them.
+        A resuming request's `hit` cached tokens are counted as needed too (its blocks
+        are free until touched: `num_evictable_computed_blocks`)."""
         sim = self.sim
-        computed = n + (0 if fresh else self.computed.get(r.rid, 0))
+        computed = n + (hit if fresh else self.computed.get(r.rid, 0))
         need = blocks_for(computed) * VLLM_BLOCK_SIZE - (0 if fresh else r.kv_reserved)
         if need > sim.kv_free:
             return False
         take(sim, r, need)
+        if self.free_queue is not None:
+            self.free_queue.take(need, r.rid if fresh else None, hit)
         self.computed[r.rid] = computed
         return True
 
+    def _cache_hit(self, r) -> int:
+        """`get_computed_blocks`: tokens of a waiting request's own prefix still cached,
+        whole blocks, at most num_tokens - 1 (the last token is always computed)."""
+        if self.free_queue is None:
+            return 0
+        cap = (r.input_len + r.generated - 1) // VLLM_BLOCK_SIZE * VLLM_BLOCK_SIZE
+        return min(self.free_queue.hit(r.rid), cap)
+
     def _preempt(self, r) -> None:
         """`_preempt_request`: free its blocks, num_computed_tokens = 0, to the front of
-        the waiting queue (recompute: it prefills prompt and outputs again)."""
-        self.computed.pop(r.rid, None)
+        the waiting queue (recompute: it prefills prompt and outputs again, less the
+        prefix still cached when it resumes, with prefix caching on)."""
+        computed = self.computed.pop(r.rid, 0)
+        if self.free_queue is not None:
+            full = min(computed, r.input_len + r.generated) // VLLM_BLOCK_SIZE * VLLM_BLOCK_SIZE
+            self.free_queue.free(r.kv_reserved, r.rid, full)
         self.eligible.pop(r.rid, None)
         self.sim.requeue(r, front=True)
 
@@ -269,3 +291,6 @@ class VLLMScheduler:
             for r in finished:
                 self.eligible.pop(r.rid, None)
                 self.computed.pop(r.rid, None)
+                if self.free_queue is not None:
+                    self.free_queue.drop(r.rid)
+                    self.free_queue.free(r.kv_reserved)  # 0 if it was preempted
