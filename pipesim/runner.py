@@ -27,10 +27,12 @@ def admitted_concurrency(scenario: Scenario) -> int:
     """How many of a closed loop's C requests the engine runs at once: at most C, its
     running cap, and the requests of mean length its KV cache holds whole (an
     estimate: the engines take KV as requests grow and evict when it runs out,
-    docs/engines.md §4). Clients beyond it only queue."""
-    w, s = scenario.workload, scenario.settings
+    docs/engines.md §4). Clients beyond it only queue. With DP ranks the running cap
+    and the KV pool are each rank's (docs/engines.md §8): the engine admits dp times
+    them."""
+    w, s, dp = scenario.workload, scenario.settings, scenario.plan.dp
     per_request = max(1.0, w.input_len.mean + w.output_len.mean)
-    return max(1, min(w.concurrency, s.running_cap, int(s.kv_tokens // per_request)))
+    return max(1, min(w.concurrency, s.running_cap * dp, int(s.kv_tokens // per_request) * dp))
 
 
 def simulate(

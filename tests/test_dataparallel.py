@@ -324,3 +324,26 @@ def test_sweep_caps_count_every_rank():
     row = sweep(dp=[2], max_num_seqs=100, **kw).iloc[0]
     assert row.running_cap == 200
     assert row.kv_request_cap == 2 * (row.kv_cache_tokens // (64 + 16))
+
+
+def test_a_dp_engine_admits_every_ranks_running_cap():
+    """Each DP rank runs its own scheduler with its own cap and KV pool (docs/engines.md
+    §8): the requests running at once are dp x one rank's cap, so a closed loop of
+    2 x 32 clients is not queued behind one rank's 32."""
+    from pipesim.runner import admitted_concurrency
+
+    sc = pipesim.build_scenario(
+        model=QWEN_MOE,
+        engine="sglang",
+        tp=2,
+        dp=2,
+        dp_attention=True,
+        concurrency=64,
+        max_running_requests=64,
+        profile=profile_for("sglang"),
+    )
+    assert sc.settings.max_running_requests == 32
+    per_request = sc.workload.input_len.mean + sc.workload.output_len.mean
+    assert sc.settings.kv_tokens // per_request >= 32  # the KV pool is not the bound here
+    assert admitted_concurrency(sc) == 64
+    assert admitted_concurrency(replace(sc, workload=replace(sc.workload, concurrency=200))) == 64
