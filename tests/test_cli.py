@@ -355,3 +355,30 @@ def test_dp_flag_aliases_reach_the_plan(capsys, flag):
 )
 def test_bad_parallel_flags(capsys, args, needle):
     expect_bad_input(capsys, ["predict", *args], needle)
+
+
+def test_cli_search_sweeps_expert_parallel_splits(capsys):
+    # search runs the sweep it ranks, so the sweep's --enable-expert-parallel reaches it:
+    # the split it names is the EP plan (SGLang: ep = tp, docs/parallel.md)
+    main(
+        [
+            "search",
+            "--gpus",
+            "8",
+            "--splits",
+            "8x1",
+            "--conc",
+            "2",
+            "--input-len",
+            "64",
+            "--output-len",
+            "12",
+            "--workers",
+            "1",
+            "--enable-expert-parallel",
+            "--objective",
+            "throughput",
+        ]
+    )
+    text = capsys.readouterr().out
+    assert "best: TP8 x PP1 x EP8" in text

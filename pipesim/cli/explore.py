@@ -242,6 +242,11 @@ def sweep(
     is_flag=True,
     help="SGLang: the dp ranks split each split's tp GPUs (DP attention)",
 )
+@click.option(
+    "--enable-expert-parallel",
+    is_flag=True,
+    help="every split's MoE layers expert-parallel over the GPUs they span (SGLang: ep = tp; vLLM: dp x tp)",
+)
 @scenario_options
 @click.option("--workers", type=int, default=None, help="local worker processes [default: every core]")
 @click.option("--scheduler", default=None, help="run on a Dask cluster: tcp://HOST:PORT")
@@ -251,6 +256,7 @@ def search(
     splits: str | None,
     dp: str,
     enable_dp_attention: bool,
+    enable_expert_parallel: bool,
     conc: str | None,
     rate: str | None,
     num_requests: int | None,
@@ -304,6 +310,8 @@ def search(
         run["dp"] = parse_ints(dp, "--dp")
         if enable_dp_attention:
             run["dp_attention"] = True
+        if enable_expert_parallel:
+            run["enable_expert_parallel"] = True
         gpus = parse_ints(gpus, "--gpus")
     result = run_search(
         gpus,
