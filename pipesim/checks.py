@@ -185,8 +185,8 @@ FRACTION_KNOBS = ("mem_fraction_static", "gpu_memory_utilization")
 
 def check_knobs(values: dict) -> dict:
     """Engine knobs (given or from a profile's deployment): whole numbers within their
-    limits, on/off flags as booleans, memory fractions as numbers. The engine's own
-    `validate` checks the rest (fractions in (0, 1)). Returns them as Python values
+    limits, on/off flags as booleans, memory fractions as numbers in (0, 1). The
+    engine's own `validate` checks the rest. Returns them as Python values
     (numpy integers become ints)."""
     out = dict(values)
     for k, v in values.items():
@@ -198,5 +198,9 @@ def check_knobs(values: dict) -> dict:
         elif k in FLAG_KNOBS:
             out[k] = flag(v, flag_name)
         elif k in FRACTION_KNOBS:
-            out[k] = number(v, flag_name, 0.0, above=True)
+            require(
+                is_number(v) and 0 < float(v) < 1,
+                f"{flag_name} must be a number in (0, 1), got {v!r}",
+            )
+            out[k] = float(v)
     return out

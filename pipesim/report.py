@@ -69,12 +69,15 @@ def table(result: Result) -> str:
             f"  max_running_requests {eng['max_running_requests']}{src('max_running_requests')}  "
             f"per-slot cap {eng['pp_max_micro_batch_size']}{src('pp_max_micro_batch_size')}  "
             f"slots {eng['slots']} (async depth {eng['pp_async_batch_depth']}{src('pp_async_batch_depth')})  "
+            f"mem_fraction_static {eng['mem_fraction_static']:g}{src('mem_fraction_static')}  "
             f"KV {sc['kv_cache_tokens']:,} tokens"
         )
     else:
         lines.append(
             f"  max_num_seqs {eng['max_num_seqs']}{src('max_num_seqs')}  "
-            f"batches in flight {eng['max_concurrent_batches']}  KV {sc['kv_cache_tokens']:,} tokens"
+            f"batches in flight {eng['max_concurrent_batches']}  "
+            f"gpu_memory_utilization {eng['gpu_memory_utilization']:g}{src('gpu_memory_utilization')}  "
+            f"KV {sc['kv_cache_tokens']:,} tokens"
         )
     sh = r.time_shares
     lines += [

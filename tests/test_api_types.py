@@ -52,7 +52,7 @@ REFUSED = [
     ),
     (
         dict(concurrency=1, mem_fraction_static="0.8"),
-        "--mem-fraction-static must be a finite number > 0, got '0.8'",
+        "--mem-fraction-static must be a number in (0, 1), got '0.8'",
     ),
     (dict(concurrency=1, nodes=True), "--nodes must be a whole number >= 1, got True"),
     (dict(trace=5), "trace must be the path of a CSV file, got 5"),

@@ -180,6 +180,32 @@ CASES = [
         "--max-running-requests must be a whole number >= 1",
         None,
     ),
+    (
+        ["predict", "--conc", "1", "--mem-fraction-static", "1.2", *FAST],
+        "--mem-fraction-static must be a number in (0, 1), got 1.2",
+        None,
+    ),
+    (
+        ["predict", "--conc", "1", "--engine", "vllm", "--gpu-memory-utilization", "0", *FAST],
+        "--gpu-memory-utilization must be a number in (0, 1), got 0.0",
+        None,
+    ),
+    (
+        ["predict", "--conc", "1", "--gpu-memory-utilization", "0.8", *FAST],
+        "gpu_memory_utilization is not a sglang knob",
+        None,
+    ),
+    (
+        ["predict", "--conc", "1", "--engine", "vllm", "--mem-fraction-static", "0.8", *FAST],
+        "mem_fraction_static is not a vllm knob",
+        None,
+    ),
+    (
+        ["predict", "--tp", "1", "--pp", "8", "--conc", "1", "--mem-fraction-static", "0.7"],
+        "kimi-k2.6 does not fit at tp=1 pp=8: stage 7 needs 75.3 GiB of weights per GPU, but sglang may use "
+        "66.9 GiB",
+        None,
+    ),
     (["predict", "--conc", "1", "--profile", "{t}/trunc", *FAST], "collectives.csv.gz", None),
     (["predict", "--conc", "1", "--profile", "{t}/nocol", *FAST], "missing column(s) nbytes", None),
     (["predict", "--conc", "1", "--profile", "{t}/nan", *FAST], "line 2, column latency_ms", None),

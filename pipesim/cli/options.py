@@ -185,8 +185,20 @@ def scenario_options(f: F, lists: bool = False) -> F:
         click.option(
             "--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly"
         ),
+        click.option(
+            "--mem-fraction-static",
+            type=float,
+            default=None,
+            help="SGLang: share of GPU memory for weights + KV cache, in (0, 1) [default by GPU memory, tp, pp]",
+        ),
         click.option("--max-num-seqs", type=int, default=None, help="vLLM: total running requests"),
         click.option("--max-num-batched-tokens", type=int, default=None, help="vLLM: token budget per batch"),
+        click.option(
+            "--gpu-memory-utilization",
+            type=float,
+            default=None,
+            help="vLLM: share of GPU memory for weights + KV cache, in (0, 1) [default 0.9]",
+        ),
         click.option(
             "--async-scheduling/--no-async-scheduling",
             default=None,
@@ -307,8 +319,10 @@ SCENARIO_FLAGS = (
     "pp_async_batch_depth",
     "chunked_prefill_size",
     "disable_cuda_graph",
+    "mem_fraction_static",
     "max_num_seqs",
     "max_num_batched_tokens",
+    "gpu_memory_utilization",
     "async_scheduling",
     "kernel_scale",
     "allreduce_scale",
