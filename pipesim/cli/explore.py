@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
 from ..checks import MAX_CONCURRENCY
@@ -18,6 +20,39 @@ from .options import (
     scenario_options,
     sweep_scenario_options,
 )
+
+
+def parallel_grid_options(f: Callable) -> Callable:
+    """The DP/EP axes that sweep and search both grid over (docs/parallel.md)."""
+    f = click.option(
+        "--enable-expert-parallel",
+        is_flag=True,
+        help="every split's MoE layers expert-parallel over the GPUs they span (SGLang: ep = tp; vLLM: dp x tp)",
+    )(f)
+    f = click.option(
+        "--enable-dp-attention",
+        is_flag=True,
+        help="SGLang: the dp ranks split each split's tp GPUs (DP attention)",
+    )(f)
+    return click.option(
+        "--dp",
+        "--data-parallel-size",
+        "dp",
+        default="1",
+        show_default=True,
+        metavar="N[,N..]",
+        help="data-parallel sizes to sweep, e.g. 1,2,4: each dp > 1 a split of pp 1 with tp = gpus / dp "
+        "(tp = gpus with --enable-dp-attention)",
+    )(f)
+
+
+def parallel_grid_kwargs(dp: str, enable_dp_attention: bool, enable_expert_parallel: bool) -> dict:
+    """The sweep's keywords for those axes (the flags off: left to the sweep's defaults)."""
+    return {
+        "dp": parse_ints(dp, "--dp"),
+        **({"dp_attention": True} if enable_dp_attention else {}),
+        **({"enable_expert_parallel": True} if enable_expert_parallel else {}),
+    }
 
 
 @click.command()
@@ -51,26 +86,7 @@ from .options import (
     help="open-loop Poisson arrival rates (req/s) instead of concurrencies",
 )
 @click.option("--num-requests", type=int, default=None, help="requests per point with --rate [default: 200]")
-@click.option(
-    "--dp",
-    "--data-parallel-size",
-    "dp",
-    default="1",
-    show_default=True,
-    metavar="N[,N..]",
-    help="data-parallel sizes to sweep, e.g. 1,2,4: each dp > 1 a split of pp 1 with tp = gpus / dp "
-    "(tp = gpus with --enable-dp-attention)",
-)
-@click.option(
-    "--enable-dp-attention",
-    is_flag=True,
-    help="SGLang: the dp ranks split each split's tp GPUs (DP attention)",
-)
-@click.option(
-    "--enable-expert-parallel",
-    is_flag=True,
-    help="every split's MoE layers expert-parallel over the GPUs they span (SGLang: ep = tp; vLLM: dp x tp)",
-)
+@parallel_grid_options
 @sweep_scenario_options
 @click.option(
     "--out",
@@ -128,9 +144,7 @@ def sweep(
         df = run_sweep(
             parse_ints(gpus, "--gpus"),
             splits=parse_splits(splits),
-            dp=parse_ints(dp, "--dp"),
-            **({"dp_attention": True} if enable_dp_attention else {}),
-            **({"enable_expert_parallel": True} if enable_expert_parallel else {}),
+            **parallel_grid_kwargs(dp, enable_dp_attention, enable_expert_parallel),
             scheduler=scheduler,
             workers=parse_workers(workers),
             progress=progress,
@@ -227,26 +241,7 @@ def sweep(
     is_flag=True,
     help="a table of several boxes, engines or lengths: one best over all of them, not one per condition",
 )
-@click.option(
-    "--dp",
-    "--data-parallel-size",
-    "dp",
-    default="1",
-    show_default=True,
-    metavar="N[,N..]",
-    help="data-parallel sizes to sweep, e.g. 1,2,4: each dp > 1 a split of pp 1 with tp = gpus / dp "
-    "(tp = gpus with --enable-dp-attention)",
-)
-@click.option(
-    "--enable-dp-attention",
-    is_flag=True,
-    help="SGLang: the dp ranks split each split's tp GPUs (DP attention)",
-)
-@click.option(
-    "--enable-expert-parallel",
-    is_flag=True,
-    help="every split's MoE layers expert-parallel over the GPUs they span (SGLang: ep = tp; vLLM: dp x tp)",
-)
+@parallel_grid_options
 @scenario_options
 @click.option("--workers", type=int, default=None, help="local worker processes [default: every core]")
 @click.option("--scheduler", default=None, help="run on a Dask cluster: tcp://HOST:PORT")
@@ -307,11 +302,7 @@ def search(
         run.update(
             scheduler=scheduler, workers=parse_workers(workers), progress=progress, **scenario_kwargs(opts)
         )
-        run["dp"] = parse_ints(dp, "--dp")
-        if enable_dp_attention:
-            run["dp_attention"] = True
-        if enable_expert_parallel:
-            run["enable_expert_parallel"] = True
+        run.update(parallel_grid_kwargs(dp, enable_dp_attention, enable_expert_parallel))
         gpus = parse_ints(gpus, "--gpus")
     result = run_search(
         gpus,
