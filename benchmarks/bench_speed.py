@@ -6,10 +6,11 @@
    (and whether predict imported pandas);
 2. sim wall time at C = 4096 against C = 64 under the default profile's running cap
    of 64 (TP2 x PP4): the horizon follows the requests the engine admits;
-3. peak resident memory of an open-loop run of 20,000 requests against 2,000; and
-   (`memory_open`) of 200,000 against 20,000 at a rate the engine keeps up with (the
-   run's wall time too): with an overloaded rate the waiting queue itself grows with
-   the requests;
+3. peak resident memory of an open-loop run of 20,000 requests against 2,000, at a rate
+   the engine keeps up with and at one that overloads it (its waiting queue itself
+   grows with the requests), and of 20,000 kept whole (record="full") against folded;
+   (`memory_open`) of 200,000 against 20,000 at the rate it keeps up with (the run's
+   wall time too);
 4. events per stage visit (PP8 at C = 256, TP2 x PP4 at C = 64) and the simulation's
    wall time against a bare SimPy loop (bench_sim.bare_simpy) of one event per visit;
 5. the CountingEnvironment against plain simpy.Environment on the same bare loop;
@@ -106,32 +107,42 @@ def horizon(reps: int) -> dict:
     return {"c64_s": a, "c4096_s": b, "ratio": b / a, "tok_s_c64": tok[64], "tok_s_c4096": tok[4096]}
 
 
-def rss(n: int) -> float:
-    code = (
-        "import json, resource, pipesim\n"
-        f"r = pipesim.predict(8, 1, rate_rps=50, num_requests={n}, output_len='50', input_len='200')\n"
-        "print(json.dumps({'mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))"
-    )
-    return child(code)["mb"]
-
-
-def memory(reps: int) -> dict:
-    small = [rss(2000) for _ in range(reps)]
-    big = [rss(20000) for _ in range(reps)]
-    a, b = statistics.median(small), statistics.median(big)
-    return {"rss_2000_mb": a, "rss_20000_mb": b, "ratio": b / a}
-
-
-def open_loop(n: int, rate_rps: float) -> dict:
+def open_loop(n: int, rate_rps: float, record: str = "summary") -> dict:
+    """Peak RSS and wall of one open loop (TP8, 200 in / 50 out tokens) in a process of
+    its own, and whether saturation.py says the engine keeps up."""
     code = (
         "import json, resource, time, pipesim\n"
         "t = time.perf_counter()\n"
-        f"r = pipesim.predict(8, 1, rate_rps={rate_rps}, num_requests={n}, output_len='50', input_len='200')\n"
+        f"r = pipesim.predict(8, 1, rate_rps={rate_rps}, num_requests={n}, output_len='50', input_len='200',"
+        f" record={record!r})\n"
         "print(json.dumps({'wall_s': time.perf_counter() - t, 'sim_wall_s': r.sim_wall_s,"
         " 'mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,"
         " 'overloaded': r.saturation['overloaded'], 'ttft_ms_p99': r.ttft_ms_p99}))"
     )
     return child(code)
+
+
+def memory(reps: int) -> dict:
+    """Peak RSS of an open loop of 20,000 requests against 2,000: at 8 req/s, which TP8
+    keeps up with (memory flat: the rows are folded as the run goes, no finished request
+    kept), and at 50 req/s, where it is overloaded and its waiting queue itself grows
+    with the requests; and 20,000 requests kept whole (record="full") against folded."""
+    out = {}
+    for name, rate in (("keeps_up_8rps", 8.0), ("overloaded_50rps", 50.0)):
+        small, big = [], []
+        for _ in range(reps):
+            small.append(open_loop(2000, rate))
+            big.append(open_loop(20_000, rate))
+        a, b = statistics.median(r["mb"] for r in small), statistics.median(r["mb"] for r in big)
+        out[name] = {
+            "rss_2000_mb": a,
+            "rss_20000_mb": b,
+            "ratio": b / a,
+            "overloaded": [any(r["overloaded"] for r in small), any(r["overloaded"] for r in big)],
+        }
+    full = [open_loop(20_000, 8.0, "full")["mb"] for _ in range(reps)]
+    out["full_vs_summary_20000"] = statistics.median(full) / out["keeps_up_8rps"]["rss_20000_mb"]
+    return out
 
 
 def memory_open(reps: int, rate_rps: float = 8.0) -> dict:
@@ -159,7 +170,7 @@ def events(reps: int) -> dict:
         rows = []
         for _ in range(reps):
             rec, r = simulate(build_scenario(tp=tp, pp=pp, concurrency=conc))
-            visits = sum(len(c) for c in rec.compute)
+            visits = rec.steps.visits
             bare_s = visits / bare_simpy(visits, counting=False)
             rows.append(
                 (

@@ -23,13 +23,16 @@ def predict(
     ci_target: float | None = CI_TARGET,
     intervals: bool = False,
     ensemble: bool = False,
+    record: str = "summary",
     **kwargs: object,
 ) -> Result:
     """Predict one scenario. Keyword arguments are those of `build_scenario`
     (model, profile, engine, box, layers, rate_rps, num_requests, trace, input_len,
     output_len, seed) and the engine's knobs (e.g. max_running_requests).
     `intervals=True` adds prediction intervals (pipesim.uncertainty), their workload
-    part from the run itself; `ensemble=True` takes it from a few short runs more."""
+    part from the run itself; `ensemble=True` takes it from a few short runs more.
+    `record="full"` keeps an open loop's requests (`Result.requests`; a closed loop's
+    are always kept) at memory that grows with them (runner.simulate)."""
     scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
     result = run(
         scenario,
@@ -37,6 +40,7 @@ def predict(
         measure_requests=measure_requests,
         max_measure_requests=max_measure_requests,
         ci_target=ci_target,
+        record=record,
     )
     if intervals:
         from .uncertainty import attach

@@ -116,7 +116,9 @@ class DPSimulation(Simulation):
         self.ranks = [Rank(self, r, self.settings.kv_tokens) for r in range(self.dp)]
         self.dummy_steps = [0] * self.dp  # steps each rank ran a dummy batch in
         self.steps = 0  # lock-step steps run
-        self.routed: list[int] = []  # the rank each request went to, by request id
+        self.per_rank = [0] * self.dp  # requests routed to each rank
+        # the rank each request went to, by request id (a full record only)
+        self.routed: list[int] | None = [] if self.full else None
         self._rr = 0  # SGLang round-robin counter
         self._lb: list | None = None  # vLLM front end's [waiting, running] per rank
         self._lb_s = 0.0
@@ -141,7 +143,9 @@ class DPSimulation(Simulation):
     def _enqueue(self, req: Request) -> None:
         """The front end hands the request to one rank (docs/engines.md §8)."""
         r = self.route()
-        self.routed.append(r)
+        self.per_rank[r] += 1
+        if self.routed is not None:
+            self.routed.append(r)
         self.ranks[r].enqueue(req)
 
     def route(self) -> int:
@@ -172,12 +176,12 @@ class DPSimulation(Simulation):
             mb = items.popleft()
             compute_s, comm_s = stage_time(0, mb.shape)
             t0 = env.now
+            compute_log.append((t0, t0 + compute_s))  # recorded as it starts (tally.py)
             yield env.timeout(compute_s)
-            compute_log.append((t0, env.now))
             if comm_s:
                 start, end = self._book(ring, comm_s)
-                yield env.timeout(end - env.now)
                 comm_log.append((start, end))
+                yield env.timeout(end - env.now)
             self._complete(mb)
 
     def ring(self) -> None:
@@ -246,10 +250,7 @@ class DPSimulation(Simulation):
     def summary(self) -> dict:
         """What the ranks did (Result.data_parallel): requests routed to each, and in
         lock step the share of steps each rank ran a dummy batch in."""
-        per_rank = [0] * self.dp
-        for r in self.routed:
-            per_rank[r] += 1
-        out = {"ranks": self.dp, "lock_step": self.lockstep, "requests_per_rank": per_rank}
+        out = {"ranks": self.dp, "lock_step": self.lockstep, "requests_per_rank": list(self.per_rank)}
         if self.lockstep:
             out["steps"] = self.steps
             out["dummy_step_share"] = [d / self.steps if self.steps else 0.0 for d in self.dummy_steps]

@@ -19,8 +19,9 @@ A transfer whose links no other user crosses contends only with its own user's
 earlier transfers, booked in the same order, so it is booked as soon as its start is
 known, with no event. The outputs' return to the first stage is one event: the
 micro-batch's `returned`, triggered at the return time with the request bookkeeping
-as its first callback. Rows for work that ends after the run stops are dropped when
-the run is recorded (`settle`), as if they had never been reached.
+as its first callback. Every row is appended when its work is booked, at or before
+its start, which lets tally.py fold the rows as the run goes; work booked past the
+run's stop counts only up to the stop.
 """
 
 from __future__ import annotations
@@ -78,7 +79,6 @@ class Pipeline:
         self._queue: list[deque] = [deque() for _ in range(pp)]  # (arrival_s, micro-batch)
         self._free_s = [0.0] * pp  # when each stage finishes the visits booked so far
         self._held = [False] * pp  # a visit awaits a shared-link booking: the rest queue
-        self._hop_ready: list[list[float]] = [[] for _ in range(pp)]  # when each hop was booked
         self._hop_bytes = 2 * costs.model.hidden * ACT_BYTES  # hidden states + residual, bf16
 
     # ---- links -----------------------------------------------------------------------
@@ -191,7 +191,6 @@ class Pipeline:
             seconds = self.costs.hop_time(s, s + 1, mb.shape.tokens * self._hop_bytes)
         start, end = self._book(self._users[("hop", s)], ready_s, seconds)
         self.rec.hops[s].append((start, end))
-        self._hop_ready[s].append(ready_s)
         if s == self.pp - 1:
             self._return_at(mb, end)
         else:
@@ -225,18 +224,3 @@ class Pipeline:
         ev.callbacks.insert(0, lambda ev, mb=mb: setattr(ev, "_value", self._complete(mb)))
         ev._ok, ev._value = True, None
         self.env.schedule(ev, NORMAL, t - self.env.now)
-
-    def settle(self, end_s: float) -> None:
-        """Drop the rows of work booked ahead that ends after `end_s` (the run's stop):
-        compute and collectives by their end, hops and link waits by when they were
-        booked, as the run would have recorded them. Each stage's rows are in time order."""
-        rec = self.rec
-        for s in range(self.pp):
-            for rows in (rec.compute[s], rec.comm[s]):
-                while rows and rows[-1][1] > end_s:
-                    rows.pop()
-            ready = self._hop_ready[s]
-            while ready and ready[-1] > end_s:
-                ready.pop()
-                rec.hops[s].pop()
-        rec.link_wait[:] = [w for w in rec.link_wait if w[0] <= end_s]

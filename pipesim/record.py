@@ -1,9 +1,10 @@
 """What one run recorded: busy intervals, launched batches and returned tokens.
 
 The simulation appends rows to a `Recorder` while it runs (plain list appends of
-small named tuples: the recorder sits on the simulator's hot path) and hands a
-frozen `Record` to metrics.py and trace.py when it is over. Nothing downstream
-reads the Simulation itself, so a metric can be checked on a Record built by hand.
+small named tuples: the recorder sits on the simulator's hot path); tally.py folds
+them into running figures as the run goes, and the finished run is a frozen `Record`
+that metrics.py and trace.py read. Nothing downstream reads the Simulation itself, so
+a metric can be checked on a Record built by hand.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from typing import NamedTuple
 
 import simpy
 from simpy.events import NORMAL
+
+from .request_tally import RequestTally
+from .tally import StepTally
 
 
 class Interval(NamedTuple):
@@ -67,8 +71,9 @@ class CountingEnvironment(simpy.Environment):
 
 
 class Recorder:
-    """The rows of a run in progress, appended once each. Per-stage lists are indexed
-    by stage; hops are per stage too (the hop out of that stage)."""
+    """The rows of a run in progress, appended once each, each at or before its start
+    (tally.py folds them as the run goes). Per-stage lists are indexed by stage; hops
+    are per stage too (the hop out of that stage)."""
 
     __slots__ = ("compute", "comm", "hops", "cpu", "tokens", "batches", "link_wait", "evictions", "kv_free")
 
@@ -84,6 +89,12 @@ class Recorder:
         self.evictions: list[tuple[float, int]] = []
         self.kv_free: list[tuple[float, int]] = []  # (launch_s, KV tokens free), per batch
 
+    def clip(self, end_s: float) -> None:
+        """Cut the rows at the run's stop: work booked to start after it was never
+        reached; work under way at the stop ends there (a kept record, the trace)."""
+        for rows in (*self.compute, *self.comm, *self.hops, self.cpu, self.link_wait):
+            rows[:] = [(a, b if b <= end_s else end_s) for a, b in rows if a < end_s]
+
     def freeze(
         self,
         *,
@@ -92,15 +103,27 @@ class Recorder:
         slots: int,
         groups: int = 0,
         clients: int | None,
-        window_s: tuple[float, float],
+        window_start_s: float | None,
         end_s: float,
         events: int,
         engine_load: float | None = None,
         dp: int = 1,
+        steps: StepTally | None = None,
+        requests: RequestTally | None = None,
+        keep_rows: bool = True,
     ) -> Record:
-        """The finished run as a value (the lists are handed over, not copied). With
-        data parallelism (dp > 1, pp = 1) the rows are the DP ranks and there are no hops."""
+        """The finished run as a value. The rows not yet folded into `steps` (all of
+        them, for a record built by hand) are folded now, over the window
+        [window_start_s, end_s] (None: the run never reached its window). With
+        `keep_rows` the rows stay, cut at the stop (`clip`), and are handed over, not
+        copied. With data parallelism (dp > 1, pp = 1) the rows are the DP ranks and
+        there are no hops."""
         pp = len(stage_gpus)
+        if steps is None:
+            steps = StepTally(len(self.compute), slots, groups if dp == 1 else 0)
+        steps.fold(self, end_s, window_start_s, final=True, drop=not keep_rows)
+        if keep_rows:
+            self.clip(end_s)
         names = tuple(hop_name(s, pp) for s in range(pp)) if pp > 1 and dp == 1 else ()
         return Record(
             compute=tuple(self.compute),
@@ -118,17 +141,22 @@ class Recorder:
             slots=slots,
             groups=groups,
             clients=clients,
-            window_s=window_s,
+            window_s=steps.window_s,
             end_s=end_s,
             events=events,
             engine_load=engine_load,
             dp=dp,
+            steps=steps,
+            requests=requests if requests is not None else RequestTally(closed=clients is not None),
+            kept=keep_rows,
         )
 
 
 @dataclass(frozen=True)
 class Record:
-    """What one finished run recorded, and the run's shape needed to read it."""
+    """What one finished run recorded, and the run's shape needed to read it: its
+    figures (`steps`, `requests`) and, for a kept record (`kept`: the trace), every
+    row; a summary record's row lists are empty."""
 
     compute: tuple[list[Interval], ...]  # per stage
     comm: tuple[list[Interval], ...]  # per stage: TP collectives
@@ -145,6 +173,8 @@ class Record:
     window_s: tuple[float, float]  # the measurement window
     end_s: float  # simulated time at the end of the run
     events: int  # events the simulation scheduled
+    steps: StepTally  # the rows' figures over the window (tally.py)
+    requests: RequestTally  # the finished requests' rows and figures (request_tally.py)
     # closed loop with more clients than the engine admits: the mean number of admitted
     # requests over the window (None: every client's request is admitted at once)
     engine_load: float | None = None
@@ -155,6 +185,7 @@ class Record:
     # vLLM: batches in flight (max_concurrent_batches); the i-th launched batch is in
     # group i mod groups (0: the engine has micro-batch slots instead)
     groups: int = 0
+    kept: bool = True  # every row kept (the trace); False: folded as the run went
 
     @property
     def pp(self) -> int:

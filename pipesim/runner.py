@@ -11,7 +11,7 @@ from .errors import UserError, require
 from .metrics import Result, collect
 from .record import Record
 from .scenario import Scenario
-from .simulation import Simulation
+from .simulation import RECORD_MODES, Simulation
 
 # A run stops at the request target; MAX_SIM_S, a bound on simulated time, only
 # guards against a scenario that cannot make progress.
@@ -42,9 +42,11 @@ def simulate(
     measure_requests: int | None = None,
     max_measure_requests: int | None = None,
     ci_target: float | None = CI_TARGET,
+    record: str = "summary",
 ) -> tuple[Record, Result]:
-    """Simulate a built scenario; returns what the run recorded (it feeds traces and
-    the idle breakdown) and the metrics.
+    """Simulate a built scenario; returns what the run recorded (its figures feed the
+    idle breakdown; with `record="full"` every row too, for the trace, and every
+    request) and the metrics.
 
     Closed loop: the first A completed requests are warm-up, A the requests the engine
     admits at once (`admitted_concurrency`: C unless its running cap or KV capacity is
@@ -55,7 +57,14 @@ def simulate(
     half-width (batch means) is within `ci_target` of the mean, or
     `max_measure_requests` (default 20x the minimum) have completed. `ci_target=None`
     measures exactly `measure_requests`. Open loop and traces: every request.
+
+    `record`: "summary" (the default) folds the run's rows into running figures as it
+    goes and keeps an open loop's requests only as running figures, so memory does
+    not grow with the run (tally.py, request_tally.py); "full" keeps every row and
+    request (the numbers are the same).
     """
+    if record not in RECORD_MODES:
+        raise UserError(f"record {record!r} is not one of {', '.join(RECORD_MODES)}")
     w = scenario.workload
     plan = scenario.plan
     require(
@@ -83,14 +92,15 @@ def simulate(
         max_measure_requests=cap,
         ci_target=ci_target,
         queued=queued,
+        record=record,
     )
     sim.run(MAX_SIM_S)
     rec = sim.record()
-    result = collect(rec, sim.finished, scenario.describe(), time.perf_counter() - t)
+    result = collect(rec, scenario.describe(), time.perf_counter() - t)
     result.provenance_shares = costs.provenance_shares()
     if plan.dp > 1:
         result.data_parallel = sim.summary()
-    _check_completed(result, len(sim.finished), rec.end_s, scenario)
+    _check_completed(result, rec.requests.finished, rec.end_s, scenario)
     return rec, result
 
 
@@ -117,6 +127,8 @@ def _check_completed(result: Result, finished: int, end_s: float, scenario: Scen
         if end_s >= MAX_SIM_S
         else f"the run ended at {end_s:.3g} s simulated"
     )
+    if finished and scenario.workload.kind == "closed":
+        why += " before its warm-up was over"
     raise UserError(
         f"the run completed no request ({finished} finished in all; {why}): a latency or parameter of "
         f"profile {scenario.profile.name} may be infinite or huge, or the arrivals lie past the horizon; "

@@ -64,31 +64,98 @@ class Saturation:
         return {**asdict(self), "text": self.text()}
 
 
+class SaturationTally:
+    """The figures above, taken as a run goes: fed its arrivals, first tokens and
+    finishes in time order, holding a handful of numbers whatever the run's length.
+    The arrival period's ends are known before the run (an open loop's arrival plan:
+    simulation.py). The least-squares slope is taken on the fly (Welford's running
+    means and co-moments) over the same points as np.polyfit would be: every distinct
+    time of an arrival or finish in the second half, and its two ends."""
+
+    def __init__(self, first_arrival_s: float, last_arrival_s: float) -> None:
+        self.a0, self.a1 = first_arrival_s, last_arrival_s
+        self.mid = (first_arrival_s + last_arrival_s) / 2
+        self._ends = [self.mid, self.a1]  # the half's ends, not yet passed
+        self.arrived = self.finished = self.first_by_end = 0
+        self._at_ends: list[tuple[int, int]] = []  # (in engine, finished) at mid, at a1
+        self._pending: float | None = None  # the last event's time, if in the half
+        self._last_point: float | None = None
+        self._n = 0
+        self._mx = self._my = self._cxy = self._mxx = 0.0
+
+    def _advance(self, t: float) -> None:
+        """Take the points before `t` (the last event's time and the half's ends passed
+        since): every event before `t` is in, so each has the count as it stands."""
+        count = self.arrived - self.finished
+        while True:
+            cands = [
+                x for x in (self._pending, self._ends[0] if self._ends else None) if x is not None and x < t
+            ]
+            if not cands:
+                return
+            p = min(cands)
+            if self._pending == p:
+                self._pending = None
+            if self._ends and self._ends[0] == p:
+                self._ends.pop(0)
+                self._at_ends.append((count, self.finished))
+            if p != self._last_point:
+                self._point(p - self.mid, count)
+                self._last_point = p
+
+    def _point(self, x: float, y: int) -> None:
+        self._n += 1
+        dx = x - self._mx
+        self._mx += dx / self._n
+        self._my += (y - self._my) / self._n
+        self._cxy += dx * (y - self._my)
+        self._mxx += dx * (x - self._mx)
+
+    def _event(self, t: float) -> None:
+        self._advance(t)
+        if self.mid <= t <= self.a1:
+            self._pending = t
+
+    def arrival(self, t: float) -> None:
+        self._event(t)
+        self.arrived += 1
+
+    def first_token(self, t: float) -> None:
+        self._advance(t)
+        if t <= self.a1:
+            self.first_by_end += 1
+
+    def finish(self, t: float) -> None:
+        self._event(t)
+        self.finished += 1
+
+    def result(self) -> Saturation | None:
+        """The saturation of the events fed so far (None as for `saturation`)."""
+        n, a0, a1, mid = self.arrived, self.a0, self.a1, self.mid
+        if n < 3 or a1 <= a0:
+            return None
+        self._advance(float("inf"))
+        (n_mid, fin_mid), (n_end, fin_end) = self._at_ends
+        rate = (n - 1) / (a1 - a0)
+        served = (fin_end - fin_mid) / (a1 - mid)
+        growth = self._cxy / self._mxx if self._n >= 3 else (n_end - n_mid) / (a1 - mid)
+        gained = growth * (a1 - mid)
+        over = growth > GROWTH_SHARE * rate and gained > max(2 * np.sqrt(n_mid + 1), MIN_GROWTH_REQUESTS)
+        return Saturation(
+            float(rate), float(served), float(growth), n_mid, n_end, n - self.first_by_end, bool(over)
+        )
+
+
 def saturation(arrival_s: ArrayLike, first_token_s: ArrayLike, finish_s: ArrayLike) -> Saturation | None:
     """The saturation of an open-loop run from its requests' times (seconds). None
     with fewer than 3 requests or all arriving at one instant (no rate to speak of)."""
-    arr = np.sort(np.asarray(arrival_s, dtype=float))
-    first = np.sort(np.asarray(first_token_s, dtype=float))
-    fin = np.sort(np.asarray(finish_s, dtype=float))
-    n = len(arr)
-    if n < 3 or arr[-1] <= arr[0]:
+    arr = np.asarray(arrival_s, dtype=float)
+    if len(arr) < 3 or arr.max() <= arr.min():
         return None
-    a0, a1 = arr[0], arr[-1]
-    mid = (a0 + a1) / 2
-
-    def by(times, t):  # how many happened by t (inclusive)
-        return int(np.searchsorted(times, t, side="right"))
-
-    rate = (n - 1) / (a1 - a0)
-    served = (by(fin, a1) - by(fin, mid)) / (a1 - mid)
-    n_mid, n_end = by(arr, mid) - by(fin, mid), by(arr, a1) - by(fin, a1)
-    # least-squares slope of the count at every arrival and finish in the half: less
-    # noisy than the two ends alone
-    t = np.unique(
-        np.concatenate((arr[(arr >= mid) & (arr <= a1)], fin[(fin >= mid) & (fin <= a1)], [mid, a1]))
-    )
-    count = np.searchsorted(arr, t, side="right") - np.searchsorted(fin, t, side="right")
-    growth = float(np.polyfit(t, count, 1)[0]) if len(t) >= 3 else (n_end - n_mid) / (a1 - mid)
-    gained = growth * (a1 - mid)
-    over = growth > GROWTH_SHARE * rate and gained > max(2 * np.sqrt(n_mid + 1), MIN_GROWTH_REQUESTS)
-    return Saturation(float(rate), float(served), float(growth), n_mid, n_end, n - by(first, a1), bool(over))
+    tally = SaturationTally(float(arr.min()), float(arr.max()))
+    times = np.concatenate((arr, np.asarray(first_token_s, dtype=float), np.asarray(finish_s, dtype=float)))
+    kinds = np.repeat([0, 1, 2], [len(arr), len(times) - len(arr) - len(finish_s), len(finish_s)])
+    feed = (tally.arrival, tally.first_token, tally.finish)
+    for i in np.argsort(times, kind="stable"):
+        feed[kinds[i]](float(times[i]))
+    return tally.result()

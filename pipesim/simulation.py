@@ -7,8 +7,13 @@ come back (`MicroBatch.returned`) and updates the requests. Data parallelism
 (dataparallel.py) runs its ranks in place of the pipeline. `Request` and `MicroBatch`
 themselves are batches.py's.
 
-Every busy interval is recorded once in a `Recorder` (record.py); `Simulation.record()`
-hands the finished run to metrics.py and trace.py as a frozen `Record`.
+Every busy interval is recorded once in a `Recorder` (record.py), and every finished
+request in a `RequestTally` (request_tally.py). With `record="summary"` (what a
+prediction needs) the rows are folded into running figures as the run goes
+(tally.py) and let go, and an open loop keeps no request, so memory stays flat in the
+run's length; `record="full"` keeps every row and request (the trace, tests).
+`Simulation.record()` hands the finished run to metrics.py and trace.py as a frozen
+`Record`.
 """
 
 from __future__ import annotations
@@ -24,8 +29,12 @@ from .costs import CostModel
 from .engines.protocol import EngineScheduler, EngineSettings, EngineSimulation
 from .pipeline import Pipeline
 from .record import Batch, CountingEnvironment, Record, Recorder, TokenReturn
+from .request_tally import RequestTally
 from .steady import closed_loop_ci
-from .workload import Workload
+from .tally import FOLD_RETURNS, StepTally
+from .workload import ArrivalPlan, Workload
+
+RECORD_MODES = ("summary", "full")
 
 
 class Channel:
@@ -64,7 +73,10 @@ class Simulation:
         max_measure_requests: int | None = None,
         ci_target: float | None = None,
         queued: bool = False,
+        record: str = "full",
     ):
+        if record not in RECORD_MODES:
+            raise ValueError(f"record must be one of {', '.join(RECORD_MODES)}, got {record!r}")
         self.env = env = CountingEnvironment()
         self.costs, self.workload, self.settings = costs, workload, settings
         plan = costs.plan
@@ -72,8 +84,17 @@ class Simulation:
         self.rec = Recorder(plan.pp)
         self.rng = np.random.default_rng(workload.seed)
         self.waiting: deque[Request] = deque()
-        self.requests: list[Request] = []
-        self.finished: list[Request] = []  # in completion order
+        self.full = record == "full"
+        # every request and the finished ones in completion order: kept by a full record only
+        self.requests: list[Request] | None = [] if self.full else None
+        self.finished: list[Request] | None = [] if self.full else None
+        self.arrived = 0
+        closed = workload.kind == "closed"
+        # an open loop's arrival times, drawn before any request length (workload.py)
+        self.arrivals = None if closed else ArrivalPlan(workload, self.rng)
+        self.done = RequestTally(
+            closed=closed, keep_rows=self.full, arrivals_s=None if closed else self.arrivals.span_s
+        )
         self.kv_free = settings.kv_tokens
         self.running = 0  # admitted, not finished
         self.completed = 0
@@ -90,6 +111,8 @@ class Simulation:
         self._check_every = max(1, measure_requests // 8)
         self.warmup_requests = warmup_requests
         self.warmup_end_s = 0.0
+        # the measurement window's start: the warm-up's end (None until then)
+        self.window_start_s = None if closed and warmup_requests > 0 else 0.0
         self.stop = env.event()
         self._arrival = env.event()
         params = costs.params
@@ -116,6 +139,11 @@ class Simulation:
         self._seq = 0
         self._start(engine_factory)
         self.pipe.rec = self.rec  # the recorder _start settled on (DP: a row per rank)
+        self.tally = StepTally(
+            len(self.rec.compute),
+            settings.slots,
+            getattr(settings, "max_concurrent_batches", 0) if self.inbox is None else 0,
+        )
         env.process(self._arrivals())
 
     def _start(self, engine_factory: Callable[[EngineSimulation], EngineScheduler]) -> None:
@@ -167,11 +195,12 @@ class Simulation:
         return mb
 
     def cpu(self, seconds: float) -> Generator[simpy.Event, None, None]:
-        """Scheduler CPU time on the first stage (a generator to `yield from`)."""
+        """Scheduler CPU time on the first stage (a generator to `yield from`),
+        recorded as it starts (tally.py: every row at or before its start)."""
         if seconds > 0:
             t0 = self.env.now
+            self.rec.cpu.append((t0, t0 + seconds))
             yield self.env.timeout(seconds)
-            self.rec.cpu.append((t0, self.env.now))
 
     def admit(self, req: Request) -> None:
         """The engine takes a waiting request; it schedules the KV memory itself as it
@@ -216,6 +245,8 @@ class Simulation:
         ones; returns them. `mb.returned` carries them to the engine: the pipeline
         triggers it at the return (its value is this return's), a DP rank here."""
         now = self.env.now
+        if not self.full and len(self.rec.tokens) >= FOLD_RETURNS:
+            self.tally.fold(self.rec, now, self.window_start_s)
         produced = 0
         finished = []
         for r, chunk, _ in mb.prefill:
@@ -225,6 +256,7 @@ class Simulation:
                 r.generated += 1
                 if r.first_token_s < 0:
                     r.first_token_s = now
+                    self.done.first_token(now)
                 produced += 1
                 if r.generated == r.output_len:
                     finished.append(r)
@@ -237,7 +269,9 @@ class Simulation:
         self.rec.tokens.append(TokenReturn(now, produced))
         for r in finished:
             r.finish_s = now
-            self.finished.append(r)
+            if self.finished is not None:
+                self.finished.append(r)
+            self.done.finish(r, self.window_start_s is not None and now > self.window_start_s)
             self.kv_free += r.kv_reserved
             self._count_load()
             if r.queued is not None:  # evicted while a batch carried it (vLLM): it leaves the queue
@@ -247,7 +281,7 @@ class Simulation:
                 self.running -= 1
             self.completed += 1
             if self.completed == self.warmup_requests:
-                self.warmup_end_s = now
+                self.warmup_end_s = self.window_start_s = now
                 self._load_warm_s = self._load_s
             if self.completed >= self.target and not self.stop.triggered and self._steady():
                 self.stop.succeed()
@@ -286,13 +320,9 @@ class Simulation:
 
     def throughput_ci(self) -> tuple[float, float]:
         """Closed-loop output rate and its 95% half-width from the measured requests."""
-        done = [r for r in self.finished if r.finish_s > self.warmup_end_s]
-        if self.queued:
-            return closed_loop_ci(
-                self.engine_load(), [r.output_len for r in done], [r.finish_s - r.admit_s for r in done]
-            )
+        out, latency_s = self.done.closed_loop_sample(self.queued)
         return closed_loop_ci(
-            self.workload.concurrency, [r.output_len for r in done], [r.finish_s - r.arrival_s for r in done]
+            self.engine_load() if self.queued else self.workload.concurrency, out, latency_s
         )
 
     def engine_load(self) -> float:
@@ -306,8 +336,11 @@ class Simulation:
         if input_len is None:
             input_len = int(w.input_len.sample(self.rng, 1)[0])
             output_len = int(w.output_len.sample(self.rng, 1)[0])
-        req = Request(len(self.requests), self.env.now, input_len, output_len, client)
-        self.requests.append(req)
+        req = Request(self.arrived, self.env.now, input_len, output_len, client)
+        self.arrived += 1
+        if self.requests is not None:
+            self.requests.append(req)
+        self.done.arrival(req.arrival_s)
         if self._frontend_s <= 0:
             self._enqueue(req)
             return
@@ -334,13 +367,12 @@ class Simulation:
                 self._arrive(c)
             return
         if w.kind == "poisson":
-            gaps = self.rng.exponential(1.0 / w.rate_rps, size=w.num_requests)
-            for gap in gaps:
-                yield env.timeout(float(gap))
+            for gap in self.arrivals.gaps():
+                yield env.timeout(gap)
                 self._arrive()
             return
         for arrival_s, n_in, n_out in w.trace:
-            if arrival_s > env.now:
+            if arrival_s > env.now:  # ArrivalPlan adds the times up the same way
                 yield env.timeout(arrival_s - env.now)
             self._arrive(-1, n_in, n_out)
 
@@ -350,20 +382,21 @@ class Simulation:
         self.env.run(until=simpy.AnyOf(self.env, [self.stop, self.env.timeout(max_sim_s)]))
 
     def record(self) -> Record:
-        """The finished run as a value: what metrics.py and trace.py read."""
+        """The finished run as a value: what metrics.py and trace.py read. The last
+        stretch of rows is folded (tally.py); a full record keeps its rows, cut at the
+        stop."""
         plan = self.costs.plan
-        t1 = self.env.now
-        if self.inbox is None:  # the pipeline's rows booked ahead (DP records its own)
-            self.pipe.settle(t1)
-        t0 = self.warmup_end_s if self.workload.kind == "closed" else 0.0
         return self.rec.freeze(
             stage_gpus=tuple(tuple(plan.stage_gpus(s)) for s in range(plan.pp)),
             layers_per_stage=tuple(plan.layers_per_stage),
             slots=self.settings.slots,
             groups=getattr(self.settings, "max_concurrent_batches", 0),
             clients=self.workload.concurrency if self.workload.kind == "closed" else None,
-            window_s=(t0, t1),
-            end_s=t1,
+            window_start_s=self.window_start_s,
+            end_s=self.env.now,
             events=self.env.scheduled,
             engine_load=self.engine_load() if self.queued else None,
+            steps=self.tally,
+            requests=self.done,
+            keep_rows=self.full,
         )

@@ -12,8 +12,8 @@ within
 
 of every value of the bin, relative to the value. So the k-th smallest value read
 from the sketch (`order_stat`) is within REL_ERROR of the true k-th smallest: the
-true one lies in the bin where the counts reach k. `percentile` follows
-metrics.percentile (np.percentile's linear rule): it interpolates between the two
+true one lies in the bin where the counts reach k. Its `percentile` follows the
+module's `percentile` (np.percentile's linear rule): it interpolates between the two
 order statistics around (n - 1) q / 100, and an interpolation of two readings each
 within REL_ERROR of values of one sign is within REL_ERROR of the interpolated
 value. Negative values are binned by their magnitude, zero exactly; the smallest and
@@ -25,15 +25,46 @@ ratio of gamma per bin, so values within a ratio of gamma^MAX_BINS of each other
 magnitudes are merged into their neighbour (the DDSketch collapse), which keeps the
 bound for the large values (the upper percentiles a latency report reads) and gives
 it up for the smallest.
+
+`Percentiles` is what a run uses: it keeps the values exactly while there are at most
+`EXACT_VALUES` of them (the percentiles then equal `percentile`'s), and moves
+them into a sketch past that.
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 REL_ERROR = 0.005  # the stated bound: every percentile within 0.5% of the exact one
 MAX_BINS = 4096  # per sign: with REL_ERROR 0.5%, values spanning a ratio of ~1e17
+EXACT_VALUES = 65_536  # values a run keeps exactly (512 KiB) before it sketches them
+
+
+def percentile(values: ArrayLike, q: float) -> float:
+    """np.percentile's default (linear) rule, q in percent: the sorted values
+    interpolated at (n - 1) q / 100, numpy's lerp included (_function_base_impl.py
+    `_lerp`), computed directly: np.percentile calls np.unique, which imports
+    numpy.ma (tens of milliseconds of a prediction)."""
+    n = len(values)
+    if not n:
+        return float("nan")
+    x = np.sort(np.asarray(values, dtype=float))
+    pos = (n - 1) * (q / 100)
+    lo = int(pos)
+    t = pos - lo
+    if lo + 1 >= n:
+        return float(x[-1])
+    a, b = float(x[lo]), float(x[lo + 1])
+    d = b - a
+    return b - d * (1 - t) if t >= 0.5 else a + d * t
 
 
 class QuantileSketch:
@@ -134,7 +165,7 @@ class QuantileSketch:
         return self.max  # not reached: the counts add up to `count`
 
     def percentile(self, q: float) -> float:
-        """metrics.percentile's rule (np.percentile, linear) on the sketch's order
+        """`percentile`'s rule (np.percentile, linear) on the sketch's order
         statistics, q in percent; nan when empty."""
         n = self.count
         if not n:
@@ -147,3 +178,46 @@ class QuantileSketch:
         a, b = self.order_stat(lo), self.order_stat(lo + 1)
         d = b - a
         return b - d * (1 - t) if t >= 0.5 else a + d * t
+
+
+class Percentiles:
+    """Count, mean and percentiles of a stream: exact while it holds at most
+    `exact_values` values, then a `QuantileSketch` (each percentile within REL_ERROR)."""
+
+    __slots__ = ("exact_values", "_values", "sketch")
+
+    def __init__(self, exact_values: int = EXACT_VALUES) -> None:
+        self.exact_values = exact_values
+        self._values: array | None = array("d")
+        self.sketch: QuantileSketch | None = None
+
+    def add(self, x: float) -> None:
+        """Add one finite value."""
+        if self._values is None:
+            self.sketch.add(x)
+            return
+        self._values.append(x)
+        if len(self._values) > self.exact_values:
+            self.sketch = QuantileSketch()
+            self.sketch.extend(self._values)
+            self._values = None
+
+    @property
+    def exact(self) -> bool:
+        return self._values is not None
+
+    @property
+    def count(self) -> int:
+        return len(self._values) if self._values is not None else self.sketch.count
+
+    @property
+    def mean(self) -> float:
+        if self._values is None:
+            return self.sketch.mean
+        return float(np.frombuffer(self._values).mean()) if self._values else float("nan")
+
+    def percentile(self, q: float) -> float:
+        """`percentile`'s rule, q in percent; nan when empty."""
+        if self._values is None:
+            return self.sketch.percentile(q)
+        return percentile(np.frombuffer(self._values), q)

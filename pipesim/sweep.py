@@ -101,7 +101,7 @@ def run_point(
     scenario = build_scenario(tp=tp, pp=pp, **load_kw, **kwargs)
     plan = scenario.plan
     rec, r = simulate(scenario, **run_kwargs)
-    idle = idle_breakdown(rec, *r.window_s)
+    idle = idle_breakdown(rec)
     sc = r.scenario
     eng = sc["engine"]
     n = len(idle)

@@ -129,7 +129,10 @@ def counters(rec: Record, engine: str) -> list[dict]:
 
 
 def build_trace(rec: Record, result: Result) -> dict:
-    """The trace event JSON object of a finished run (see the module docstring)."""
+    """The trace event JSON object of a finished run (see the module docstring): a
+    record that kept its rows (runner.simulate's record="full")."""
+    if not rec.kept:
+        raise ValueError("a trace draws every row: simulate the run with record='full'")
     t0, t1 = result.window_s
     sc = result.scenario
     batches = rec.batches
@@ -225,7 +228,7 @@ def build_trace(rec: Record, result: Result) -> dict:
         )
     )
 
-    stages = idle_breakdown(rec, t0, t1)
+    stages = idle_breakdown(rec)
     meta = {
         "generator": "pipesim",
         "scenario": sc,
@@ -277,7 +280,8 @@ def trace(tp: int = 1, pp: int = 1, conc: int | None = None, **kwargs: object) -
 
     run_keys = ("warmup_requests", "measure_requests", "max_measure_requests", "ci_target")
     run_kwargs = {k: kwargs.pop(k) for k in run_keys if k in kwargs}
-    rec, result = simulate(build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs), **run_kwargs)
+    scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
+    rec, result = simulate(scenario, **run_kwargs, record="full")
     return build_trace(rec, result), result
 
 

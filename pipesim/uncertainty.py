@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .metrics import percentile
+from .sketch import percentile
 
 if TYPE_CHECKING:
     from .metrics import Result

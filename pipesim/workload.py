@@ -10,6 +10,8 @@ All randomness comes from one numpy Generator seeded from the workload's seed.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,9 @@ from .errors import UserError, require
 # explanation prompts, short prompts and a few hundred output tokens (physics.md §1).
 DEFAULT_INPUT_LEN = "256"
 DEFAULT_OUTPUT_LEN = "300"
+# an open loop's arrival gaps are drawn this many at a time (the same numbers as one
+# draw of all of them: numpy's Generator draws them one after another)
+ARRIVAL_CHUNK = 4096
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,49 @@ class Workload:
         else:
             d.update(trace=self.trace_path, num_requests=len(self.trace))
         return d
+
+
+class ArrivalPlan:
+    """An open loop's arrivals: the gaps between them in the order the run takes them,
+    and its first and last arrival time before the run starts (the saturation rule
+    needs them: saturation.py).
+
+    Poisson gaps are drawn from the run's generator first, before any request length,
+    as they always have been, so that the lengths drawn after them are the same
+    numbers; the run then takes them from a copy of the generator as it was, a chunk
+    at a time, so that no array of every gap is held. A trace's times are its own.
+    Times are added up as the simulation adds them (now + gap), so the first and last
+    are exactly the run's."""
+
+    def __init__(self, workload: Workload, rng: np.random.Generator) -> None:
+        self.workload = workload
+        self.span_s: tuple[float, float] | None = None
+        if workload.kind == "poisson":
+            self._rng = copy.deepcopy(rng)
+            first, t, left = None, 0.0, workload.num_requests
+            while left > 0:
+                k = min(ARRIVAL_CHUNK, left)
+                times = np.add.accumulate(
+                    np.concatenate(([t], rng.exponential(1.0 / workload.rate_rps, size=k)))
+                )
+                first = float(times[1]) if first is None else first
+                t, left = float(times[-1]), left - k
+            self.span_s = (first, t) if first is not None else None
+        elif workload.kind == "trace":
+            now, first = 0.0, None
+            for arrival_s, _, _ in workload.trace:  # simulation._arrivals' arithmetic
+                if arrival_s > now:
+                    now = now + (arrival_s - now)
+                first = now if first is None else first
+            self.span_s = (first, now) if first is not None else None
+
+    def gaps(self) -> Iterator[float]:
+        """A Poisson loop's gaps between arrivals (the first: from time 0)."""
+        left, scale = self.workload.num_requests, 1.0 / self.workload.rate_rps
+        while left > 0:
+            k = min(ARRIVAL_CHUNK, left)
+            yield from (float(g) for g in self._rng.exponential(scale, size=k))
+            left -= k
 
 
 def closed_loop(

@@ -178,7 +178,7 @@ def test_dense_replicas_double_throughput_under_ample_load():
     def tok_s(dp, conc):
         sc = _scenario("vllm", LLAMA, concurrency=conc, input_len=128, output_len=64)
         sim = _run(sc, dp=dp, lockstep=False, warm=conc, measure=6 * conc)
-        return collect(sim.record(), sim.finished, {}, 0.0).output_throughput_tok_s
+        return collect(sim.record(), {}, 0.0).output_throughput_tok_s
 
     one, two = tok_s(0, 32), tok_s(2, 64)
     assert two / one == pytest.approx(2.0, rel=0.05)
@@ -254,7 +254,7 @@ def test_trace_names_dp_ranks():
         input_len=32,
         output_len=8,
     )
-    rec, res = simulate(sc, ci_target=None)
+    rec, res = simulate(sc, ci_target=None, record="full")
     names = [
         e["args"]["name"] for e in build_trace(rec, res)["traceEvents"] if e.get("name") == "thread_name"
     ]

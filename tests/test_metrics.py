@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipesim.metrics import percentile
+from pipesim.sketch import percentile
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 16, 17, 1001])

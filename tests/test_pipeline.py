@@ -57,8 +57,9 @@ def test_no_two_transfers_share_a_link_at_once(profile, tp, pp):
 def test_each_link_serves_transfers_in_the_order_they_became_ready(profile, tp, pp):
     # first come first served, also for transfers booked ahead of their time: on
     # every link, a transfer that became ready later never starts before one that
-    # became ready earlier (a collective is ready at its visit's compute end, a hop
-    # when pipeline.py booked it)
+    # became ready earlier (a collective is ready at its visit's compute end, a hop at
+    # the end of its visit to the stage it leaves: the collective's end, or with none
+    # the compute's; async depth 0, so the last stage's outputs are not held)
     sim, rec = _run(profile, tp, pp, conc=32, input_len="4000")
     users = sim.pipe._users
     ready_start = {}
@@ -66,7 +67,8 @@ def test_each_link_serves_transfers_in_the_order_they_became_ready(profile, tp, 
         ready_start[("ar", s)] = [(c[1], a[0]) for c, a in zip(rec.compute[s], rec.comm[s])]
         if pp > 1:
             hops = rec.hops[rec.hop_names[s]]
-            ready_start[("hop", s)] = [(r, h[0]) for r, h in zip(sim.pipe._hop_ready[s], hops)]
+            visit_end = [a[1] for a in rec.comm[s]] if tp > 1 else [c[1] for c in rec.compute[s]]
+            ready_start[("hop", s)] = [(r, h[0]) for r, h in zip(visit_end, hops)]
     for d in {d for ls in users.values() for d in ls}:
         on = sorted((start, ready) for u, ls in users.items() if d in ls for ready, start in ready_start[u])
         assert all(b[1] >= a[1] - 1e-12 for a, b in zip(on, on[1:])), d

@@ -74,7 +74,7 @@ def test_stub_engine_runs_to_completion(profile):
     assert len(rec.batches) == 4 * 5  # a prefill and 4 decode steps each
     assert all(b.requests == 1 for b in rec.batches)
     assert sum(t.tokens for t in rec.tokens) == 20
-    res = collect(rec, sim.finished, {"engine": st.describe()}, 0.0)
+    res = collect(rec, {"engine": st.describe()}, 0.0)
     assert res.completed_requests == 4 and res.mean_decode_batch == 1.0
     firsts = sorted(r.first_token_s for r in sim.finished)
     finishes = sorted(r.finish_s for r in sim.finished)

@@ -78,7 +78,7 @@ def _long_unqueued(scenario, warm: int, measure: int):
     costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
     sim = Simulation(costs, scenario.workload, scenario.settings.scheduler, scenario.settings, warm, measure)
     sim.run(1e6)
-    return collect(sim.record(), sim.finished, scenario.describe(), 0.0)
+    return collect(sim.record(), scenario.describe(), 0.0)
 
 
 def test_above_the_running_cap_agrees_with_a_long_run():

@@ -5,14 +5,19 @@ idle breakdown adding up to the Result's bubble fraction."""
 import dataclasses
 import json
 from collections import defaultdict
+from functools import partial
 
 import pytest
 from conftest import small_kv_scenario
 
 from pipesim.cli import main
-from pipesim.metrics import covered_s, gaps, idle_breakdown, merge
+from pipesim.metrics import idle_breakdown
+from pipesim.runner import simulate as run_scenario
 from pipesim.scenario import build_scenario
-from pipesim.trace import build_trace, simulate
+from pipesim.tally import covered_s, gaps, merge
+from pipesim.trace import build_trace
+
+simulate = partial(run_scenario, record="full")  # a trace draws every row
 
 SMALL = dict(model="kimi-k2.6", input_len="64", output_len="24")
 META_NAMES = {"process_name", "thread_name", "process_sort_index", "thread_sort_index"}
@@ -159,7 +164,7 @@ def test_bubbles_in_metadata_are_the_gaps_on_gpu_tracks(tp2pp4):
 
 def test_idle_breakdown_adds_up(tp2pp4):
     sim, result, _ = tp2pp4
-    parts = idle_breakdown(sim, *result.window_s)
+    parts = idle_breakdown(sim)
     for st, busy in zip(parts, result.stage_busy_fraction):
         assert st.compute + st.allreduce == pytest.approx(busy, abs=1e-9)
         assert st.idle_p2p + st.idle_cpu + st.idle_bubble == pytest.approx(1 - busy, abs=1e-9)
@@ -173,7 +178,7 @@ def test_cpu_wait_appears_only_with_cpu_cost(profile):
     slow_cpu = dataclasses.replace(profile, params=dataclasses.replace(profile.params, cpu_iteration_ms=2.0))
     sc = build_scenario(tp=8, pp=1, concurrency=4, profile=slow_cpu, **SMALL)
     sim, r = simulate(sc, ci_target=None)
-    [st] = idle_breakdown(sim, *r.window_s)
+    [st] = idle_breakdown(sim)
     assert st.idle_cpu > 0.01 and st.idle_p2p == 0.0
     trace = build_trace(sim, r)
     assert any(ev["cat"] == "cpu" for ev in trace["traceEvents"] if ev["ph"] == "X")
@@ -239,8 +244,8 @@ def test_idle_breakdown_of_a_hand_built_record():
     Shares by hand: stage 0 busy 4 s, P2P-idle 0.5 s, CPU-idle 1 s, bubble 4.5 s
     (gaps [3, 5] and [6, 10]); stage 1 busy 4 s, P2P-idle 1 s, bubble 5 s (gaps
     [0, 4] and [8, 10])."""
-    from pipesim.metrics import busy_in
     from pipesim.record import Interval, Recorder
+    from pipesim.tally import busy_in
 
     r = Recorder(2)
     r.compute[0] += [Interval(0, 2), Interval(5, 6)]
@@ -254,11 +259,11 @@ def test_idle_breakdown_of_a_hand_built_record():
         layers_per_stage=(2, 2),
         slots=2,
         clients=None,
-        window_s=(0.0, 10.0),
+        window_start_s=0.0,
         end_s=10.0,
         events=0,
     )
-    s0, s1 = idle_breakdown(rec, 0.0, 10.0)
+    s0, s1 = idle_breakdown(rec)
     assert (s0.compute, s0.allreduce, s0.idle_cpu, s0.idle_p2p, s0.idle_bubble) == pytest.approx(
         (0.3, 0.1, 0.1, 0.05, 0.45)
     )
