@@ -76,7 +76,7 @@ class MicroBatch:
         # a graphed batch runs at its padded size: `pad` dummy decode rows, whose
         # (near-empty) contexts add no attention work, so the mean context is over all rows
         rows = len(decode) + pad
-        ctx = sum(r.context for r in decode) // rows if decode else 0
+        ctx = sum(r.input_len + r.generated for r in decode) // rows if decode else 0  # mean `context`
         self.shape = Shape(rows, ctx, tuple((c, p) for _, c, p in prefill), graphed)
         self.returned = env.event()
         self.it = 0  # the scheduler's slot iteration that launched it (SGLang PP)

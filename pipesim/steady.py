@@ -99,7 +99,7 @@ class TimeHistogram:
             return
         while t_s >= self._width * self.nbins:
             self._double()
-        self._bins[int(t_s / self._width)] += weight
+        self._bins[min(int(t_s / self._width), self.nbins - 1)] += weight
 
     def _to_bins(self) -> None:
         t, w = np.frombuffer(self._t), np.frombuffer(self._w)

@@ -30,6 +30,7 @@ computing when the run stops was busy up to the stop.
 from __future__ import annotations
 
 from collections import deque
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -52,7 +53,11 @@ FOLD_RETURNS = 4096
 
 
 def rows_array(intervals: ArrayLike) -> np.ndarray:
-    """[(start, end)] as an (n, 2) float array."""
+    """[(start, end)] as an (n, 2) float array (a list of pairs read flat: several
+    times faster than np.asarray on a list of tuples)."""
+    if isinstance(intervals, list):
+        flat = np.fromiter(chain.from_iterable(intervals), dtype=float, count=2 * len(intervals))
+        return flat.reshape(-1, 2)
     return np.asarray(intervals, dtype=float).reshape(-1, 2)
 
 

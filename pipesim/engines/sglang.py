@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import simpy
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 MiB = 2**20
 
 
+@lru_cache(maxsize=64)
 def capture_sizes(max_bs: int) -> tuple[int, ...]:
     """Decode batch sizes SGLang captures CUDA graphs for, up to `cuda_graph_max_bs`
     (server_args.py `_generate_cuda_graph_batch_sizes`, no speculative decoding;
@@ -269,8 +271,9 @@ class SGLangScheduler:
             self.ratio.step()
         if sim.kv_free < len(running):
             return False
-        for r in running:
-            take(sim, r, 1)
+        for r in running:  # kv.take of one token each, inlined: once per request per step
+            r.kv_reserved += 1
+        sim.kv_free -= len(running)
         return True
 
     def retract(self, running: list) -> None:
