@@ -119,6 +119,13 @@ def small_profile(tmp_path):
     return dst
 
 
+def import_sglang_bench(profile_dir, capsys):
+    """`calibrate import bench` of the two sample sglang bench_serving points, as TP8 x PP1."""
+    sample = str(DATA / "sglang_bench_serving.jsonl")
+    args = ["--profile", str(profile_dir), "--format", "sglang", "--tp", "8", "--pp", "1"]
+    return cli_ok(["calibrate", "import", "bench", sample, *args], capsys)
+
+
 def test_import_nccl_tests_replaces_that_group_only(small_profile, capsys):
     before = load_profile(small_profile).tables["collectives"]
     cli_ok(
@@ -140,23 +147,7 @@ def test_import_nccl_tests_replaces_that_group_only(small_profile, capsys):
 
 
 def test_import_bench_then_validate_exit_codes(small_profile, capsys):
-    cli_ok(
-        [
-            "calibrate",
-            "import",
-            "bench",
-            str(DATA / "sglang_bench_serving.jsonl"),
-            "--profile",
-            str(small_profile),
-            "--format",
-            "sglang",
-            "--tp",
-            "8",
-            "--pp",
-            "1",
-        ],
-        capsys,
-    )
+    import_sglang_bench(small_profile, capsys)
     assert len(load_profile(small_profile).measured) == 2
     # these invented numbers are far from the tables' prediction: validate must fail them
     with pytest.raises(SystemExit) as exc:
@@ -189,23 +180,7 @@ def test_rewriting_a_profile_keeps_its_other_files_and_measured_latencies(small_
     (small_profile / "box.toml").write_text("# a box beside the profile\n")
     (small_profile / "run.log").write_text("measured\n")
     for _ in range(2):  # the second import rewrites the points the first one wrote
-        cli_ok(
-            [
-                "calibrate",
-                "import",
-                "bench",
-                str(DATA / "sglang_bench_serving.jsonl"),
-                "--profile",
-                str(small_profile),
-                "--format",
-                "sglang",
-                "--tp",
-                "8",
-                "--pp",
-                "1",
-            ],
-            capsys,
-        )
+        import_sglang_bench(small_profile, capsys)
     assert (small_profile / "box.toml").read_text() == "# a box beside the profile\n"
     assert (small_profile / "run.log").is_file()
     points = load_profile(small_profile).measured
