@@ -116,6 +116,11 @@ def files(tmp_path):
     return t
 
 
+def predict_case(*flags, says):
+    """A case of predict with one client of the short Llama-8B requests and `flags`."""
+    return ["predict", "--conc", "1", *flags, *FAST], says, None
+
+
 # (args, what the one line must mention, a file that must not be left behind)
 CASES = [
     (["predict", "--tp", "3", "--pp", "4", "--conc", "1"], "tp x pp = 3 x 4 = 12 GPUs", None),
@@ -168,37 +173,23 @@ CASES = [
         "must be comma-separated whole numbers",
         None,
     ),
-    (["predict", "--conc", "1", "--engine", "tensorrt", *FAST], "'tensorrt' is not one of", None),
-    (["predict", "--conc", "1", "--max-num-seqs", "8", *FAST], "max_num_seqs is not a sglang knob", None),
-    (
-        ["predict", "--conc", "1", "--pp-async-batch-depth", "-1", *FAST],
-        "--pp-async-batch-depth must be a whole number >= 0",
-        None,
+    predict_case("--engine", "tensorrt", says="'tensorrt' is not one of"),
+    predict_case("--max-num-seqs", "8", says="max_num_seqs is not a sglang knob"),
+    predict_case("--pp-async-batch-depth", "-1", says="--pp-async-batch-depth must be a whole number >= 0"),
+    predict_case("--max-running-requests", "0", says="--max-running-requests must be a whole number >= 1"),
+    predict_case(
+        "--mem-fraction-static", "1.2", says="--mem-fraction-static must be a number in (0, 1), got 1.2"
     ),
-    (
-        ["predict", "--conc", "1", "--max-running-requests", "0", *FAST],
-        "--max-running-requests must be a whole number >= 1",
-        None,
+    predict_case(
+        "--engine",
+        "vllm",
+        "--gpu-memory-utilization",
+        "0",
+        says="--gpu-memory-utilization must be a number in (0, 1), got 0.0",
     ),
-    (
-        ["predict", "--conc", "1", "--mem-fraction-static", "1.2", *FAST],
-        "--mem-fraction-static must be a number in (0, 1), got 1.2",
-        None,
-    ),
-    (
-        ["predict", "--conc", "1", "--engine", "vllm", "--gpu-memory-utilization", "0", *FAST],
-        "--gpu-memory-utilization must be a number in (0, 1), got 0.0",
-        None,
-    ),
-    (
-        ["predict", "--conc", "1", "--gpu-memory-utilization", "0.8", *FAST],
-        "gpu_memory_utilization is not a sglang knob",
-        None,
-    ),
-    (
-        ["predict", "--conc", "1", "--engine", "vllm", "--mem-fraction-static", "0.8", *FAST],
-        "mem_fraction_static is not a vllm knob",
-        None,
+    predict_case("--gpu-memory-utilization", "0.8", says="gpu_memory_utilization is not a sglang knob"),
+    predict_case(
+        "--engine", "vllm", "--mem-fraction-static", "0.8", says="mem_fraction_static is not a vllm knob"
     ),
     (
         ["predict", "--tp", "1", "--pp", "8", "--conc", "1", "--mem-fraction-static", "0.7"],
@@ -206,13 +197,13 @@ CASES = [
         "66.9 GiB",
         None,
     ),
-    (["predict", "--conc", "1", "--profile", "{t}/trunc", *FAST], "collectives.csv.gz", None),
-    (["predict", "--conc", "1", "--profile", "{t}/nocol", *FAST], "missing column(s) nbytes", None),
-    (["predict", "--conc", "1", "--profile", "{t}/nan", *FAST], "line 2, column latency_ms", None),
-    (["predict", "--conc", "1", "--profile", "{t}/neg", *FAST], "line 2, column latency_ms", None),
-    (["predict", "--conc", "1", "--profile", "{t}/dup", *FAST], "line 3: sizes must not repeat", None),
-    (["predict", "--conc", "1", "--profile", "{t}/seconds", *FAST], "not seconds", None),
-    (["predict", "--conc", "1", "--profile", "{t}/badparam", *FAST], "cpu_iteration_ms", None),
+    predict_case("--profile", "{t}/trunc", says="collectives.csv.gz"),
+    predict_case("--profile", "{t}/nocol", says="missing column(s) nbytes"),
+    predict_case("--profile", "{t}/nan", says="line 2, column latency_ms"),
+    predict_case("--profile", "{t}/neg", says="line 2, column latency_ms"),
+    predict_case("--profile", "{t}/dup", says="line 3: sizes must not repeat"),
+    predict_case("--profile", "{t}/seconds", says="not seconds"),
+    predict_case("--profile", "{t}/badparam", says="cpu_iteration_ms"),
     (["profiles", "show", "nope"], "unknown profile 'nope'", None),
     (["validate", "--profile", "{t}/nopoints"], "has no measured points", None),
     (
@@ -319,15 +310,9 @@ CASES = [
     (["boxes", "show", "{t}/infbw.toml"], "gpu.mem_bw_bytes_s = inf must be a finite number > 0", None),
     (["boxes", "show", "{t}/gpu9.toml"], "link names gpu9, but gpu.count = 2", None),
     (["boxes", "show", "{t}/badnet.toml"], "network.nic_gb_s = 0 must be a finite number > 0", None),
-    (
-        ["predict", "--conc", "1", "--kernel-scale", "0", *FAST],
-        "--kernel-scale must be a finite number > 0, got 0.0",
-        None,
-    ),
-    (
-        ["predict", "--conc", "1", "--cpu-iteration-ms", "-1", *FAST],
-        "--cpu-iteration-ms must be a finite number >= 0, got -1.0",
-        None,
+    predict_case("--kernel-scale", "0", says="--kernel-scale must be a finite number > 0, got 0.0"),
+    predict_case(
+        "--cpu-iteration-ms", "-1", says="--cpu-iteration-ms must be a finite number >= 0, got -1.0"
     ),
     (["search", "--splits", "2by4"], "--splits '2by4': '2by4' is not TPxPP", None),
     (["search", "--rate", "0,1"], "--rate: 0 is not a number > 0", None),
@@ -340,43 +325,33 @@ CASES = [
         None,
     ),
     (["validate", "--corpus", "{t}/no-corpus"], "corpus folder not found: {t}/no-corpus", None),
-    (
-        ["predict", "--conc", "1", "--plot", "{t}/t.png", *FAST],
-        "--plot draws the sensitivity tornado: give --sensitivity with it",
-        None,
+    predict_case(
+        "--plot", "{t}/t.png", says="--plot draws the sensitivity tornado: give --sensitivity with it"
     ),
-    (
-        ["predict", "--conc", "1", "--sensitivity", "--step", "1.5", *FAST],
-        "sensitivity step must be between 0 and 1",
-        None,
+    predict_case("--sensitivity", "--step", "1.5", says="sensitivity step must be between 0 and 1"),
+    predict_case(
+        "--ensemble",
+        "--no-intervals",
+        says="--ensemble estimates the intervals: drop --no-intervals or --ensemble",
     ),
-    (
-        ["predict", "--conc", "1", "--ensemble", "--no-intervals", *FAST],
-        "--ensemble estimates the intervals: drop --no-intervals or --ensemble",
-        None,
-    ),
-    (["predict", "--conc", "1", "--nodes", "0", *FAST], "--nodes must be a whole number >= 1, got 0", None),
-    (
-        ["predict", "--conc", "1", "--nodes", "2", "--network", "carrier-pigeon", *FAST],
-        "unknown network 'carrier-pigeon'",
-        None,
-    ),
-    (
-        ["predict", "--conc", "1", "--nodes", "2", "--box", "h200-1x", *FAST],
-        "box h200-1x has no [network] section",
-        None,
-    ),
-    (
-        ["predict", "--conc", "1", "--profile", "rtx-pro-6000-sglang-healthy", "--box", "h100-sxm-8x", *FAST],
-        "profile rtx-pro-6000-sglang-healthy was measured on rtx-pro-6000-server-8x with sglang, not this run's "
+    predict_case("--nodes", "0", says="--nodes must be a whole number >= 1, got 0"),
+    predict_case("--nodes", "2", "--network", "carrier-pigeon", says="unknown network 'carrier-pigeon'"),
+    predict_case("--nodes", "2", "--box", "h200-1x", says="box h200-1x has no [network] section"),
+    predict_case(
+        "--profile",
+        "rtx-pro-6000-sglang-healthy",
+        "--box",
+        "h100-sxm-8x",
+        says="profile rtx-pro-6000-sglang-healthy was measured on rtx-pro-6000-server-8x with sglang, not this run's "
         "h100-sxm-8x with sglang (GPU NVIDIA RTX PRO 6000 Blackwell Server Edition vs NVIDIA H100 80GB HBM3; "
         "box rtx-pro-6000-server-8x vs h100-sxm-8x)",
-        None,
     ),
-    (
-        ["predict", "--conc", "1", "--profile", "rtx-pro-6000-sglang-healthy", "--engine", "vllm", *FAST],
-        "(engine sglang vs vllm); leave out --profile to use this box's own tables, or pass --allow-foreign-profile",
-        None,
+    predict_case(
+        "--profile",
+        "rtx-pro-6000-sglang-healthy",
+        "--engine",
+        "vllm",
+        says="(engine sglang vs vllm); leave out --profile to use this box's own tables, or pass --allow-foreign-profile",
     ),
 ]
 
