@@ -36,6 +36,23 @@ def vllm_profile():
     return load_profile(VLLM_PROFILE_NAME)
 
 
+def without_tables(profile, *names):
+    """`profile` without the tables `names` (a new object: lookups are cached per object)."""
+    from pipesim.profile import Profile
+    from pipesim.tables import Tables
+
+    tables = Tables({k: v for k, v in profile.tables.items() if k not in names})
+    return Profile(
+        profile.name,
+        profile.box,
+        profile.engine,
+        profile.engine_version,
+        profile.params,
+        profile.meta,
+        tables,
+    )
+
+
 def profile_for(engine: str) -> str:
     """The shipped profile measured with `engine` on the reference box."""
     return VLLM_PROFILE_NAME if engine == "vllm" else PROFILE_NAME

@@ -5,11 +5,11 @@ import dataclasses
 
 import pandas as pd
 import pytest
+from conftest import without_tables
 
 from pipesim.costs import CostModel, Shape, distinct_experts
 from pipesim.hardware import load_box
 from pipesim.plan import make_plan
-from pipesim.profile import Profile
 from pipesim.tables import Tables
 
 BOX = "rtx-pro-6000-server-8x"
@@ -143,16 +143,7 @@ def test_distinct_experts_bounded():
 @pytest.fixture(scope="module")
 def no_moe_profile(profile):
     """The shipped profile without its MoE table (a new object: lookups are cached)."""
-    tables = Tables({k: v for k, v in profile.tables.items() if k != "moe"})
-    return Profile(
-        profile.name,
-        profile.box,
-        profile.engine,
-        profile.engine_version,
-        profile.params,
-        profile.meta,
-        tables,
-    )
+    return without_tables(profile, "moe")
 
 
 def test_roofline_moe_by_hand(no_moe_profile, kimi, box):
@@ -267,16 +258,7 @@ def test_replaced_tables_are_indexed_afresh(profile):
 @pytest.fixture(scope="module")
 def no_collective_profile(profile):
     """The shipped profile without its collective table: TP collectives by the ring model."""
-    tables = Tables({k: v for k, v in profile.tables.items() if k != "collectives"})
-    return Profile(
-        profile.name,
-        profile.box,
-        profile.engine,
-        profile.engine_version,
-        profile.params,
-        profile.meta,
-        tables,
-    )
+    return without_tables(profile, "collectives")
 
 
 @pytest.mark.parametrize("slow_bw", [20e9, None])

@@ -3,32 +3,18 @@
 import dataclasses
 
 import pytest
+from conftest import without_tables
 
 from pipesim.costs import CostModel, Shape, distinct_experts
 from pipesim.hardware import load_box
 from pipesim.moe import alltoall_offrank_bytes, busiest_rank, popularity
 from pipesim.plan import make_plan
-from pipesim.profile import Profile, Tables
 
 BOX = "rtx-pro-6000-server-8x"
 
 
 def kimi_plan(kimi, tp=8, ep=1, moe_a2a="none"):
     return make_plan(tp, 1, kimi.num_layers, 8, "sglang", ep=ep, num_experts=384, moe_a2a=moe_a2a)
-
-
-def bare(profile, drop):
-    """The profile without some tables (a new object: lookups are cached per object)."""
-    tables = Tables({k: v for k, v in profile.tables.items() if k not in drop})
-    return Profile(
-        profile.name,
-        profile.box,
-        profile.engine,
-        profile.engine_version,
-        profile.params,
-        profile.meta,
-        tables,
-    )
 
 
 def test_alltoall_bytes_per_rank():
@@ -92,7 +78,7 @@ def test_ep_moe_matches_raw_table(profile, kimi, raw_dir):
 
 def test_ep_roofline_without_tables(profile, kimi):
     # no moe_ep table: the busiest rank's weights read and FLOPs at the GPU's rates
-    p = bare(profile, {"moe_ep"})
+    p = without_tables(profile, "moe_ep")
     p = dataclasses.replace(p, params=dataclasses.replace(p.params, moe_distribution="balanced"))
     cm = CostModel(load_box(BOX), kimi, kimi_plan(kimi, ep=8), p)
     from pipesim.moe import ep_moe_time
