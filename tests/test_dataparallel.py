@@ -187,6 +187,20 @@ def test_dense_replicas_double_throughput_under_ample_load():
 # ---- through the API ----------------------------------------------------------------------
 
 
+def _sglang_dp_attention(concurrency):
+    """Qwen3-30B-A3B on SGLang, TP2 x DP2 with DP attention, --max-running-requests 64."""
+    return pipesim.build_scenario(
+        model=QWEN_MOE,
+        engine="sglang",
+        tp=2,
+        dp=2,
+        dp_attention=True,
+        concurrency=concurrency,
+        max_running_requests=64,
+        profile=profile_for("sglang"),
+    )
+
+
 def test_sglang_dp_attention_splits_the_running_cap_and_the_chunk():
     """server_args.py _handle_data_parallelism: chunked_prefill_size // dp_size with DP
     attention; --max-running-requests is split over the DP workers
@@ -194,16 +208,7 @@ def test_sglang_dp_attention_splits_the_running_cap_and_the_chunk():
     base = pipesim.build_scenario(
         model=QWEN_MOE, engine="sglang", tp=2, concurrency=8, profile=profile_for("sglang")
     )
-    sc = pipesim.build_scenario(
-        model=QWEN_MOE,
-        engine="sglang",
-        tp=2,
-        dp=2,
-        dp_attention=True,
-        concurrency=8,
-        max_running_requests=64,
-        profile=profile_for("sglang"),
-    )
+    sc = _sglang_dp_attention(concurrency=8)
     assert sc.settings.max_running_requests == 32
     assert sc.settings.chunked_prefill_size == base.settings.chunked_prefill_size // 2
 
@@ -332,16 +337,7 @@ def test_a_dp_engine_admits_every_ranks_running_cap():
     2 x 32 clients is not queued behind one rank's 32."""
     from pipesim.runner import admitted_concurrency
 
-    sc = pipesim.build_scenario(
-        model=QWEN_MOE,
-        engine="sglang",
-        tp=2,
-        dp=2,
-        dp_attention=True,
-        concurrency=64,
-        max_running_requests=64,
-        profile=profile_for("sglang"),
-    )
+    sc = _sglang_dp_attention(concurrency=64)
     assert sc.settings.max_running_requests == 32
     per_request = sc.workload.input_len.mean + sc.workload.output_len.mean
     assert sc.settings.kv_tokens // per_request >= 32  # the KV pool is not the bound here
