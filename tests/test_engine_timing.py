@@ -102,21 +102,19 @@ def test_front_end_serves_one_request_at_a_time(profile):
 # ---- §2 every PP rank runs the loop -------------------------------------------------
 
 
+def _llama_tp2_pp4(profile, input_len="64", **kw):
+    """Llama-3.1-8B on TP2 x PP4 under `profile` (64-token prompts unless told)."""
+    return pipesim.build_scenario(
+        tp=2, pp=4, model="llama-3.1-8b", input_len=input_len, profile=profile, **kw
+    )
+
+
 def test_every_rank_spends_cpu_per_slot_iteration(profile):
     # event_loop_pp runs on every rank: a rank cannot launch two batches less than one
     # iteration's CPU apart, nor more batches than its slot iterations allow
     cpu_ms = 30.0  # far above a stage's compute: the ranks are CPU-bound
     prof = profile.with_params(cpu_iteration_ms=cpu_ms)
-    sc = pipesim.build_scenario(
-        tp=2,
-        pp=4,
-        concurrency=8,
-        model="llama-3.1-8b",
-        input_len="64",
-        output_len="20",
-        pp_max_micro_batch_size=2,
-        profile=prof,
-    )
+    sc = _llama_tp2_pp4(prof, concurrency=8, output_len="20", pp_max_micro_batch_size=2)
     sim = simulate(sc, 8, 8)
     rec = sim.record()
     for s in range(1, 4):
@@ -129,16 +127,7 @@ def test_rank_cpu_waits_for_the_previous_rank(profile):
     # the metadata of a slot's batch leaves rank r-1 when its CPU launched it; rank r
     # launches after that plus the pickled relay (cpu_hop_ms) and its own iteration
     prof = profile.with_params(cpu_iteration_ms=5.0, cpu_hop_ms=2.0)
-    sc = pipesim.build_scenario(
-        tp=2,
-        pp=4,
-        concurrency=4,
-        model="llama-3.1-8b",
-        input_len="64",
-        output_len="6",
-        pp_max_micro_batch_size=1,
-        profile=prof,
-    )
+    sc = _llama_tp2_pp4(prof, concurrency=4, output_len="6", pp_max_micro_batch_size=1)
     rec = simulate(sc, 4, 4).record()
     first = [rec.compute[s][0][0] for s in range(4)]
     for s in range(1, 4):
@@ -159,16 +148,13 @@ def _pp_run(profile, depth, cpu_ms, conc):
         detokenize_step_us=0.0,
         detokenize_token_us=0.0,
     )
-    sc = pipesim.build_scenario(
-        tp=2,
-        pp=4,
+    sc = _llama_tp2_pp4(
+        prof,
         concurrency=conc,
-        model="llama-3.1-8b",
         input_len="128",
         output_len="60",
         pp_max_micro_batch_size=4,
         pp_async_batch_depth=depth,
-        profile=prof,
     )
     return fast_run(sc, warmup_requests=conc, measure_requests=3 * conc)
 
