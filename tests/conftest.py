@@ -86,18 +86,31 @@ def fast_run(scenario, **kwargs):
     return pipesim.run(scenario, **kwargs, ci_target=None)
 
 
-def simulate(scenario, warmup_requests: int, measure_requests: int, setup=None, max_sim_s: float = 1e6):
+def simulate(
+    scenario,
+    warmup_requests: int,
+    measure_requests: int,
+    setup=None,
+    max_sim_s: float = 1e6,
+    settings=None,
+    cls=Simulation,
+    **options,
+):
     """Build and run a Simulation the way pipesim.run does, but hand back the
     Simulation itself so a test can read the recorder and the requests. `setup(sim)`
-    runs after construction and before the first event (to wrap methods)."""
+    runs after construction and before the first event (to wrap methods). `settings`
+    (with its scheduler) replaces the scenario's engine settings; `cls` builds the
+    simulation (a DPSimulation partial, say); `options` go to it (record=...)."""
+    settings = scenario.settings if settings is None else settings
     costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
-    sim = Simulation(
+    sim = cls(
         costs,
         scenario.workload,
-        scenario.settings.scheduler,
-        scenario.settings,
+        settings.scheduler,
+        settings,
         warmup_requests,
         measure_requests,
+        **options,
     )
     if setup is not None:
         setup(sim)

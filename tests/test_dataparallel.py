@@ -8,6 +8,7 @@ from functools import partial
 
 import pytest
 from conftest import profile_for
+from conftest import simulate as simulate_by_hand
 
 import pipesim
 from pipesim.costs import CostModel
@@ -32,14 +33,8 @@ def _scenario(engine: str, model: str, rows=None, **kw):
 
 def _run(sc, dp: int, lockstep: bool, warm: int = 0, measure: int | None = None, cls=DPSimulation):
     """Build and run the simulation as api.simulate does (dp = 0: the plain one)."""
-    w = sc.workload
-    costs = CostModel(sc.box, sc.model, sc.plan, sc.profile)
     make = Simulation if dp == 0 else partial(cls, dp=dp, lockstep=lockstep, engine=sc.engine.name)
-    sim = make(
-        costs, w, sc.settings.scheduler, sc.settings, warm, w.num_requests if measure is None else measure
-    )
-    sim.run(1e6)
-    return sim
+    return simulate_by_hand(sc, warm, sc.workload.num_requests if measure is None else measure, cls=make)
 
 
 # ---- routing ----------------------------------------------------------------------------

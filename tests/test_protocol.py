@@ -4,11 +4,11 @@ are enough for the simulation and the metrics."""
 
 from dataclasses import dataclass
 
+from conftest import simulate
+
 import pipesim
-from pipesim.costs import CostModel
 from pipesim.engines.protocol import EngineScheduler, EngineSimulation
 from pipesim.metrics import collect
-from pipesim.simulation import Simulation
 
 
 class OneAtATime:
@@ -66,8 +66,7 @@ def test_stub_engine_runs_to_completion(profile):
         profile=profile,
     )
     st = StubSettings()
-    sim = Simulation(CostModel(sc.box, sc.model, sc.plan, sc.profile), sc.workload, st.scheduler, st, 0, 4)
-    sim.run(1e6)
+    sim = simulate(sc, 0, 4, settings=st)
     assert len(sim.finished) == 4 and all(r.generated == 5 for r in sim.finished)
     spans = sorted((r.arrival_s, r.finish_s) for r in sim.finished)
     rec = sim.record()

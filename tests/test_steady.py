@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import simulate
 
 import pipesim
 from pipesim.steady import BATCHES, closed_loop_ci, queue_wait_s, window_ci
@@ -71,13 +72,9 @@ def test_queue_wait_by_littles_law():
 def _long_unqueued(scenario, warm: int, measure: int):
     """A run measured the plain way (latency from arrival, C in the estimator), long
     enough for the queue to reach its steady wait."""
-    from pipesim.costs import CostModel
     from pipesim.metrics import collect
-    from pipesim.simulation import Simulation
 
-    costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
-    sim = Simulation(costs, scenario.workload, scenario.settings.scheduler, scenario.settings, warm, measure)
-    sim.run(1e6)
+    sim = simulate(scenario, warm, measure)
     return collect(sim.record(), scenario.describe(), 0.0)
 
 

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 from conftest import profile_for, small_kv_scenario
+from conftest import simulate as simulate_by_hand
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -122,20 +123,19 @@ def test_a_summary_run_holds_a_bounded_number_of_rows(monkeypatch):
     has finished (only the ones in the engine: their number, not the run's, bounds it)."""
     monkeypatch.setattr(simulation, "FOLD_RETURNS", 16)
     sc = pipesim.build_scenario(model="llama-3.1-8b", tp=2, rate_rps=20.0, num_requests=400, output_len="20")
-    costs = pipesim.costs.CostModel(sc.box, sc.model, sc.plan, sc.profile)
-    sim = simulation.Simulation(
-        costs, sc.workload, sc.settings.scheduler, sc.settings, 0, 400, record="summary"
-    )
     peak = {"tokens": 0, "compute": 0}
-    complete = sim._complete
 
-    def watch(mb):
-        peak["tokens"] = max(peak["tokens"], len(sim.rec.tokens))
-        peak["compute"] = max(peak["compute"], len(sim.rec.compute[0]))
-        return complete(mb)
+    def watch_rows(sim):
+        complete = sim._complete
 
-    sim._complete = watch
-    sim.run(1e6)
+        def watch(mb):
+            peak["tokens"] = max(peak["tokens"], len(sim.rec.tokens))
+            peak["compute"] = max(peak["compute"], len(sim.rec.compute[0]))
+            return complete(mb)
+
+        sim._complete = watch
+
+    sim = simulate_by_hand(sc, 0, 400, setup=watch_rows, record="summary")
     assert sim.completed == 400 and sim.requests is None and sim.finished is None
     assert sim.done.rows() is None
     assert peak["tokens"] <= 16 and peak["compute"] <= 16 + 2
@@ -165,9 +165,7 @@ def test_a_run_that_never_ends_its_warm_up_has_no_window(profile):
     """The horizon reached before the warm-up is over: the window is empty (not the
     warm-up's requests measured as if they were the steady state)."""
     sc = pipesim.build_scenario(tp=8, concurrency=4, output_len="50", profile=profile)
-    costs = pipesim.costs.CostModel(sc.box, sc.model, sc.plan, sc.profile)
-    sim = simulation.Simulation(costs, sc.workload, sc.settings.scheduler, sc.settings, 10_000, 16)
-    sim.run(5.0)
+    sim = simulate_by_hand(sc, 10_000, 16, max_sim_s=5.0)
     assert sim.completed > 0
     rec = sim.record()
     assert rec.window_s == (rec.end_s, rec.end_s) and rec.requests.measured == 0
@@ -402,9 +400,7 @@ def test_poisson_arrivals_drawn_in_chunks_are_the_one_draw(monkeypatch):
     sc = pipesim.build_scenario(
         tp=8, model="llama-3.1-8b", rate_rps=50.0, num_requests=40, output_len="4", seed=5
     )
-    costs = pipesim.costs.CostModel(sc.box, sc.model, sc.plan, sc.profile)
-    sim = simulation.Simulation(costs, sc.workload, sc.settings.scheduler, sc.settings, 0, 40)
-    sim.run(1e6)
+    sim = simulate_by_hand(sc, 0, 40)
     want = np.cumsum(np.random.default_rng(5).exponential(1 / 50.0, size=40))
     got = np.array([r.arrival_s for r in sorted(sim.requests, key=lambda r: r.rid)])
     assert got == pytest.approx(want, rel=1e-12)
