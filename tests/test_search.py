@@ -9,24 +9,36 @@ import pipesim
 from pipesim.search import search
 
 
+def sweep_row(tp, pp, conc, tok, **cols) -> dict:
+    """A sweep table's row for split TP x PP at `conc` clients on a placeholder box, GPU,
+    model and profile (SGLang): `tok` output tok/s with no interval, then `cols`."""
+    return dict(
+        box="b",
+        gpu="g",
+        model="m",
+        profile="p",
+        engine="sglang",
+        gpus=tp * pp,
+        tp=tp,
+        pp=pp,
+        conc=conc,
+        split=f"TP{tp} x PP{pp}",
+        output_throughput_tok_s=tok,
+        output_throughput_ci_tok_s=0.0,
+        output_tok_s_per_gpu=tok / (tp * pp),
+        **cols,
+    )
+
+
 def synthetic(rows) -> pd.DataFrame:
     """A sweep table from (tp, pp, conc, output tok/s, ttft ms, compute, all-reduce, bubble)."""
     return pd.DataFrame(
         [
-            dict(
-                box="b",
-                gpu="g",
-                model="m",
-                profile="p",
-                engine="sglang",
-                gpus=tp * pp,
-                tp=tp,
-                pp=pp,
-                conc=c,
-                split=f"TP{tp} x PP{pp}",
-                output_throughput_tok_s=tok,
-                output_throughput_ci_tok_s=0.0,
-                output_tok_s_per_gpu=tok / (tp * pp),
+            sweep_row(
+                tp,
+                pp,
+                c,
+                tok,
                 per_request_tok_s=1000 / c,
                 ttft_ms_p99=ttft,
                 compute_share=cs,
@@ -134,21 +146,12 @@ def slo_table(rows, rate=False) -> pd.DataFrame:
     for r in rows:
         tp, pp, load, tok, ttft, tpot = r[:6]
         out.append(
-            dict(
-                box="b",
-                gpu="g",
-                model="m",
-                profile="p",
-                engine="sglang",
-                gpus=tp * pp,
-                tp=tp,
-                pp=pp,
-                conc=0 if rate else load,
+            sweep_row(
+                tp,
+                pp,
+                0 if rate else load,
+                tok,
                 rate_rps=float(load) if rate else 0.0,
-                split=f"TP{tp} x PP{pp}",
-                output_throughput_tok_s=tok,
-                output_throughput_ci_tok_s=0.0,
-                output_tok_s_per_gpu=tok / (tp * pp),
                 per_request_tok_s=1000 / tpot,
                 ttft_ms_p50=ttft / 2,
                 ttft_ms_p99=ttft,
