@@ -184,6 +184,9 @@ def tiny_config(tmp_path):
     return make
 
 
+# short Llama-3.1-8B requests: a quick run, as keywords and as command-line flags
+SHORT_LLAMA = {"model": "llama-3.1-8b", "input_len": "16", "output_len": "8"}
+SHORT_LLAMA_ARGS = ["--model", "llama-3.1-8b", "--input-len", "16", "--output-len", "8"]
 SMALL_SWEEP = dict(input_len="64", output_len="40")  # short requests: a quick sweep
 SMALL_SWEEP_CONC = [1, 8]
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from conftest import SHORT_LLAMA as FAST
+from conftest import SHORT_LLAMA_ARGS
 
 from pipesim.calibrate.fit import FITTABLE
 from pipesim.cli import main
 from pipesim.scenario import build_scenario
 from pipesim.sensitivity import sensitivity
-
-FAST = {"model": "llama-3.1-8b", "input_len": "16", "output_len": "8"}
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +60,7 @@ def test_cli_table_and_plot(tmp_path, capsys):
             "2",
             "--conc",
             "4",
-            "--model",
-            "llama-3.1-8b",
-            "--input-len",
-            "16",
-            "--output-len",
-            "8",
+            *SHORT_LLAMA_ARGS,
             "--sensitivity",
             "--plot",
             str(out),

@@ -9,6 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import SHORT_LLAMA as FAST
+from conftest import SHORT_LLAMA_ARGS
 
 from pipesim import uncertainty as U
 from pipesim.calibrate.fit import FitResult
@@ -16,8 +18,6 @@ from pipesim.calibrate.measured import Point
 from pipesim.cli import main
 from pipesim.profile import load_profile
 from pipesim.scenario import build_scenario
-
-FAST = {"model": "llama-3.1-8b", "input_len": "16", "output_len": "8"}
 
 
 def _point(tp, pp, conc, name):
@@ -113,7 +113,7 @@ def test_parts_combine_in_quadrature_and_the_band_holds_the_value():
 
 
 def test_cli_prints_and_serialises_intervals(capsys):
-    args = ["predict", "--conc", "4", "--model", "llama-3.1-8b", "--input-len", "16", "--output-len", "8"]
+    args = ["predict", "--conc", "4", *SHORT_LLAMA_ARGS]
     main(args)
     assert "(likely " in capsys.readouterr().out
     main(args + ["--json"])
@@ -206,12 +206,7 @@ def test_cli_ensemble_flag(capsys):
         "predict",
         "--conc",
         "4",
-        "--model",
-        "llama-3.1-8b",
-        "--input-len",
-        "16",
-        "--output-len",
-        "8",
+        *SHORT_LLAMA_ARGS,
         "--json",
     ]
     main(args + ["--ensemble"])

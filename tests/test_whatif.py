@@ -4,7 +4,7 @@ names by its factor, and nothing else."""
 import json
 
 import pytest
-from conftest import fast_predict
+from conftest import SHORT_LLAMA_ARGS, fast_predict
 
 import pipesim
 from pipesim.cli import main
@@ -79,12 +79,7 @@ def test_cli_flags_and_engine_aliases(capsys):
             "0.5",
             "--pcie-bandwidth-scale",
             "2",
-            "--model",
-            "llama-3.1-8b",
-            "--input-len",
-            "16",
-            "--output-len",
-            "8",
+            *SHORT_LLAMA_ARGS,
             "--json",
         ]
     )
@@ -102,12 +97,7 @@ def test_cli_flags_and_engine_aliases(capsys):
             "1",
             "--num-requests",
             "5",
-            "--model",
-            "llama-3.1-8b",
-            "--input-len",
-            "16",
-            "--output-len",
-            "8",
+            *SHORT_LLAMA_ARGS,
             "--json",
         ]
     )
