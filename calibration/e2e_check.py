@@ -40,6 +40,7 @@ from pathlib import Path
 import pandas as pd
 
 import pipesim
+from pipesim.calibrate.measured import COLUMNS
 from pipesim.costs import CostModel, Shape
 from pipesim.errors import UserError
 from pipesim.hardware import load_box
@@ -188,27 +189,6 @@ def report(rows: list[dict]) -> str:
 
 def points(rows: list[dict], model_arg: str, input_len: int, output_len: int, source: str) -> pd.DataFrame:
     """The runs as measured points (pipesim.calibrate.measured's columns) for `pipesim validate`/`fit`."""
-    cols = [
-        "name",
-        "model",
-        "engine",
-        "tp",
-        "pp",
-        "conc",
-        "input_len",
-        "output_len",
-        "metric",
-        "tok_s",
-        "tok_s_lo",
-        "tok_s_hi",
-        "ttft_ms",
-        "tpot_ms",
-        "max_running_requests",
-        "pp_max_micro_batch_size",
-        "pp_async_batch_depth",
-        "disable_cuda_graph",
-        "source",
-    ]
     out = [
         {
             "name": f"HF generate b{r['batch']}",
@@ -233,7 +213,7 @@ def points(rows: list[dict], model_arg: str, input_len: int, output_len: int, so
         }
         for r in rows
     ]
-    return pd.DataFrame(out, columns=cols)
+    return pd.DataFrame(out, columns=list(COLUMNS))
 
 
 def main(argv=None) -> int:
