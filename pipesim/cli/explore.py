@@ -55,37 +55,66 @@ def parallel_grid_kwargs(dp: str, enable_dp_attention: bool, enable_expert_paral
     }
 
 
+def load_grid_options(gpus_help: str, conc_help: str, rate_help: str) -> Callable[[Callable], Callable]:
+    """The GPU counts, splits and loads that sweep and search both grid over (the help of
+    --gpus, --conc and --rate worded for each command)."""
+
+    def decorate(f: Callable) -> Callable:
+        options = [
+            click.option("--gpus", default="8", show_default=True, metavar="N[,N..]", help=gpus_help),
+            click.option(
+                "--splits",
+                default=None,
+                metavar="TPxPP[,..]",
+                help="only these splits, e.g. 2x4,8x1 (sets the GPU counts)",
+            ),
+            click.option(
+                "--conc", "--max-concurrency", "conc", default=None, metavar="C[,C..]", help=conc_help
+            ),
+            click.option("--rate", "--request-rate", "rate", default=None, metavar="R[,R..]", help=rate_help),
+            click.option(
+                "--num-requests", type=int, default=None, help="requests per point with --rate [default: 200]"
+            ),
+        ]
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def load_kwargs(conc: str | None, rate: str | None, num_requests: int | None) -> dict:
+    """The sweep's keywords for the loads: the concurrencies (the default list when none is
+    given) and, with --rate, the arrival rates and the requests per point (0 or unset: the
+    sweep's 200)."""
+    load = dict(conc=parse_ints(DEFAULT_CONC_TEXT if conc is None else conc, "--conc", MAX_CONCURRENCY))
+    if rate is not None:
+        load["rate"] = parse_floats(rate, "--rate")
+        if num_requests:
+            load["num_requests"] = num_requests
+    return load
+
+
+def workers_options(workers_help: str, scheduler_help: str) -> Callable[[Callable], Callable]:
+    """Where sweep and search run their points: local workers or a Dask cluster, and the
+    progress bar (the help of --workers and --scheduler worded for each command)."""
+
+    def decorate(f: Callable) -> Callable:
+        f = click.option(
+            "--progress/--no-progress", default=None, help="progress bar [default: on a terminal]"
+        )(f)
+        f = click.option("--scheduler", default=None, help=scheduler_help)(f)
+        return click.option("--workers", type=int, default=None, help=workers_help)(f)
+
+    return decorate
+
+
 @click.command()
-@click.option(
-    "--gpus",
-    default="8",
-    show_default=True,
-    metavar="N[,N..]",
-    help="GPU count, or several: 2,4,8 (every tp x pp = count)",
+@load_grid_options(
+    gpus_help="GPU count, or several: 2,4,8 (every tp x pp = count)",
+    conc_help=f"concurrencies, comma-separated [default: {DEFAULT_CONC_TEXT}]",
+    rate_help="open-loop Poisson arrival rates (req/s) instead of concurrencies",
 )
-@click.option(
-    "--splits",
-    default=None,
-    metavar="TPxPP[,..]",
-    help="only these splits, e.g. 2x4,8x1 (sets the GPU counts)",
-)
-@click.option(
-    "--conc",
-    "--max-concurrency",
-    "conc",
-    default=None,
-    metavar="C[,C..]",
-    help=f"concurrencies, comma-separated [default: {DEFAULT_CONC_TEXT}]",
-)
-@click.option(
-    "--rate",
-    "--request-rate",
-    "rate",
-    default=None,
-    metavar="R[,R..]",
-    help="open-loop Poisson arrival rates (req/s) instead of concurrencies",
-)
-@click.option("--num-requests", type=int, default=None, help="requests per point with --rate [default: 200]")
 @parallel_grid_options
 @sweep_scenario_options
 @click.option(
@@ -99,16 +128,10 @@ def parallel_grid_kwargs(dp: str, enable_dp_attention: bool, enable_expert_paral
     default=False,
     help="finish the sweep in --out: run only the scenarios not in it (refused if its options differ)",
 )
-@click.option(
-    "--workers",
-    type=int,
-    default=None,
-    help="local worker processes [default: every core; 1: in this process]",
+@workers_options(
+    workers_help="local worker processes [default: every core; 1: in this process]",
+    scheduler_help="run on a Dask cluster: its scheduler address, tcp://HOST:PORT",
 )
-@click.option(
-    "--scheduler", default=None, help="run on a Dask cluster: its scheduler address, tcp://HOST:PORT"
-)
-@click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
 def sweep(
     gpus: str,
     splits: str | None,
@@ -134,11 +157,7 @@ def sweep(
     from ..sweep import sweep as run_sweep
 
     require(conc is None or rate is None, "give --conc or --rate, not both")
-    load = dict(conc=parse_ints(DEFAULT_CONC_TEXT if conc is None else conc, "--conc"))
-    if rate is not None:
-        load.update(
-            rate=parse_floats(rate, "--rate"), **({"num_requests": num_requests} if num_requests else {})
-        )
+    load = load_kwargs(conc, rate, num_requests)
     t = time.perf_counter()
     try:
         df = run_sweep(
@@ -174,32 +193,11 @@ def sweep(
 
 
 @click.command()
-@click.option(
-    "--gpus", default="8", show_default=True, metavar="N[,N..]", help="GPU count, or several: 2,4,8"
+@load_grid_options(
+    gpus_help="GPU count, or several: 2,4,8",
+    conc_help=f"concurrencies to try [default: {DEFAULT_CONC_TEXT}]",
+    rate_help="open-loop Poisson arrival rates (req/s) to try instead of concurrencies",
 )
-@click.option(
-    "--splits",
-    default=None,
-    metavar="TPxPP[,..]",
-    help="only these splits, e.g. 2x4,8x1 (sets the GPU counts)",
-)
-@click.option(
-    "--conc",
-    "--max-concurrency",
-    "conc",
-    default=None,
-    metavar="C[,C..]",
-    help=f"concurrencies to try [default: {DEFAULT_CONC_TEXT}]",
-)
-@click.option(
-    "--rate",
-    "--request-rate",
-    "rate",
-    default=None,
-    metavar="R[,R..]",
-    help="open-loop Poisson arrival rates (req/s) to try instead of concurrencies",
-)
-@click.option("--num-requests", type=int, default=None, help="requests per point with --rate [default: 200]")
 @click.option(
     "--objective",
     default="throughput",
@@ -243,9 +241,10 @@ def sweep(
 )
 @parallel_grid_options
 @scenario_options
-@click.option("--workers", type=int, default=None, help="local worker processes [default: every core]")
-@click.option("--scheduler", default=None, help="run on a Dask cluster: tcp://HOST:PORT")
-@click.option("--progress/--no-progress", default=None, help="progress bar [default: on a terminal]")
+@workers_options(
+    workers_help="local worker processes [default: every core]",
+    scheduler_help="run on a Dask cluster: tcp://HOST:PORT",
+)
 def search(
     gpus: str,
     splits: str | None,
@@ -294,11 +293,7 @@ def search(
     }
     run = {}
     if table is None:  # a table given: nothing is swept, and --gpus/--conc/--rate go unread
-        if rate is not None:
-            run["rate"] = parse_floats(rate, "--rate")
-            if num_requests is not None:
-                run["num_requests"] = num_requests
-        run["conc"] = parse_ints(DEFAULT_CONC_TEXT if conc is None else conc, "--conc", MAX_CONCURRENCY)
+        run.update(load_kwargs(conc, rate, num_requests))
         run.update(
             scheduler=scheduler, workers=parse_workers(workers), progress=progress, **scenario_kwargs(opts)
         )
