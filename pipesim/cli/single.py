@@ -2,40 +2,60 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
 from ..errors import require
 from .options import parallel_kwargs, parallel_options, parse_layers, scenario_kwargs, scenario_options
 
 
+def split_options(tp_help: str, pp_help: str, conc_help: str) -> Callable[[Callable], Callable]:
+    """--tp, --pp and --conc of one scenario, with the engines' names (the help worded for
+    each command)."""
+
+    def decorate(f: Callable) -> Callable:
+        options = [
+            click.option(
+                "--tp",
+                "--tensor-parallel-size",
+                "--tp-size",
+                "tp",
+                type=int,
+                default=1,
+                show_default=True,
+                help=tp_help,
+            ),
+            click.option(
+                "--pp",
+                "--pipeline-parallel-size",
+                "--pp-size",
+                "pp",
+                type=int,
+                default=1,
+                show_default=True,
+                help=pp_help,
+            ),
+            click.option("--conc", "--max-concurrency", "conc", type=int, default=None, help=conc_help),
+        ]
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def scenario_keywords(opts: dict) -> dict:
+    """The parallel and scenario flags (`parallel_options`, `scenario_options`) as
+    `build_scenario` keywords, popped from `opts`."""
+    return {**parallel_kwargs(opts), **scenario_kwargs(opts)}
+
+
 @click.command()
-@click.option(
-    "--tp",
-    "--tensor-parallel-size",
-    "--tp-size",
-    "tp",
-    type=int,
-    default=1,
-    show_default=True,
-    help="tensor-parallel size (GPUs per stage)",
-)
-@click.option(
-    "--pp",
-    "--pipeline-parallel-size",
-    "--pp-size",
-    "pp",
-    type=int,
-    default=1,
-    show_default=True,
-    help="pipeline-parallel size (stages)",
-)
-@click.option(
-    "--conc",
-    "--max-concurrency",
-    "conc",
-    type=int,
-    default=None,
-    help="closed-loop concurrency C (clients); one of --conc, --rate, --trace is needed",
+@split_options(
+    tp_help="tensor-parallel size (GPUs per stage)",
+    pp_help="pipeline-parallel size (stages)",
+    conc_help="closed-loop concurrency C (clients); one of --conc, --rate, --trace is needed",
 )
 @click.option(
     "--rate",
@@ -114,8 +134,7 @@ def predict(
         num_requests=num_requests,
         trace=trace,
         layers=parse_layers(layers),
-        **parallel_kwargs(opts),
-        **scenario_kwargs(opts),
+        **scenario_keywords(opts),
     )
     if sensitivity:
         import json
@@ -137,28 +156,10 @@ def predict(
 
 
 @click.command()
-@click.option(
-    "--tp",
-    "--tensor-parallel-size",
-    "--tp-size",
-    "tp",
-    type=int,
-    default=1,
-    show_default=True,
-    help="tensor-parallel size",
-)
-@click.option(
-    "--pp",
-    "--pipeline-parallel-size",
-    "--pp-size",
-    "pp",
-    type=int,
-    default=1,
-    show_default=True,
-    help="pipeline-parallel size",
-)
-@click.option(
-    "--conc", "--max-concurrency", "conc", type=int, default=None, help="closed-loop concurrency C (needed)"
+@split_options(
+    tp_help="tensor-parallel size",
+    pp_help="pipeline-parallel size",
+    conc_help="closed-loop concurrency C (needed)",
 )
 @parallel_options
 @scenario_options
@@ -169,7 +170,7 @@ def trace(tp: int, pp: int, conc: int | None, out: str, **opts: object) -> None:
     from ..files import check_out_path
 
     check_out_path(out, (".json",), "trace")
-    obj, result = tr.trace(tp, pp, conc, **parallel_kwargs(opts), **scenario_kwargs(opts))
+    obj, result = tr.trace(tp, pp, conc, **scenario_keywords(opts))
     tr.write_trace(out, obj)
     meta = obj["otherData"]
     slices = sum(1 for e in obj["traceEvents"] if e["ph"] == "X")
