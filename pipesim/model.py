@@ -157,22 +157,28 @@ class Model:
         return 2 * heads_per_gpu * self.head_dim * elem
 
     # ---- sharding rules -------------------------------------------------------------
-    def check_tp(self, tp: int) -> None:
-        """Raise UserError when this model cannot be split `tp` ways by tensor parallelism."""
+    def _check_dense_tp(self, tp: int, what: str, allowed: str) -> None:
+        """Raise UserError when the attention heads, the KV heads or the dense MLP cannot be
+        split `tp` ways; `what` names tp in the message ('tp', 'attention tp'), `allowed`
+        introduces the divisors of the heads."""
         require(
             self.heads % tp == 0,
-            f"tp={tp} does not divide {self.name}'s {self.heads} attention heads; allowed tp: "
+            f"{what}={tp} does not divide {self.name}'s {self.heads} attention heads; {allowed}: "
             f"{', '.join(str(t) for t in _divisors(self.heads))}",
         )
         if not self.mla:
             require(
                 self.kv_heads % tp == 0 or tp % self.kv_heads == 0,
-                f"tp={tp} cannot split {self.name}'s {self.kv_heads} KV heads (need tp | kv_heads or kv_heads | tp)",
+                f"{what}={tp} cannot split {self.name}'s {self.kv_heads} KV heads (need tp | kv_heads or kv_heads | tp)",
             )
         require(
             self.intermediate % tp == 0,
-            f"tp={tp} does not divide {self.name}'s MLP intermediate size {self.intermediate}",
+            f"{what}={tp} does not divide {self.name}'s MLP intermediate size {self.intermediate}",
         )
+
+    def check_tp(self, tp: int) -> None:
+        """Raise UserError when this model cannot be split `tp` ways by tensor parallelism."""
+        self._check_dense_tp(tp, "tp", "allowed tp")
         if self.moe:
             require(
                 self.moe.moe_intermediate % tp == 0,
@@ -185,21 +191,7 @@ class Model:
         if plan.dp == 1 and plan.ep == 1:
             self.check_tp(plan.tp)
             return
-        tp = plan.attn_tp
-        require(
-            self.heads % tp == 0,
-            f"attention tp={tp} does not divide {self.name}'s {self.heads} attention heads; allowed: "
-            f"{', '.join(str(t) for t in _divisors(self.heads))}",
-        )
-        if not self.mla:
-            require(
-                self.kv_heads % tp == 0 or tp % self.kv_heads == 0,
-                f"attention tp={tp} cannot split {self.name}'s {self.kv_heads} KV heads (need tp | kv_heads or kv_heads | tp)",
-            )
-        require(
-            self.intermediate % tp == 0,
-            f"attention tp={tp} does not divide {self.name}'s MLP intermediate size {self.intermediate}",
-        )
+        self._check_dense_tp(plan.attn_tp, "attention tp", "allowed")
         if self.moe:
             require(
                 self.moe.moe_intermediate % plan.moe_tp == 0,
