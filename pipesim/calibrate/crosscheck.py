@@ -247,50 +247,29 @@ def scenario_for(run: dict, totals: dict | None = None) -> Scenario:
     conc, rate, n = run["concurrency"], run["request_rate"], run["num_prompts"]
     conc = None if conc is None or pd.isna(conc) else int(conc)
     n = None if n is None or pd.isna(n) else int(n)
+
+    def at_load(**load: object) -> Scenario:  # the run's scenario, at the load its benchmark sent
+        return build_scenario(
+            tp=run["tp"],
+            pp=run["pp"],
+            **load,
+            model=model,
+            profile=prof,
+            engine=run["engine"],
+            box=box,
+            input_len=inp,
+            output_len=out,
+            kv_cache_dtype=KV_DTYPES[kv],
+            **knobs,
+        )
+
     try:
         if conc is not None:
-            sc = build_scenario(
-                tp=run["tp"],
-                pp=run["pp"],
-                concurrency=conc,
-                model=model,
-                profile=prof,
-                engine=run["engine"],
-                box=box,
-                input_len=inp,
-                output_len=out,
-                kv_cache_dtype=KV_DTYPES[kv],
-                **knobs,
-            )
+            sc = at_load(concurrency=conc)
         elif rate is not None and math.isfinite(rate):
-            sc = build_scenario(
-                tp=run["tp"],
-                pp=run["pp"],
-                rate_rps=float(rate),
-                num_requests=n or 200,
-                model=model,
-                profile=prof,
-                engine=run["engine"],
-                box=box,
-                input_len=inp,
-                output_len=out,
-                kv_cache_dtype=KV_DTYPES[kv],
-                **knobs,
-            )
+            sc = at_load(rate_rps=float(rate), num_requests=n or 200)
         elif n:
-            sc = build_scenario(
-                tp=run["tp"],
-                pp=run["pp"],
-                concurrency=1,
-                model=model,
-                profile=prof,
-                engine=run["engine"],
-                box=box,
-                input_len=inp,
-                output_len=out,
-                kv_cache_dtype=KV_DTYPES[kv],
-                **knobs,
-            )
+            sc = at_load(concurrency=1)
             rng = np.random.default_rng(0)
             li, lo = Lengths.parse(inp, "input"), Lengths.parse(out, "output")
             rows = tuple((0.0, int(i), int(o)) for i, o in zip(li.sample(rng, n), lo.sample(rng, n)))
