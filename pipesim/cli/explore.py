@@ -10,6 +10,7 @@ from ..checks import MAX_CONCURRENCY
 from ..errors import require
 from .options import (
     DEFAULT_CONC_TEXT,
+    apply_options,
     list_kwargs,
     parse_floats,
     parse_ints,
@@ -76,9 +77,7 @@ def load_grid_options(gpus_help: str, conc_help: str, rate_help: str) -> Callabl
                 "--num-requests", type=int, default=None, help="requests per point with --rate [default: 200]"
             ),
         ]
-        for option in reversed(options):
-            f = option(f)
-        return f
+        return apply_options(f, options)
 
     return decorate
 

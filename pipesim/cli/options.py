@@ -17,6 +17,15 @@ from ..sweep import DEFAULT_CONC
 from ..workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
 
 F = TypeVar("F", bound=Callable[..., object])  # a click command
+
+
+def apply_options(f: F, options: list) -> F:
+    """Decorate `f` with click options so that `--help` lists them in the order given."""
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
 DEFAULT_CONC_TEXT = ",".join(map(str, DEFAULT_CONC))
 
 
@@ -244,9 +253,7 @@ def scenario_options(f: F, lists: bool = False) -> F:
             "or deepep / pplx / alltoall (dispatch and combine all-to-all) [default: none]",
         ),
     ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+    return apply_options(f, options)
 
 
 def sweep_scenario_options(f: F) -> F:
@@ -286,9 +293,7 @@ def parallel_options(f: F) -> F:
             help="expert parallel over every GPU an MoE layer spans (vLLM: dp x tp; SGLang: tp)",
         ),
     ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+    return apply_options(f, options)
 
 
 PARALLEL_FLAGS = ("dp", "ep", "enable_dp_attention", "enable_expert_parallel")

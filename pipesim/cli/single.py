@@ -7,7 +7,14 @@ from collections.abc import Callable
 import click
 
 from ..errors import require
-from .options import parallel_kwargs, parallel_options, parse_layers, scenario_kwargs, scenario_options
+from .options import (
+    apply_options,
+    parallel_kwargs,
+    parallel_options,
+    parse_layers,
+    scenario_kwargs,
+    scenario_options,
+)
 
 
 def split_options(tp_help: str, pp_help: str, conc_help: str) -> Callable[[Callable], Callable]:
@@ -38,9 +45,7 @@ def split_options(tp_help: str, pp_help: str, conc_help: str) -> Callable[[Calla
             ),
             click.option("--conc", "--max-concurrency", "conc", type=int, default=None, help=conc_help),
         ]
-        for option in reversed(options):
-            f = option(f)
-        return f
+        return apply_options(f, options)
 
     return decorate
 
