@@ -191,16 +191,14 @@ def collect(rec: Record, scenario: dict, wall_s: float) -> Result:
     rows = done.rows()
     cols = {}
     queued = rec.engine_load is not None
+    wait_s = 0.0
     if rec.clients is not None:  # a closed loop: its measured requests in completion order
         out, latency_s = done.closed_loop_sample(queued)
         ci = closed_loop_ci(rec.engine_load if queued else rec.clients, out, latency_s)
         # more clients than admitted: the run is too short for the queue to reach its
         # steady wait, which Little's law gives exactly in mean (steady.py)
-        wait_s = (
-            queue_wait_s(rec.clients, rec.engine_load, float(np.mean(latency_s)))
-            if queued and len(out)
-            else 0.0
-        )
+        if queued and len(out):
+            wait_s = queue_wait_s(rec.clients, rec.engine_load, float(np.mean(latency_s)))
     if rows is not None:
         order = np.argsort(rows["rid"], kind="stable")
         cols = {c: rows[c][order] for c in ROW_COLUMNS}

@@ -120,8 +120,7 @@ class SaturationTally:
         self._event(t)
         self.arrived += 1
 
-    def first_token(self, t: float) -> None:
-        self._advance(t)
+    def first_token(self, t: float) -> None:  # moves no count: no point to take
         if t <= self.a1:
             self.first_by_end += 1
 

@@ -85,9 +85,7 @@ class Simulation:
         self.rng = np.random.default_rng(workload.seed)
         self.waiting: deque[Request] = deque()
         self.full = record == "full"
-        # every request and the finished ones in completion order: kept by a full record only
-        self.requests: list[Request] | None = [] if self.full else None
-        self.finished: list[Request] | None = [] if self.full else None
+        self.requests: list[Request] | None = [] if self.full else None  # kept by a full record only
         self.arrived = 0
         closed = workload.kind == "closed"
         # an open loop's arrival times, drawn before any request length (workload.py)
@@ -110,7 +108,6 @@ class Simulation:
         self._load_s = self._load_t = self._load_warm_s = 0.0  # integral of `running` over time
         self._check_every = max(1, measure_requests // 8)
         self.warmup_requests = warmup_requests
-        self.warmup_end_s = 0.0
         # the measurement window's start: the warm-up's end (None until then)
         self.window_start_s = None if closed and warmup_requests > 0 else 0.0
         self.stop = env.event()
@@ -269,8 +266,6 @@ class Simulation:
         self.rec.tokens.append(TokenReturn(now, produced))
         for r in finished:
             r.finish_s = now
-            if self.finished is not None:
-                self.finished.append(r)
             self.done.finish(r, self.window_start_s is not None and now > self.window_start_s)
             self.kv_free += r.kv_reserved
             self._count_load()
@@ -281,7 +276,7 @@ class Simulation:
                 self.running -= 1
             self.completed += 1
             if self.completed == self.warmup_requests:
-                self.warmup_end_s = self.window_start_s = now
+                self.window_start_s = now
                 self._load_warm_s = self._load_s
             if self.completed >= self.target and not self.stop.triggered and self._steady():
                 self.stop.succeed()
@@ -328,7 +323,7 @@ class Simulation:
     def engine_load(self) -> float:
         """Mean number of admitted requests over the measurement window so far."""
         self._count_load()
-        span = self.env.now - self.warmup_end_s
+        span = self.env.now - (self.window_start_s or 0.0)
         return (self._load_s - self._load_warm_s) / span if span > 0 else float("nan")
 
     def _arrive(self, client: int = -1, input_len: int | None = None, output_len: int | None = None) -> None:

@@ -118,6 +118,11 @@ def simulate(
     return sim
 
 
+def finished(sim) -> list:
+    """The requests a Simulation that kept them (record="full") has finished, by id."""
+    return [r for r in sim.requests if r.finish_s >= 0]
+
+
 def small_kv_scenario(engine: str, tokens_wanted: int = 1500, **workload):
     """Llama-3.1-8B on PP2 with the memory fraction set so the KV pool holds about
     `tokens_wanted` tokens (a few requests), so the KV cache decides admission.

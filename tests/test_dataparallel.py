@@ -7,7 +7,7 @@ from dataclasses import replace
 from functools import partial
 
 import pytest
-from conftest import profile_for
+from conftest import finished, profile_for
 from conftest import simulate as simulate_by_hand
 
 import pipesim
@@ -45,7 +45,7 @@ def test_sglang_round_robin_in_arrival_order():
     sc = _scenario("sglang", LLAMA, rate_rps=50.0, num_requests=10, input_len=32, output_len=4)
     sim = _run(sc, dp=3, lockstep=False)
     assert sim.routed == [i % 3 for i in range(10)]
-    assert len(sim.finished) == 10
+    assert len(finished(sim)) == 10
 
 
 def _vllm_sim(dp=2):
@@ -114,7 +114,7 @@ def test_moe_step_waits_for_the_slowest_rank():
     # one decode) and ran a dummy batch in the others
     assert sim.dummy_steps[0] == 0
     assert sim.dummy_steps[1] >= 60 - 1 - 2
-    assert len(sim.finished) == 2
+    assert len(finished(sim)) == 2
 
 
 def _prefill_shape(req):
@@ -131,7 +131,7 @@ def test_independent_replicas_do_not_wait():
     steady = sorted(gaps)[len(gaps) // 2]
     assert max(gaps) < 1.5 * steady
     assert sim.dummy_steps == [0, 0]
-    assert len(sim.finished) == 2
+    assert len(finished(sim)) == 2
 
 
 # ---- invariants -----------------------------------------------------------------------------
@@ -159,7 +159,7 @@ def test_one_rank_is_the_plain_simulation(engine, lockstep):
 def test_every_request_completes(lockstep):
     sc = _scenario("vllm", QWEN_MOE, ROWS)
     sim = _run(sc, dp=3, lockstep=lockstep)
-    assert len(sim.finished) == len(ROWS)
+    assert len(finished(sim)) == len(ROWS)
     assert all(r.generated == r.output_len and r.prefilled == r.input_len for r in sim.requests)
     assert all(rank.running == 0 and rank.kv_free == sc.settings.kv_tokens for rank in sim.ranks)
     assert sum(n for _, n in sim.record().tokens) == sum(o for _, _, o in ROWS)

@@ -2,7 +2,7 @@
 closed-loop client, every PP rank's CPU loop, and the async batch depth."""
 
 import pytest
-from conftest import fast_run, record_launches, simulate
+from conftest import fast_run, finished, record_launches, simulate
 
 import pipesim
 from pipesim.engines.sglang import capture_sizes, padded_size
@@ -73,7 +73,7 @@ def test_closed_loop_client_waits_for_the_output_path_and_the_front_end(profile)
     sc = pipesim.build_scenario(tp=8, pp=1, concurrency=1, output_len="5", profile=prof)
     enq = {}
     sim = simulate(sc, 2, 3, setup=lambda s: _record_enqueue(s, enq))
-    reqs = sorted(sim.finished, key=lambda r: r.rid)
+    reqs = sorted(finished(sim), key=lambda r: r.rid)
     for prev, nxt in zip(reqs, reqs[1:]):
         # one request in the step that finished it: 500 us + 1 x 100 us
         assert nxt.arrival_s == pytest.approx(prev.finish_s + 600e-6, abs=1e-9)

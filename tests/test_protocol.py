@@ -4,7 +4,7 @@ are enough for the simulation and the metrics."""
 
 from dataclasses import dataclass
 
-from conftest import simulate
+from conftest import finished, simulate
 
 import pipesim
 from pipesim.engines.protocol import EngineScheduler, EngineSimulation
@@ -67,15 +67,15 @@ def test_stub_engine_runs_to_completion(profile):
     )
     st = StubSettings()
     sim = simulate(sc, 0, 4, settings=st)
-    assert len(sim.finished) == 4 and all(r.generated == 5 for r in sim.finished)
-    spans = sorted((r.arrival_s, r.finish_s) for r in sim.finished)
+    assert len(finished(sim)) == 4 and all(r.generated == 5 for r in finished(sim))
+    spans = sorted((r.arrival_s, r.finish_s) for r in finished(sim))
     rec = sim.record()
     assert len(rec.batches) == 4 * 5  # a prefill and 4 decode steps each
     assert all(b.requests == 1 for b in rec.batches)
     assert sum(t.tokens for t in rec.tokens) == 20
     res = collect(rec, {"engine": st.describe()}, 0.0)
     assert res.completed_requests == 4 and res.mean_decode_batch == 1.0
-    firsts = sorted(r.first_token_s for r in sim.finished)
-    finishes = sorted(r.finish_s for r in sim.finished)
+    firsts = sorted(r.first_token_s for r in finished(sim))
+    finishes = sorted(r.finish_s for r in finished(sim))
     assert all(f <= nxt for f, nxt in zip(finishes, firsts[1:]))  # never two running at once
     assert spans[0][0] <= spans[0][1]
