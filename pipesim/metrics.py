@@ -114,6 +114,9 @@ class Result:
     sim_events: int
     sim_wall_s: float
     saturation: dict | None  # open loop: arrivals against service (saturation.py); closed: None
+    # the TTFT / TPOT percentiles' stated relative error: 0 when exact; sketch.REL_ERROR when
+    # an open loop measured more requests than it keeps values of (sketch.EXACT_VALUES)
+    percentile_rel_error: float
     # REQUEST_COLUMNS -> array, measured requests by rid (empty: an open loop's summary
     # run keeps no request; record="full" keeps them)
     request_columns: dict = field(repr=False)
@@ -227,7 +230,7 @@ def collect(rec: Record, scenario: dict, wall_s: float) -> Result:
             tpot_ms_p99=percentile(tpot, 99),
             e2e_ms_mean=float(e2e.mean()) if len(e2e) else float("nan"),
         )
-        saturation = None
+        saturation, rel_error = None, 0.0
     else:  # an open loop or a trace: running figures (request_tally.py)
         ci = st.token_times.window_ci(t0, t1)
         figures = dict(
@@ -242,6 +245,8 @@ def collect(rec: Record, scenario: dict, wall_s: float) -> Result:
         )
         sat = done.saturation()
         saturation = None if sat is None else sat.to_dict()
+        sketched = [p.sketch.rel_error for p in (done.ttft_ms, done.tpot_ms) if not p.exact]
+        rel_error = max(sketched, default=0.0)
 
     compute = np.array(st.compute_s) / span
     comm = np.array(st.comm_s) / span
@@ -282,6 +287,7 @@ def collect(rec: Record, scenario: dict, wall_s: float) -> Result:
         sim_events=rec.events,
         sim_wall_s=wall_s,
         saturation=saturation,
+        percentile_rel_error=rel_error,
         request_columns=cols,
         stage_columns=stages,
     )

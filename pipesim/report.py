@@ -91,6 +91,14 @@ def table(result: Result) -> str:
         + _likely_pair(r, "ttft_ms"),
         f"  TPOT   p50 / p99      {_ms(r.tpot_ms_p50):>12} / {_ms(r.tpot_ms_p99)}"
         + _likely_pair(r, "tpot_ms"),
+        *(
+            [
+                f"  (TTFT and TPOT percentiles within {r.percentile_rel_error:.1%}: more requests than "
+                "pipesim keeps values of, taken by a quantile sketch, pipesim/sketch.py)"
+            ]
+            if r.percentile_rel_error
+            else []
+        ),
         *([f"  load                  {r.saturation['text']}"] if r.saturation else []),
         f"  requests/micro-batch  {r.mean_requests_per_microbatch:10.1f}   (decode batches: {r.mean_decode_batch:.1f})"
         f"   KV {_evicted(eng['engine'])} {r.preemptions} ({r.preemptions_total} in the run)",

@@ -186,8 +186,8 @@ class Percentiles:
 
     __slots__ = ("exact_values", "_values", "sketch")
 
-    def __init__(self, exact_values: int = EXACT_VALUES) -> None:
-        self.exact_values = exact_values
+    def __init__(self, exact_values: int | None = None) -> None:
+        self.exact_values = EXACT_VALUES if exact_values is None else exact_values
         self._values: array | None = array("d")
         self.sketch: QuantileSketch | None = None
 

@@ -405,3 +405,24 @@ def test_poisson_arrivals_drawn_in_chunks_are_the_one_draw(monkeypatch):
     got = np.array([r.arrival_s for r in sorted(sim.requests, key=lambda r: r.rid)])
     assert got == pytest.approx(want, rel=1e-12)
     assert sim.arrivals.span_s == (got[0], got[-1])
+
+
+def test_sketched_percentiles_say_so(monkeypatch, capsys):
+    """An open loop measuring more requests than pipesim keeps values of (here 50, for
+    a short run) reports its percentiles within the sketch's stated error of the exact
+    ones, and its table says so; below the limit they are exact and the table is silent."""
+    import pipesim.sketch as sketch
+    from pipesim.cli import main
+
+    kw = dict(model="llama-3.1-8b", rate_rps=20.0, num_requests=120, output_len="10:30")
+    exact = pipesim.predict(8, 1, record="full", **kw)
+    assert exact.percentile_rel_error == 0.0
+    assert exact.ttft_ms_p99 == percentile(exact.requests.ttft_ms, 99)
+    monkeypatch.setattr(sketch, "EXACT_VALUES", 50)
+    r = pipesim.predict(8, 1, record="full", **kw)
+    assert r.percentile_rel_error == REL_ERROR
+    for col, p in (("ttft_ms", r.ttft_ms_p99), ("tpot_ms", r.tpot_ms_p50)):
+        q = 99 if col == "ttft_ms" else 50
+        assert p == pytest.approx(percentile(r.requests[col].dropna(), q), rel=REL_ERROR)
+    main(["predict", "--tp", "8", "--rate", "20", "--num-requests", "120", "--model", "llama-3.1-8b"])
+    assert "percentiles within 0.5%" in capsys.readouterr().out
