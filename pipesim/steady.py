@@ -114,14 +114,23 @@ class TimeHistogram:
         b[: len(half)], b[len(half) :] = half, 0.0
         self._width *= 2
 
+    @property
+    def bin_s(self) -> float:
+        """The bins' width (0 while the points are kept)."""
+        return self._width
+
+    def span_weights(self, t0: float, t1: float) -> np.ndarray:
+        """The weight in each of `BATCHES` equal spans of [t0, t1], read off the bins'
+        cumulative weight (interpolated inside the bin each edge cuts)."""
+        cum = np.concatenate(([0.0], np.cumsum(self._bins)))
+        edges = np.linspace(t0, t1, BATCHES + 1) / self._width
+        return np.diff(np.interp(edges, np.arange(self.nbins + 1), cum))
+
     def window_ci(self, t0: float, t1: float) -> tuple[float, float]:
         """`window_ci` of the points: exact while they are kept, else from the bins."""
         if self._bins is None:
             return window_ci(np.column_stack((np.frombuffer(self._t), np.frombuffer(self._w))), t0, t1)
         if t1 <= t0:
             return float("nan"), float("inf")
-        cum = np.concatenate(([0.0], np.cumsum(self._bins)))
-        edges = np.linspace(t0, t1, BATCHES + 1) / self._width
-        at = np.interp(edges, np.arange(self.nbins + 1), cum)
-        rates = np.diff(at) / ((t1 - t0) / BATCHES)
+        rates = self.span_weights(t0, t1) / ((t1 - t0) / BATCHES)
         return self.total / (t1 - t0), _half_width(rates)
