@@ -120,7 +120,7 @@ class Recorder:
         there are no hops."""
         pp = len(stage_gpus)
         if steps is None:
-            steps = StepTally(len(self.compute), slots, groups if dp == 1 else 0)
+            steps = StepTally(len(self.compute), slots, groups if dp == 1 else 0, open_loop=clients is None)
         steps.fold(self, end_s, window_start_s, final=True, drop=not keep_rows)
         if keep_rows:
             self.clip(end_s)

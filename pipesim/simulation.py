@@ -140,6 +140,7 @@ class Simulation:
             len(self.rec.compute),
             settings.slots,
             getattr(settings, "max_concurrent_batches", 0) if self.inbox is None else 0,
+            open_loop=not closed,
         )
         env.process(self._arrivals())
 

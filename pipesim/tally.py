@@ -157,7 +157,7 @@ class StepTally:
     out of stage s - 1 (none without PP: those lists stay empty); the scheduler CPU
     runs on stage 0's host."""
 
-    def __init__(self, stages: int, slots: int, groups: int = 0) -> None:
+    def __init__(self, stages: int, slots: int, groups: int = 0, open_loop: bool = True) -> None:
         self.stages, self.slots = stages, slots
         self.cut_s = 0.0  # rows before this time are folded
         self.window_s: tuple[float, float] | None = None  # set by the last fold
@@ -170,7 +170,8 @@ class StepTally:
         self.hop_s = list(zeros)  # busy seconds of the hop out of each stage
         self.cpu_s = self.link_wait_s = 0.0
         self.tokens = 0.0  # output tokens returned in the window
-        self.token_times = TimeHistogram()  # ... and when (the open loop's batch means)
+        # ... and when: an open loop's batch means (a closed loop's come from its requests)
+        self.token_times = TimeHistogram() if open_loop else None
         self.batches = self.batch_requests = self.decode_batches = self.decode_requests = 0
         self.slot_decode, self.slot_decode_batches = [0] * slots, [0] * slots
         self.groups = InflightGroups(groups) if groups else None
@@ -269,7 +270,8 @@ class StepTally:
         for t, produced in tokens:
             if t0 is not None and t > t0:
                 self.tokens += produced
-                self.token_times.add(t, produced)
+                if self.token_times is not None:
+                    self.token_times.add(t, produced)
             if groups is not None:
                 groups.returned(t)
         batches = _upto(rec.batches, b, final)
