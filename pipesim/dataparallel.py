@@ -103,6 +103,8 @@ class _Tap(Channel):
 class DPSimulation(Simulation):
     """The ranks, their schedulers and the processes that run their batches."""
 
+    cycles = False  # per-rank figures: a cycle may hand work to the next rank unseen
+
     def __init__(self, *args, dp: int, lockstep: bool, engine: str, **kwargs):
         self.dp, self.lockstep, self.engine = dp, lockstep, engine
         super().__init__(*args, **kwargs)

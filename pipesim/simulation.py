@@ -30,7 +30,7 @@ from .engines.protocol import EngineScheduler, EngineSettings, EngineSimulation
 from .pipeline import Pipeline
 from .record import Batch, CountingEnvironment, Record, Recorder, TokenReturn
 from .request_tally import RequestTally
-from .steady import closed_loop_ci
+from .steady import closed_loop_ci, period
 from .tally import FOLD_RETURNS, StepTally
 from .workload import ArrivalPlan, Workload
 
@@ -61,6 +61,10 @@ class Channel:
 
 class Simulation:
     """The request bookkeeping an engine scheduler drives, and its pipeline (pipeline.py)."""
+
+    # a repeating closed loop stops at a whole cycle (_steady): its rows say every label
+    # a figure is kept by (the slot); data parallelism's ranks are not in them
+    cycles = True
 
     def __init__(
         self,
@@ -107,6 +111,7 @@ class Simulation:
         self.queued = queued and workload.kind == "closed"
         self._load_s = self._load_t = self._load_warm_s = 0.0  # integral of `running` over time
         self._check_every = max(1, measure_requests // 8)
+        self._stop_measured: int | None = None  # a repeating run's whole cycles (_steady)
         self.warmup_requests = warmup_requests
         # the measurement window's start: the warm-up's end (None until then)
         self.window_start_s = None if closed and warmup_requests > 0 else 0.0
@@ -306,17 +311,36 @@ class Simulation:
                 self._arrive(c)
 
     def _steady(self) -> bool:
-        """Enough measured: no CI target, the cap reached, or the CI within target."""
+        """Enough measured: no CI target, the cap reached, or the CI within target. A
+        run whose requests repeat (steady.period) stops at the end of a whole cycle,
+        its slot labels come round included, so that every figure of its window, not
+        only the throughput, is the cycle's."""
         if self.ci_target is None or self.completed >= self.cap:
             return True
-        if (self.completed - self.target) % self._check_every:
+        at_cycle = self._stop_measured is not None and self.done.measured >= self._stop_measured
+        if not at_cycle and (self.completed - self.target) % self._check_every:
             return False
-        mean, half = self.throughput_ci()
-        return mean > 0 and half <= self.ci_target * mean
-
-    def throughput_ci(self) -> tuple[float, float]:
-        """Closed-loop output rate and its 95% half-width from the measured requests."""
+        self._stop_measured = None
         out, latency_s = self.done.closed_loop_sample(self.queued)
+        mean, half = self._ci(out, latency_s)
+        if not (mean > 0 and half <= self.ci_target * mean):
+            return False
+        cyc = self._cycle() if self.cycles else None
+        if cyc is None or len(out) % cyc[1] == 0:
+            return True
+        self._stop_measured = (len(out) // cyc[1] + 1) * cyc[1]
+        return False
+
+    def _cycle(self) -> tuple[int, int] | None:
+        """The measured requests' cycle (steady.period), on every time a request's
+        figures read, its slot and its output."""
+        rows = self.done.rows()
+        start = rows["arrival_s"]
+        times = np.column_stack([rows[c] - start for c in ("admit_s", "first_token_s", "finish_s")])
+        return period(rows["output_len"], times, rows["slot"], self.settings.slots)
+
+    def _ci(self, out: np.ndarray, latency_s: np.ndarray) -> tuple[float, float]:
+        """Closed-loop output rate and its 95% half-width from the measured requests."""
         return closed_loop_ci(
             self.engine_load() if self.queued else self.workload.concurrency, out, latency_s
         )

@@ -7,6 +7,16 @@ sample, and the 95% half-width is t(0.975, BATCHES-1) x std / sqrt(BATCHES). Thi
 converges even when a fixed-length closed loop runs in synchronized waves, where
 equal-time batches would each see a different phase of the wave.
 
+A closed loop of fixed lengths is deterministic, and it often settles into a limit
+cycle: its requests repeat, in completion order, every P of them (each client's
+latency alternating between a long and a short round, say). Batches that cut through
+a cycle then differ by the cycle's phase, not by chance, and the batch means report
+a spread the estimate does not have. When the measured requests repeat with a
+period P (`period`: every request's output and latency equal those P earlier, for
+at least two whole periods), the batch is one period: the estimate is taken over
+the window's whole periods, where it is the cycle's long-run rate, and the
+half-width comes from the per-period samples (their spread is float rounding).
+
 Closed loop with more clients than the engine admits (C above its running cap or
 its KV capacity): the extra clients wait in the engine's queue and the run is sized
 by the admitted requests, not by C (api.simulate). The same renewal-reward estimate
@@ -26,6 +36,7 @@ is then off by at most one bin's tokens, a 1/HISTOGRAM_BINS share of the run.
 
 from __future__ import annotations
 
+import math
 from array import array
 from typing import TYPE_CHECKING
 
@@ -37,20 +48,78 @@ if TYPE_CHECKING:
 BATCHES = 10
 EXACT_POINTS = 65_536  # token returns kept exactly (1 MiB), then binned
 HISTOGRAM_BINS = 4096
-T_975_DOF9 = 2.262157  # Student's t, 97.5% quantile, 9 degrees of freedom
+# Student's t, 97.5% quantile, for 1..9 degrees of freedom; more samples than
+# BATCHES (whole periods) take the 9-degree value, which is wider than theirs
+T_975 = (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157)
+PERIOD_RTOL = 1e-9  # a repeated latency: equal but for the rounding of growing times
+PERIOD_PROBE = 64  # requests compared at every candidate period before the full check
 
 
 def _half_width(samples: np.ndarray) -> float:
-    return T_975_DOF9 * float(samples.std(ddof=1)) / np.sqrt(len(samples))
+    t = T_975[min(len(samples), BATCHES) - 2]
+    return t * float(samples.std(ddof=1)) / np.sqrt(len(samples))
+
+
+def period(
+    output_tokens: ArrayLike, times_s: ArrayLike, slot: ArrayLike | None = None, slots: int = 1
+) -> tuple[int, int] | None:
+    """(P, cycle) for requests that repeat in completion order, else None. P is the
+    smallest lag, at most half the requests, at which each request's output equals,
+    and its times (`times_s`: one per request, its latency, or a row of them, say
+    latency and time to first token) match within PERIOD_RTOL, those of the request
+    P earlier. `slot` (each request's micro-batch slot, -1 for none, of `slots`): the
+    slots must repeat too, up to one rotation s of their labels (slot -> slot + s mod
+    `slots`; the engine fills its slots in turn, so a cycle may hand its work on to
+    the next slot); after P x slots / gcd(s, slots) requests, the cycle, the labels
+    repeat."""
+    out = np.asarray(output_tokens, dtype=float)
+    lat = np.asarray(times_s, dtype=float)
+    lat = lat.reshape(len(lat), -1)
+    n = len(lat)
+    if n < 2:
+        return None
+
+    def same(i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        near = np.abs(lat[i] - lat[j]) <= PERIOD_RTOL * np.abs(lat[j])
+        return (out[i] == out[j]) & near.all(axis=-1)
+
+    lags = np.arange(1, n // 2 + 1)
+    tail = n - 1 - np.arange(min(PERIOD_PROBE, n // 2))  # the last requests, probed first
+    lags = lags[same(tail[None, :], tail[None, :] - lags[:, None]).all(axis=1)]
+    sl = None if slot is None else np.asarray(slot, dtype=np.int64)
+    for p in lags:
+        i = np.arange(p, n)
+        if not same(i, i - p).all():
+            continue
+        if sl is None or slots <= 1:
+            return int(p), int(p)
+        a, b = sl[p:], sl[:-p]
+        if not np.array_equal(a < 0, b < 0):
+            continue
+        shift = (a - b) % slots
+        shift = shift[a >= 0]
+        if len(shift) and (shift != shift[0]).any():
+            continue
+        s = int(shift[0]) if len(shift) else 0
+        return int(p), int(p) * (slots // math.gcd(s, slots))
+    return None
 
 
 def closed_loop_ci(concurrency: int, output_tokens: ArrayLike, latency_s: ArrayLike) -> tuple[float, float]:
-    """(output tok/s, 95% half-width) from completed requests in completion order."""
+    """(output tok/s, 95% half-width) from completed requests in completion order: over
+    the whole periods when they repeat (`period`), else in BATCHES batches."""
     out = np.asarray(output_tokens, dtype=float)
     lat = np.asarray(latency_s, dtype=float)
     if len(out) < BATCHES or lat.sum() <= 0:
         return float("nan"), float("inf")
-    groups = np.array_split(np.arange(len(out)), BATCHES)
+    cyc = period(out, lat)
+    if cyc is None:
+        groups = np.array_split(np.arange(len(out)), BATCHES)
+    else:
+        p = cyc[0]
+        k = len(out) // p
+        out, lat = out[: k * p], lat[: k * p]
+        groups = np.split(np.arange(k * p), k)
     samples = np.array([concurrency * out[g].sum() / lat[g].sum() for g in groups])
     return concurrency * out.sum() / lat.sum(), _half_width(samples)
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .sketch import percentile
+from .steady import period
 
 if TYPE_CHECKING:
     from .metrics import Result
@@ -270,7 +271,8 @@ def run_spread(result: Result, scenario: Scenario) -> dict:
     """Part (b) of a closed loop from the run itself, no extra run. Its measured
     requests, in completion order, are cut into k stretches of at least one member's
     size (k = requests // member size), or into RUN_BATCHES smaller ones when the run
-    holds fewer members than that; each stretch is one sample of every headline
+    holds fewer members than that (unless it repeats: then RUN_BATCHES member-sized
+    stretches of its periodic continuation); each stretch is one sample of every headline
     metric, throughput as steady.py estimates it: C x sum(output) / sum(latency)
     (renewal-reward, robust to the waves a fixed-length loop runs in). A member's
     spread is the samples' standard deviation x sqrt(stretch / member size) (a mean
@@ -286,13 +288,22 @@ def run_spread(result: Result, scenario: Scenario) -> dict:
         raise ValueError("run_spread is for closed loops (an open loop's member is a whole run)")
     w = scenario.workload
     e2e_s = cols["e2e_ms"] * 1e-3
+    order = np.argsort(finish, kind="stable")
+    stretches, size = np.array_split(order, k), n / k
+    cyc = period(out_len[order], np.column_stack([e2e_s, cols["ttft_ms"]])[order])
+    if cyc is not None and n % cyc[0] == 0 and n < RUN_BATCHES * member:
+        # a run of whole periods P (steady.period) is the start of its own periodic
+        # continuation: RUN_BATCHES member-sized stretches are read off that, as from a
+        # longer run, starting at phases spread over one period
+        starts = np.arange(RUN_BATCHES) * cyc[0] // RUN_BATCHES
+        stretches, size = [order[(a + np.arange(member)) % n] for a in starts], member
     samples = []
-    for g in np.array_split(np.argsort(finish, kind="stable"), k):
+    for g in stretches:
         lat = e2e_s[g].sum()
         samples.append(
             _stretch_values(cols, g, w.concurrency * out_len[g].sum() / lat if lat > 0 else np.nan)
         )
-    scale = math.sqrt((n / k) / member)
+    scale = math.sqrt(size / member)
     spread = {}
     for m in HEADLINE:
         x = np.array([v[m] for v in samples], dtype=float)

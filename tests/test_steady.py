@@ -9,7 +9,7 @@ import pytest
 from conftest import simulate
 
 import pipesim
-from pipesim.steady import BATCHES, closed_loop_ci, queue_wait_s, window_ci
+from pipesim.steady import BATCHES, PERIOD_RTOL, closed_loop_ci, period, queue_wait_s, window_ci
 
 
 def test_closed_loop_ci_by_hand():
@@ -25,6 +25,86 @@ def test_closed_loop_ci_by_hand():
 
 def test_closed_loop_ci_needs_a_sample_per_batch():
     assert closed_loop_ci(1, [10] * (BATCHES - 1), [1.0] * (BATCHES - 1))[1] == float("inf")
+
+
+def test_period_of_a_repeating_sequence():
+    # a long and a short round, 3 requests each, repeating: period 6
+    lat = np.tile([47.0, 47.0, 47.1, 33.5, 33.5, 33.6], 5)
+    out = np.full(len(lat), 300.0)
+    assert period(out, lat) == (6, 6)
+    # float rounding of growing times (relative 1e-12) still repeats; a change beyond
+    # PERIOD_RTOL anywhere in the window does not
+    assert period(out, lat * (1 + 1e-12 * np.arange(len(lat)))) == (6, 6)
+    bent = lat.copy()
+    bent[4] *= 1 + 10 * PERIOD_RTOL
+    assert period(out, bent) is None
+    # the outputs must repeat too
+    out2 = out.copy()
+    out2[-1] = 299
+    assert period(out2, lat) is None
+    # fewer than two whole periods: no period can be seen
+    assert period(out[:11], lat[:11]) is None
+    assert period(out[:12], lat[:12]) == (6, 6)
+
+
+def test_period_with_rotating_slots():
+    lat = np.tile([40.0, 30.0], 8)
+    out = np.full(16, 100.0)
+    # the work moves on by one of 4 slots each period: the labels come round after 4
+    slot = np.repeat(np.arange(8) % 4, 2)
+    assert period(out, lat, slot, 4) == (2, 8)
+    # by two of 4: after 2
+    assert period(out, lat, np.repeat((2 * np.arange(8)) % 4, 2), 4) == (2, 4)
+    # the same slots each period
+    assert period(out, lat, np.tile([1, 3], 8), 4) == (2, 2)
+    # no single rotation maps a period onto the next: not a cycle
+    bad = slot.copy()
+    bad[-1] = (bad[-1] + 1) % 4
+    assert period(out, lat, bad, 4) is None
+    # requests in no slot (-1) must stay so
+    assert period(out, lat, np.full(16, -1), 4) == (2, 2)
+
+
+def test_period_of_random_requests_is_none():
+    rng = np.random.default_rng(0)
+    assert period(rng.integers(10, 400, 500), rng.uniform(1, 9, 500)) is None
+
+
+def test_closed_loop_ci_over_whole_periods():
+    # two rounds alternating, 4 requests each (period 8), and 3 requests of the next
+    # period: the estimate is C x tokens / latency over the 5 whole periods alone,
+    # and every period gives the same sample, so the half-width is 0
+    lat = np.concatenate([np.tile(np.repeat([47.0, 33.0], 4), 5), [47.0, 47.0, 47.0]])
+    out = np.full(len(lat), 300.0)
+    mean, half = closed_loop_ci(4, out, lat)
+    assert mean == pytest.approx(4 * 300 / 40.0)
+    assert half == pytest.approx(0.0, abs=1e-9)
+    # the plain batch means over all 43 cut through the rounds and report a spread
+    groups = np.array_split(np.arange(len(lat)), BATCHES)
+    samples = np.array([4 * out[g].sum() / lat[g].sum() for g in groups])
+    assert samples.std() > 1
+
+
+def test_a_repeating_run_stops_at_a_whole_cycle():
+    """TP2 x PP4 at C = 64 settles into a cycle: every client alternates a long and a
+    short round, and the busy slots move on to the next each period. The run stops at
+    a whole cycle, where every figure, the per-slot ones included, is the long run's."""
+
+    from pipesim.runner import simulate as run_scenario
+
+    sc = pipesim.build_scenario(tp=2, pp=4, concurrency=64)
+    rec, short = run_scenario(sc)
+    rows = rec.requests.rows()
+    times = np.column_stack([rows[c] - rows["arrival_s"] for c in ("first_token_s", "finish_s")])
+    p, cycle = period(rows["output_len"], times, rows["slot"], sc.settings.slots)
+    assert len(times) % cycle == 0 and cycle > p
+    assert short.output_throughput_ci_tok_s == pytest.approx(0.0, abs=1e-6)
+    _, long = run_scenario(sc, measure_requests=8 * cycle, ci_target=None)
+    assert short.completed_requests < long.completed_requests
+    for f in ("output_throughput_tok_s", "ttft_ms_p50", "e2e_ms_mean", "tpot_ms_p99"):
+        assert getattr(short, f) == pytest.approx(getattr(long, f), rel=1e-9), f
+    assert short.decode_batch_per_slot == pytest.approx(long.decode_batch_per_slot, rel=1e-9)
+    assert short.stage_busy_fraction == pytest.approx(long.stage_busy_fraction, rel=1e-6)
 
 
 def test_window_ci_constant_rate_has_zero_width():
