@@ -103,7 +103,7 @@ class _Tap(Channel):
 class DPSimulation(Simulation):
     """The ranks, their schedulers and the processes that run their batches."""
 
-    cycles = False  # per-rank figures: a cycle may hand work to the next rank unseen
+    stops_at_periods = False  # per-rank figures: a period may hand work on to the next rank unseen
 
     def __init__(self, *args, dp: int, lockstep: bool, engine: str, **kwargs):
         self.dp, self.lockstep, self.engine = dp, lockstep, engine

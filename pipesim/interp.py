@@ -13,6 +13,7 @@ range; a lookup over several axes is as weak as its weakest axis.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -86,20 +87,43 @@ def bracket(grid: list[float], x: float) -> list[tuple[int, float]]:
     return [(i, 1.0 - w), (i + 1, w)]
 
 
-def group_curves(keys: np.ndarray, xs: ArrayLike, ys: ArrayLike) -> dict:
+class Curves(Mapping):
+    """{key: Curve} over parallel arrays sorted by key, then size: each curve is built
+    the first time it is read (a GEMM table holds thousands; a run reads a few)."""
+
+    def __init__(self, keys: np.ndarray, xs: np.ndarray, ys: np.ndarray):
+        change = np.flatnonzero(np.any(keys[1:] != keys[:-1], axis=1)) + 1
+        bounds = np.concatenate(([0], change, [len(xs)])).tolist() if len(xs) else [0]
+        self._xs, self._ys = xs, ys
+        starts = keys[bounds[:-1]].tolist()
+        self._spans = dict(zip(map(tuple, starts), zip(bounds[:-1], bounds[1:])))
+        self._built: dict = {}
+
+    def __getitem__(self, key) -> Curve:
+        curve = self._built.get(key)
+        if curve is None:
+            a, b = self._spans[key]
+            curve = self._built[key] = Curve.from_sorted(self._xs[a:b], self._ys[a:b])
+        return curve
+
+    def __iter__(self):
+        return iter(self._spans)
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._spans
+
+
+def group_curves(keys: np.ndarray, xs: ArrayLike, ys: ArrayLike) -> Curves:
     """{key: Curve} from parallel arrays, one curve per distinct key row.
 
     `keys` is a 2-D array (one column per key field); much faster than a pandas
     groupby for the thousands of small groups of a GEMM table."""
     keys, xs, ys = np.asarray(keys), np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
     order = np.lexsort((xs,) + tuple(keys[:, i] for i in reversed(range(keys.shape[1]))))
-    keys, xs, ys = keys[order], xs[order], ys[order]
-    change = np.flatnonzero(np.any(keys[1:] != keys[:-1], axis=1)) + 1
-    bounds = np.concatenate(([0], change, [len(xs)]))
-    return {
-        tuple(k.tolist()): Curve.from_sorted(xs[a:b], ys[a:b])
-        for k, a, b in zip(keys[bounds[:-1]], bounds[:-1], bounds[1:])
-    }
+    return Curves(keys[order], xs[order], ys[order])
 
 
 class Surface:

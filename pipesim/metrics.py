@@ -18,7 +18,7 @@ from .errors import UserError
 from .record import Record
 from .request_tally import ROW_COLUMNS
 from .sketch import percentile
-from .steady import closed_loop_ci, queue_wait_s
+from .steady import closed_loop_ci, queue_wait_s, slot_orbits
 from .tally import InflightGroups
 
 if TYPE_CHECKING:
@@ -279,7 +279,13 @@ def collect(rec: Record, scenario: dict, wall_s: float) -> Result:
         link_wait_share=st.link_wait_s / span,
         mean_requests_per_microbatch=st.batch_requests / st.batches if st.batches else 0.0,
         mean_decode_batch=st.decode_requests / st.decode_batches if st.decode_batches else 0.0,
-        decode_batch_per_slot=[s / c if c else 0.0 for s, c in zip(st.slot_decode, st.slot_decode_batches)],
+        decode_batch_per_slot=[
+            float(s / c) if c else 0.0
+            for s, c in zip(
+                slot_orbits(st.slot_decode, rec.slot_shift),
+                slot_orbits(st.slot_decode_batches, rec.slot_shift),
+            )
+        ],
         group_sizes=st.groups.means() if st.groups is not None else None,
         preemptions=st.evictions,
         preemptions_total=st.evictions_total,

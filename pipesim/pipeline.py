@@ -76,6 +76,10 @@ class Pipeline:
         self._free_at = {d: 0.0 for links in self._users.values() for d in links}
         uses = Counter(d for links in self._users.values() for d in links)
         self._own = {u: all(uses[d] == 1 for d in links) for u, links in self._users.items()}
+        # per stage, read on every visit: its ring's links and whether only it crosses them
+        self._ring = [self._users[("ar", s)] for s in range(pp)]
+        self._ring_own = [self._own[("ar", s)] for s in range(pp)]
+        self._hop_own = [self._own[("hop", s)] for s in range(pp)]
         self._queue: list[deque] = [deque() for _ in range(pp)]  # (arrival_s, micro-batch)
         self._free_s = [0.0] * pp  # when each stage finishes the visits booked so far
         self._held = [False] * pp  # a visit awaits a shared-link booking: the rest queue
@@ -108,10 +112,6 @@ class Pipeline:
             self.rec.link_wait.append((ready_s, start))
         return start, end
 
-    def _at(self, t: float, then: Callable) -> None:
-        """Run `then(event)` at simulated time `t` (one event)."""
-        self.env.timeout(t - self.env.now).callbacks.append(then)
-
     # ---- stages ----------------------------------------------------------------------
     def launch(self, mb: MicroBatch) -> None:
         """The engine hands a formed micro-batch to the first stage, now."""
@@ -124,31 +124,34 @@ class Pipeline:
 
     def _advance(self, s: int) -> None:
         """Book stage `s`'s queued visits, in order, as far as their times are known."""
-        queue, stage_time = self._queue[s], self.costs.stage_time
+        queue, stage_time, free_s, held = self._queue[s], self.costs.stage_time, self._free_s, self._held
         rank_cpu = self._rank_cpu and s > 0
-        while queue and not self._held[s]:
+        computed = self.rec.compute[s]
+        while queue and not held[s]:
             t, mb = queue.popleft()
-            start = t if t > self._free_s[s] else self._free_s[s]
+            start = t if t > free_s[s] else free_s[s]
             if rank_cpu:
                 launch_s = self._rank_launch(s, mb)
                 if launch_s > start:  # the GPU waits for this rank's CPU
                     start = launch_s
             compute_s, comm_s = stage_time(s, mb.shape)
             end = start + compute_s
-            self.rec.compute[s].append((start, end))
+            computed.append((start, end))
             if comm_s:
-                if not self._own[("ar", s)]:  # booked at its own time: one event
-                    self._held[s] = True
-                    self._at(end, lambda _ev, s=s, mb=mb, comm_s=comm_s: self._collective(s, mb, comm_s))
+                if not self._ring_own[s]:  # booked at its own time: one event
+                    held[s] = True
+                    self.env.call_at(
+                        end, lambda _ev, s=s, mb=mb, comm_s=comm_s: self._collective(s, mb, comm_s)
+                    )
                     return
-                c0, end = self._book(self._users[("ar", s)], end, comm_s)
+                c0, end = self._book(self._ring[s], end, comm_s)
                 self.rec.comm[s].append((c0, end))
-            self._free_s[s] = end
+            free_s[s] = end
             self._leave(s, mb, end)
 
     def _collective(self, s: int, mb: MicroBatch, comm_s: float) -> None:
         """A TP collective on links other users share, booked at its start (now)."""
-        c0, end = self._book(self._users[("ar", s)], self.env.now, comm_s)
+        c0, end = self._book(self._ring[s], self.env.now, comm_s)
         self.rec.comm[s].append((c0, end))
         self._free_s[s], self._held[s] = end, False
         self._leave(s, mb, end)
@@ -178,11 +181,11 @@ class Pipeline:
         if self.pp == 1:
             self._return_at(mb, t)
         elif s == self.pp - 1 and self.depth:
-            self._at(t, lambda _ev, mb=mb: self._park(mb))
-        elif self._own[("hop", s)]:
+            self.env.call_at(t, lambda _ev, mb=mb: self._park(mb))
+        elif self._hop_own[s]:
             self._hop(s, mb, t)
         else:
-            self._at(t, lambda _ev, s=s, mb=mb: self._hop(s, mb, self.env.now))
+            self.env.call_at(t, lambda _ev, s=s, mb=mb: self._hop(s, mb, self.env.now))
 
     def _hop(self, s: int, mb: MicroBatch, ready_s: float) -> None:
         if s == self.pp - 1:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from heapq import heappush
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import simpy
-from simpy.events import NORMAL
+from simpy.events import NORMAL, Event
 
 from .request_tally import RequestTally
 from .tally import StepTally
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 class Interval(NamedTuple):
@@ -69,6 +72,16 @@ class CountingEnvironment(simpy.Environment):
         self.scheduled = n = self.scheduled + 1
         heappush(self._queue, (self._now + delay, priority, n, event))
 
+    def call_at(self, t: float, callback: Callable[[simpy.Event], object]) -> None:
+        """Run `callback(event)` at simulated time `t`: one event, as
+        `timeout(t - now).callbacks.append(callback)` schedules it (the same time, to
+        the bit, and the same order), without a Timeout's construction: nothing waits
+        on it."""
+        ev = Event.__new__(Event)
+        ev.env, ev.callbacks, ev._value, ev._ok = self, [callback], None, True
+        self.scheduled = n = self.scheduled + 1
+        heappush(self._queue, (self._now + (t - self._now), NORMAL, n, ev))
+
 
 class Recorder:
     """The rows of a run in progress, appended once each, each at or before its start
@@ -111,6 +124,7 @@ class Recorder:
         steps: StepTally | None = None,
         requests: RequestTally | None = None,
         keep_rows: bool = True,
+        slot_shift: int = 0,
     ) -> Record:
         """The finished run as a value. The rows not yet folded into `steps` (all of
         them, for a record built by hand) are folded now, over the window
@@ -149,6 +163,7 @@ class Recorder:
             steps=steps,
             requests=requests if requests is not None else RequestTally(closed=clients is not None),
             kept=keep_rows,
+            slot_shift=slot_shift,
         )
 
 
@@ -186,6 +201,9 @@ class Record:
     # group i mod groups (0: the engine has micro-batch slots instead)
     groups: int = 0
     kept: bool = True  # every row kept (the trace); False: folded as the run went
+    # the window is whole periods of a run that repeats with its slot labels moved on
+    # by this each period (steady.period; 0: none): per-slot figures take orbit means
+    slot_shift: int = 0
 
     @property
     def pp(self) -> int:

@@ -62,9 +62,9 @@ class Channel:
 class Simulation:
     """The request bookkeeping an engine scheduler drives, and its pipeline (pipeline.py)."""
 
-    # a repeating closed loop stops at a whole cycle (_steady): its rows say every label
+    # a repeating closed loop stops at a whole period (_steady): its rows say every label
     # a figure is kept by (the slot); data parallelism's ranks are not in them
-    cycles = True
+    stops_at_periods = True
 
     def __init__(
         self,
@@ -111,7 +111,8 @@ class Simulation:
         self.queued = queued and workload.kind == "closed"
         self._load_s = self._load_t = self._load_warm_s = 0.0  # integral of `running` over time
         self._check_every = max(1, measure_requests // 8)
-        self._stop_measured: int | None = None  # a repeating run's whole cycles (_steady)
+        self._stop_measured: int | None = None  # a repeating run's whole periods (_steady)
+        self.slot_shift = 0  # stopped at whole periods whose slots rotate by this (_steady)
         self.warmup_requests = warmup_requests
         # the measurement window's start: the warm-up's end (None until then)
         self.window_start_s = None if closed and warmup_requests > 0 else 0.0
@@ -297,9 +298,7 @@ class Simulation:
             done = self._detok_free_s = (
                 max(now, self._detok_free_s) + self._detok_step_s + self._detok_token_s * produced
             )
-            self.env.timeout(done - now).callbacks.append(
-                lambda _ev, clients=[r.client for r in finished]: self._resend(clients)
-            )
+            self.env.call_at(done, lambda _ev, clients=[r.client for r in finished]: self._resend(clients))
             return finished
         for r in finished:
             self._arrive(r.client)
@@ -312,28 +311,31 @@ class Simulation:
 
     def _steady(self) -> bool:
         """Enough measured: no CI target, the cap reached, or the CI within target. A
-        run whose requests repeat (steady.period) stops at the end of a whole cycle,
-        its slot labels come round included, so that every figure of its window, not
-        only the throughput, is the cycle's."""
+        run whose requests repeat (steady.period) stops at the end of a whole period,
+        so that every figure of its window, not only the throughput, is the long
+        run's (a figure per slot once averaged over the slots' rotation, if any)."""
         if self.ci_target is None or self.completed >= self.cap:
             return True
-        at_cycle = self._stop_measured is not None and self.done.measured >= self._stop_measured
-        if not at_cycle and (self.completed - self.target) % self._check_every:
+        at_period = self._stop_measured is not None and self.done.measured >= self._stop_measured
+        if not at_period and (self.completed - self.target) % self._check_every:
             return False
         self._stop_measured = None
         out, latency_s = self.done.closed_loop_sample(self.queued)
         mean, half = self._ci(out, latency_s)
         if not (mean > 0 and half <= self.ci_target * mean):
             return False
-        cyc = self._cycle() if self.cycles else None
-        if cyc is None or len(out) % cyc[1] == 0:
+        per = self._period() if self.stops_at_periods else None
+        if per is None:
             return True
-        self._stop_measured = (len(out) // cyc[1] + 1) * cyc[1]
+        if len(out) % per[0] == 0:
+            self.slot_shift = per[1]
+            return True
+        self._stop_measured = (len(out) // per[0] + 1) * per[0]
         return False
 
-    def _cycle(self) -> tuple[int, int] | None:
-        """The measured requests' cycle (steady.period), on every time a request's
-        figures read, its slot and its output."""
+    def _period(self) -> tuple[int, int] | None:
+        """The measured requests' period and slot rotation (steady.period), on every
+        time a request's figures read, its slot and its output."""
         rows = self.done.rows()
         start = rows["arrival_s"]
         times = np.column_stack([rows[c] - start for c in ("admit_s", "first_token_s", "finish_s")])
@@ -366,7 +368,7 @@ class Simulation:
             return
         # the engine's front end (tokenizer, IPC) handles requests one at a time
         done = self._frontend_free_s = max(self.env.now, self._frontend_free_s) + self._frontend_s
-        self.env.timeout(done - self.env.now).callbacks.append(lambda _ev, req=req: self._enqueue(req))
+        self.env.call_at(done, lambda _ev, req=req: self._enqueue(req))
 
     def _enqueue(self, req: Request) -> None:
         """The request reaches the scheduler's waiting queue."""
@@ -419,4 +421,5 @@ class Simulation:
             steps=self.tally,
             requests=self.done,
             keep_rows=self.full,
+            slot_shift=self.slot_shift,
         )

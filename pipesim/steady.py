@@ -12,10 +12,14 @@ cycle: its requests repeat, in completion order, every P of them (each client's
 latency alternating between a long and a short round, say). Batches that cut through
 a cycle then differ by the cycle's phase, not by chance, and the batch means report
 a spread the estimate does not have. When the measured requests repeat with a
-period P (`period`: every request's output and latency equal those P earlier, for
+period P (`period`: every request's output and times equal those P earlier, for
 at least two whole periods), the batch is one period: the estimate is taken over
 the window's whole periods, where it is the cycle's long-run rate, and the
 half-width comes from the per-period samples (their spread is float rounding).
+A run that repeats stops at a whole period (simulation.py), so every figure of its
+window is the long run's. Its slots may repeat only up to a rotation of their labels
+(the busy slots move on by `shift` each period): a figure kept per slot is then the
+long run's once averaged over the labels the rotation visits (`slot_orbits`).
 
 Closed loop with more clients than the engine admits (C above its running cap or
 its KV capacity): the extra clients wait in the engine's queue and the run is sized
@@ -63,15 +67,14 @@ def _half_width(samples: np.ndarray) -> float:
 def period(
     output_tokens: ArrayLike, times_s: ArrayLike, slot: ArrayLike | None = None, slots: int = 1
 ) -> tuple[int, int] | None:
-    """(P, cycle) for requests that repeat in completion order, else None. P is the
+    """(P, shift) for requests that repeat in completion order, else None. P is the
     smallest lag, at most half the requests, at which each request's output equals,
     and its times (`times_s`: one per request, its latency, or a row of them, say
     latency and time to first token) match within PERIOD_RTOL, those of the request
     P earlier. `slot` (each request's micro-batch slot, -1 for none, of `slots`): the
-    slots must repeat too, up to one rotation s of their labels (slot -> slot + s mod
-    `slots`; the engine fills its slots in turn, so a cycle may hand its work on to
-    the next slot); after P x slots / gcd(s, slots) requests, the cycle, the labels
-    repeat."""
+    slots must repeat too, up to one rotation of their labels, slot -> slot + shift
+    mod `slots` (the engine fills its slots in turn, so a cycle may hand its work on
+    to the next slot); shift is 0 without one."""
     out = np.asarray(output_tokens, dtype=float)
     lat = np.asarray(times_s, dtype=float)
     lat = lat.reshape(len(lat), -1)
@@ -92,7 +95,7 @@ def period(
         if not same(i, i - p).all():
             continue
         if sl is None or slots <= 1:
-            return int(p), int(p)
+            return int(p), 0
         a, b = sl[p:], sl[:-p]
         if not np.array_equal(a < 0, b < 0):
             continue
@@ -100,9 +103,21 @@ def period(
         shift = shift[a >= 0]
         if len(shift) and (shift != shift[0]).any():
             continue
-        s = int(shift[0]) if len(shift) else 0
-        return int(p), int(p) * (slots // math.gcd(s, slots))
+        return int(p), int(shift[0]) if len(shift) else 0
     return None
+
+
+def slot_orbits(values: ArrayLike, shift: int) -> np.ndarray:
+    """Per-slot sums over a window of whole periods in which the labels move on by
+    `shift` each period, as a window of whole rotations would hold them: a slot's
+    label passes through its orbit (the slots j + i x shift mod slots), so each slot
+    takes its orbit's mean. Ratios of two such sums are the long run's per slot."""
+    v = np.asarray(values, dtype=float)
+    g = math.gcd(shift, len(v))  # the orbits are the residue classes mod g
+    if g == len(v):
+        return v
+    means = np.array([v[j::g].mean() for j in range(g)])
+    return means[np.arange(len(v)) % g]
 
 
 def closed_loop_ci(concurrency: int, output_tokens: ArrayLike, latency_s: ArrayLike) -> tuple[float, float]:
@@ -112,11 +127,11 @@ def closed_loop_ci(concurrency: int, output_tokens: ArrayLike, latency_s: ArrayL
     lat = np.asarray(latency_s, dtype=float)
     if len(out) < BATCHES or lat.sum() <= 0:
         return float("nan"), float("inf")
-    cyc = period(out, lat)
-    if cyc is None:
+    per = period(out, lat)
+    if per is None:
         groups = np.array_split(np.arange(len(out)), BATCHES)
     else:
-        p = cyc[0]
+        p = per[0]
         k = len(out) // p
         out, lat = out[: k * p], lat[: k * p]
         groups = np.split(np.arange(k * p), k)

@@ -173,11 +173,22 @@ def _keys(cols: dict, names) -> np.ndarray:
 def _groups(cols: dict, by: tuple[str, ...]):
     """(key, columns of its rows in table order) per distinct value of the `by`
     columns, keys sorted (as a DataFrame groupby)."""
-    rows: dict = {}
-    for i, key in enumerate(zip(*(np.asarray(cols[c]).astype(str).tolist() for c in by))):
-        rows.setdefault(key, []).append(i)  # one pass over the rows, not one per group
-    for key in sorted(rows):
-        idx = np.asarray(rows[key], dtype=np.intp)
+    # each column's distinct values sorted (as strings) and each row's rank among them;
+    # the ranks combined in column order sort the keys as tuples of strings do
+    code = np.zeros(len(np.asarray(cols[by[0]])), dtype=np.int64)
+    uniques = []
+    for c in by:
+        u, inv = np.unique(np.asarray(cols[c]).astype(str), return_inverse=True)
+        code = code * len(u) + inv.reshape(-1)
+        uniques.append(u)
+    order = np.argsort(code, kind="stable")  # table order within a key
+    bounds = np.flatnonzero(np.diff(code[order])) + 1
+    for idx in np.split(order, bounds) if len(order) else ():
+        rank, key = int(code[idx[0]]), []
+        for u in reversed(uniques):
+            rank, r = divmod(rank, len(u))
+            key.append(str(u[r]))
+        key = tuple(reversed(key))
         yield (key[0] if len(by) == 1 else key), {c: np.asarray(v)[idx] for c, v in cols.items()}
 
 

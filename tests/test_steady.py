@@ -9,7 +9,7 @@ import pytest
 from conftest import simulate
 
 import pipesim
-from pipesim.steady import BATCHES, PERIOD_RTOL, closed_loop_ci, period, queue_wait_s, window_ci
+from pipesim.steady import BATCHES, PERIOD_RTOL, closed_loop_ci, period, queue_wait_s, slot_orbits, window_ci
 
 
 def test_closed_loop_ci_by_hand():
@@ -31,10 +31,10 @@ def test_period_of_a_repeating_sequence():
     # a long and a short round, 3 requests each, repeating: period 6
     lat = np.tile([47.0, 47.0, 47.1, 33.5, 33.5, 33.6], 5)
     out = np.full(len(lat), 300.0)
-    assert period(out, lat) == (6, 6)
+    assert period(out, lat) == (6, 0)
     # float rounding of growing times (relative 1e-12) still repeats; a change beyond
     # PERIOD_RTOL anywhere in the window does not
-    assert period(out, lat * (1 + 1e-12 * np.arange(len(lat)))) == (6, 6)
+    assert period(out, lat * (1 + 1e-12 * np.arange(len(lat)))) == (6, 0)
     bent = lat.copy()
     bent[4] *= 1 + 10 * PERIOD_RTOL
     assert period(out, bent) is None
@@ -44,25 +44,35 @@ def test_period_of_a_repeating_sequence():
     assert period(out2, lat) is None
     # fewer than two whole periods: no period can be seen
     assert period(out[:11], lat[:11]) is None
-    assert period(out[:12], lat[:12]) == (6, 6)
+    assert period(out[:12], lat[:12]) == (6, 0)
 
 
 def test_period_with_rotating_slots():
     lat = np.tile([40.0, 30.0], 8)
     out = np.full(16, 100.0)
-    # the work moves on by one of 4 slots each period: the labels come round after 4
+    # the work moves on by one of 4 slots each period
     slot = np.repeat(np.arange(8) % 4, 2)
-    assert period(out, lat, slot, 4) == (2, 8)
-    # by two of 4: after 2
-    assert period(out, lat, np.repeat((2 * np.arange(8)) % 4, 2), 4) == (2, 4)
+    assert period(out, lat, slot, 4) == (2, 1)
+    # by two of 4
+    assert period(out, lat, np.repeat((2 * np.arange(8)) % 4, 2), 4) == (2, 2)
     # the same slots each period
-    assert period(out, lat, np.tile([1, 3], 8), 4) == (2, 2)
-    # no single rotation maps a period onto the next: not a cycle
+    assert period(out, lat, np.tile([1, 3], 8), 4) == (2, 0)
+    # no single rotation maps a period onto the next: no period
     bad = slot.copy()
     bad[-1] = (bad[-1] + 1) % 4
     assert period(out, lat, bad, 4) is None
     # requests in no slot (-1) must stay so
-    assert period(out, lat, np.full(16, -1), 4) == (2, 2)
+    assert period(out, lat, np.full(16, -1), 4) == (2, 0)
+
+
+def test_slot_orbits():
+    # shift 1 of 4: one orbit, every slot takes the mean; shift 2 of 4: orbits {0, 2}, {1, 3}
+    v = [0.0, 48.0, 32.0, 16.0]
+    assert slot_orbits(v, 1).tolist() == [24.0] * 4
+    assert slot_orbits(v, 2).tolist() == [16.0, 32.0, 16.0, 32.0]
+    assert slot_orbits(v, 0).tolist() == v
+    # 6 slots, shift 4: gcd 2, orbits the even and the odd slots
+    assert slot_orbits([1, 2, 3, 4, 5, 6], 4).tolist() == [3, 4, 3, 4, 3, 4]
 
 
 def test_period_of_random_requests_is_none():
@@ -85,22 +95,23 @@ def test_closed_loop_ci_over_whole_periods():
     assert samples.std() > 1
 
 
-def test_a_repeating_run_stops_at_a_whole_cycle():
+def test_a_repeating_run_stops_at_a_whole_period():
     """TP2 x PP4 at C = 64 settles into a cycle: every client alternates a long and a
     short round, and the busy slots move on to the next each period. The run stops at
-    a whole cycle, where every figure, the per-slot ones included, is the long run's."""
-
+    a whole period, where every figure equals that of a run 8 rotations long, the
+    per-slot ones once averaged over the rotation (steady.slot_orbits)."""
     from pipesim.runner import simulate as run_scenario
 
     sc = pipesim.build_scenario(tp=2, pp=4, concurrency=64)
     rec, short = run_scenario(sc)
     rows = rec.requests.rows()
     times = np.column_stack([rows[c] - rows["arrival_s"] for c in ("first_token_s", "finish_s")])
-    p, cycle = period(rows["output_len"], times, rows["slot"], sc.settings.slots)
-    assert len(times) % cycle == 0 and cycle > p
+    p, shift = period(rows["output_len"], times, rows["slot"], sc.settings.slots)
+    assert len(times) % p == 0 and shift != 0 and rec.slot_shift == shift
     assert short.output_throughput_ci_tok_s == pytest.approx(0.0, abs=1e-6)
-    _, long = run_scenario(sc, measure_requests=8 * cycle, ci_target=None)
-    assert short.completed_requests < long.completed_requests
+    rotation = sc.settings.slots // math.gcd(shift, sc.settings.slots)
+    _, long = run_scenario(sc, measure_requests=8 * rotation * p, ci_target=None)
+    assert 4 * short.completed_requests <= long.completed_requests
     for f in ("output_throughput_tok_s", "ttft_ms_p50", "e2e_ms_mean", "tpot_ms_p99"):
         assert getattr(short, f) == pytest.approx(getattr(long, f), rel=1e-9), f
     assert short.decode_batch_per_slot == pytest.approx(long.decode_batch_per_slot, rel=1e-9)
