@@ -40,6 +40,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
 TEXT_COLUMNS = {"dtype", "distribution", "op", "impl"}
 CACHE_VERSION = 1  # of the parsed-table cache's layout (`cached_columns`)
 CACHE_MIN_BYTES = 64 * 1024  # smaller table files parse in milliseconds: not worth a cached copy
+CACHE_MAX_FILES = 64  # cached tables kept, the most recently used (a copied profile is a new key)
 
 
 def sig6(x: float) -> float:
@@ -226,7 +227,9 @@ def cached_columns(f: Path | Traversable, table: str) -> dict[str, np.ndarray]:
     default ~/.cache/pipesim) keyed by the file's path, size and modification time:
     parsing the largest tables costs more than the rest of a prediction, a cached read
     a few milliseconds. The cache is only ever a copy; a folder that cannot be written
-    is skipped, and files under CACHE_MIN_BYTES are parsed each time."""
+    is skipped, and files under CACHE_MIN_BYTES are parsed each time. It holds at most
+    CACHE_MAX_FILES tables: a read marks its copy used, a write drops the least
+    recently used beyond that (every copy of a profile's folder is keyed anew)."""
     try:
         st = Path(str(f)).stat()
         if st.st_size < CACHE_MIN_BYTES:
@@ -240,7 +243,9 @@ def cached_columns(f: Path | Traversable, table: str) -> dict[str, np.ndarray]:
     if cached is not None and cached.is_file():
         try:
             with np.load(cached, allow_pickle=False) as z:
-                return {name: z[name] for name in z.files}
+                cols = {name: z[name] for name in z.files}
+            os.utime(cached)
+            return cols
         except Exception:
             pass
     with f.open("rb") as fh:
@@ -251,9 +256,23 @@ def cached_columns(f: Path | Traversable, table: str) -> dict[str, np.ndarray]:
             tmp = cached.with_suffix(f".{os.getpid()}.tmp.npz")
             np.savez(tmp, **cols)
             os.replace(tmp, cached)
+            _trim_cache(cached.parent)
         except OSError:
             pass
     return cols
+
+
+def _trim_cache(folder: Path) -> None:
+    """Drop the least recently used cached tables beyond CACHE_MAX_FILES."""
+    entries = []
+    for p in folder.glob("*.npz"):
+        try:
+            entries.append((p.stat().st_mtime_ns, p))
+        except OSError:  # removed meanwhile by another process
+            continue
+    entries.sort(reverse=True)
+    for _, p in entries[CACHE_MAX_FILES:]:
+        p.unlink(missing_ok=True)
 
 
 def read_table(source: str | Path | IO, table: str, origin: str) -> pd.DataFrame:

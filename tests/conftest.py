@@ -7,7 +7,11 @@ the test; never from the simulator's own output.
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,12 @@ from pipesim.costs import CostModel
 from pipesim.model import load_model
 from pipesim.profile import load_profile
 from pipesim.simulation import Simulation
+
+# the session's own parsed-table cache (tables.cached_columns), not the user's: every
+# profile folder a test copies is a new cache key
+_CACHE_DIR = tempfile.mkdtemp(prefix="pipesim-test-cache-")
+os.environ.setdefault("PIPESIM_CACHE_DIR", _CACHE_DIR)
+atexit.register(shutil.rmtree, _CACHE_DIR, True)
 
 PROFILE_NAME = "rtx-pro-6000-sglang-healthy"
 BOX_NAME = "rtx-pro-6000-server-8x"

@@ -53,6 +53,41 @@ def test_shipped_profiles_and_their_provenance(capsys):
     assert healthy.params.allreduce_scale == 1.0 and healthy.params.allreduce_offset_us == 0.0
 
 
+def test_table_cache_keeps_the_most_recently_used(tmp_path, monkeypatch):
+    """The parsed-table cache holds at most CACHE_MAX_FILES copies: a new one drops the
+    least recently used, and reading a copy counts as a use."""
+    import os
+    import time
+
+    from pipesim.tables import cached_columns
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PIPESIM_CACHE_DIR", str(cache))
+    monkeypatch.setattr("pipesim.tables.CACHE_MIN_BYTES", 0)
+    monkeypatch.setattr("pipesim.tables.CACHE_MAX_FILES", 2)
+    header = b"dtype,hidden,inter,topk,experts,moe_tp,distribution,tokens,latency_ms\n"
+    files = []
+    for i in range(3):
+        f = tmp_path / f"copy{i}" / "moe.csv"
+        f.parent.mkdir()
+        f.write_bytes(header + f"bf16,7168,2048,8,384,1,balanced,1,{0.05 + i}\n".encode())
+        files.append(f)
+
+    def copies() -> set:
+        return set(cache.glob("*.npz"))
+
+    cached_columns(files[0], "moe")
+    first = copies()
+    time.sleep(0.01)
+    cached_columns(files[1], "moe")
+    second = copies() - first
+    os.utime(next(iter(second)), ns=(1, 1))  # copy 1 used long ago, copy 0 just now
+    assert cached_columns(files[0], "moe")["latency_ms"].tolist() == [0.05]
+    cached_columns(files[2], "moe")
+    kept = copies()
+    assert len(kept) == 2 and first <= kept and not (second & kept)
+
+
 def test_tables_read_without_pandas_match_pandas(tmp_path, monkeypatch):
     """The csv-module reader (and its cached copy) gives what pandas reads from the same file."""
     import gzip as _gzip
