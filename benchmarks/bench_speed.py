@@ -71,8 +71,9 @@ OTHER_PREDICTS = {
 def predict_vs_bare(reps: int) -> dict:
     """Whole `pipesim predict` processes against a bare `import numpy, simpy`, paired
     run by run: the issue's TP2 x PP4 C = 64 (at the running cap of 64: the clients'
-    resends reach the scheduler spread out, and the run needs about 1,100 requests for
-    its 2% interval) and, for comparison, two scenarios whose runs are shorter."""
+    resends reach the scheduler spread out, the run settles into a cycle of 128
+    requests and stops after two, steady.py) and, for comparison, the same split
+    above the cap and TP8."""
     cmds = {"tp2pp4_c64": PREDICT, **OTHER_PREDICTS}
     bare, pred = [], {k: [] for k in cmds}
     for cmd in cmds.values():
