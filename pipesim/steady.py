@@ -57,6 +57,8 @@ HISTOGRAM_BINS = 4096
 T_975 = (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157)
 PERIOD_RTOL = 1e-9  # a repeated latency: equal but for the rounding of growing times
 PERIOD_PROBE = 64  # requests compared at every candidate period before the full check
+PERIOD_CANDIDATES = 16  # the smallest candidates that pass the probe, checked in full
+PERIOD_BLOCK = 256  # candidate lags probed at once
 
 
 def _half_width(samples: np.ndarray) -> float:
@@ -74,7 +76,10 @@ def period(
     P earlier. `slot` (each request's micro-batch slot, -1 for none, of `slots`): the
     slots must repeat too, up to one rotation of their labels, slot -> slot + shift
     mod `slots` (the engine fills its slots in turn, so a cycle may hand its work on
-    to the next slot); shift is 0 without one."""
+    to the next slot); shift is 0 without one. Only the PERIOD_CANDIDATES smallest
+    lags at which the last PERIOD_PROBE requests repeat are checked whole: a run that
+    repeats with none of them is treated as one that does not repeat (plain batch
+    means, the conservative answer)."""
     out = np.asarray(output_tokens, dtype=float)
     lat = np.asarray(times_s, dtype=float)
     lat = lat.reshape(len(lat), -1)
@@ -86,13 +91,21 @@ def period(
         near = np.abs(lat[i] - lat[j]) <= PERIOD_RTOL * np.abs(lat[j])
         return (out[i] == out[j]) & near.all(axis=-1)
 
-    lags = np.arange(1, n // 2 + 1)
-    tail = n - 1 - np.arange(min(PERIOD_PROBE, n // 2))  # the last requests, probed first
-    lags = lags[same(tail[None, :], tail[None, :] - lags[:, None]).all(axis=1)]
+    probe = n - 1 - np.arange(min(PERIOD_PROBE, n // 2))  # the last requests
+    candidates: list[int] = []
+    for first in range(1, n // 2 + 1, PERIOD_BLOCK):  # lags in ascending blocks
+        lags = np.arange(first, min(first + PERIOD_BLOCK, n // 2 + 1))
+        for i in probe:
+            lags = lags[same(np.full(len(lags), i), i - lags)]
+            if not len(lags):
+                break
+        candidates += lags.tolist()
+        if len(candidates) >= PERIOD_CANDIDATES:
+            break
     sl = None if slot is None else np.asarray(slot, dtype=np.int64)
-    for p in lags:
-        i = np.arange(p, n)
-        if not same(i, i - p).all():
+    for p in candidates[:PERIOD_CANDIDATES]:  # bounded work: beyond them, no period is claimed
+        a, b = lat[p:], lat[:-p]
+        if not (np.array_equal(out[p:], out[:-p]) and (np.abs(a - b) <= PERIOD_RTOL * np.abs(b)).all()):
             continue
         if sl is None or slots <= 1:
             return int(p), 0

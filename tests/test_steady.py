@@ -47,6 +47,14 @@ def test_period_of_a_repeating_sequence():
     assert period(out[:12], lat[:12]) == (6, 0)
 
 
+def test_a_transient_is_no_period():
+    # the first requests differ (a transient the warm-up did not cover), the rest are
+    # identical: the window as a whole does not repeat, so plain batch means apply
+    lat = np.full(400, 5.0)
+    lat[:3] = 1.0
+    assert period(np.full(400, 100.0), lat) is None
+
+
 def test_period_with_rotating_slots():
     lat = np.tile([40.0, 30.0], 8)
     out = np.full(16, 100.0)
