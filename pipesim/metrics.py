@@ -111,6 +111,9 @@ class Result:
     preemptions: int
     preemptions_total: int
     completed_requests: int
+    # the measured requests repeat every this many (a deterministic run's cycle, measured
+    # in whole periods: its CI is float rounding and its figures the long run's; 0: none)
+    period_requests: int
     sim_events: int
     sim_wall_s: float
     saturation: dict | None  # open loop: arrivals against service (saturation.py); closed: None
@@ -195,9 +198,10 @@ def collect(rec: Record, scenario: dict, wall_s: float) -> Result:
     cols = {}
     queued = rec.engine_load is not None
     wait_s = 0.0
+    period_requests, shift = rec.period or (0, 0)  # a run that repeats: whole periods (steady.py)
     if rec.clients is not None:  # a closed loop: its measured requests in completion order
         out, latency_s = done.closed_loop_sample(queued)
-        ci = closed_loop_ci(rec.engine_load if queued else rec.clients, out, latency_s)
+        ci = closed_loop_ci(rec.engine_load if queued else rec.clients, out, latency_s, period_requests)
         # more clients than admitted: the run is too short for the queue to reach its
         # steady wait, which Little's law gives exactly in mean (steady.py)
         if queued and len(out):
@@ -281,15 +285,13 @@ def collect(rec: Record, scenario: dict, wall_s: float) -> Result:
         mean_decode_batch=st.decode_requests / st.decode_batches if st.decode_batches else 0.0,
         decode_batch_per_slot=[
             float(s / c) if c else 0.0
-            for s, c in zip(
-                slot_orbits(st.slot_decode, rec.slot_shift),
-                slot_orbits(st.slot_decode_batches, rec.slot_shift),
-            )
+            for s, c in zip(slot_orbits(st.slot_decode, shift), slot_orbits(st.slot_decode_batches, shift))
         ],
         group_sizes=st.groups.means() if st.groups is not None else None,
         preemptions=st.evictions,
         preemptions_total=st.evictions_total,
         completed_requests=done.measured,
+        period_requests=period_requests,
         sim_events=rec.events,
         sim_wall_s=wall_s,
         saturation=saturation,

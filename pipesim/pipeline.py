@@ -75,11 +75,12 @@ class Pipeline:
         self._users = self._link_users()
         self._free_at = {d: 0.0 for links in self._users.values() for d in links}
         uses = Counter(d for links in self._users.values() for d in links)
-        self._own = {u: all(uses[d] == 1 for d in links) for u, links in self._users.items()}
-        # per stage, read on every visit: its ring's links and whether only it crosses them
+        own = {u: all(uses[d] == 1 for d in links) for u, links in self._users.items()}
+        # per stage, read on every visit: its ring's links, and whether only the ring (the
+        # hop out of the stage) crosses its links, so that it is booked without an event
         self._ring = [self._users[("ar", s)] for s in range(pp)]
-        self._ring_own = [self._own[("ar", s)] for s in range(pp)]
-        self._hop_own = [self._own[("hop", s)] for s in range(pp)]
+        self._ring_own = [own[("ar", s)] for s in range(pp)]
+        self._hop_own = [own[("hop", s)] for s in range(pp)]
         self._queue: list[deque] = [deque() for _ in range(pp)]  # (arrival_s, micro-batch)
         self._free_s = [0.0] * pp  # when each stage finishes the visits booked so far
         self._held = [False] * pp  # a visit awaits a shared-link booking: the rest queue

@@ -124,7 +124,7 @@ class Recorder:
         steps: StepTally | None = None,
         requests: RequestTally | None = None,
         keep_rows: bool = True,
-        slot_shift: int = 0,
+        period: tuple[int, int] | None = None,
     ) -> Record:
         """The finished run as a value. The rows not yet folded into `steps` (all of
         them, for a record built by hand) are folded now, over the window
@@ -163,7 +163,7 @@ class Recorder:
             steps=steps,
             requests=requests if requests is not None else RequestTally(closed=clients is not None),
             kept=keep_rows,
-            slot_shift=slot_shift,
+            period=period,
         )
 
 
@@ -201,9 +201,9 @@ class Record:
     # group i mod groups (0: the engine has micro-batch slots instead)
     groups: int = 0
     kept: bool = True  # every row kept (the trace); False: folded as the run went
-    # the window is whole periods of a run that repeats with its slot labels moved on
-    # by this each period (steady.period; 0: none): per-slot figures take orbit means
-    slot_shift: int = 0
+    # (P, shift): the window is whole periods of P requests of a run that repeats, its
+    # slot labels moved on by `shift` each period (steady.period; None: no period seen)
+    period: tuple[int, int] | None = None
 
     @property
     def pp(self) -> int:

@@ -25,6 +25,14 @@ def _slot_note(per_slot: list) -> str:
     return ""
 
 
+def _periods(r: Result) -> str:
+    """Where a run that repeats got its CI: whole periods (steady.py)."""
+    p = r.period_requests
+    if not p:
+        return ""
+    return f", {r.completed_requests // p} whole periods of {p}: the run repeats, its CI is float rounding"
+
+
 def _evicted(engine: str) -> str:
     """What the engine calls evicting a running request for KV (docs/engines.md §4)."""
     return "retractions" if engine == "sglang" else "preemptions"
@@ -148,7 +156,7 @@ def table(result: Result) -> str:
     for table_name, source in sc.get("table_sources", {}).items():
         lines.append(f"  table {table_name}: {source}")
     lines += [
-        f"  ({r.completed_requests} requests measured; {r.sim_events:,} events in {r.sim_wall_s:.2f} s)",
+        f"  ({r.completed_requests} requests measured{_periods(r)}; {r.sim_events:,} events in {r.sim_wall_s:.2f} s)",
     ]
     return "\n".join(lines)
 

@@ -112,7 +112,8 @@ class Simulation:
         self._load_s = self._load_t = self._load_warm_s = 0.0  # integral of `running` over time
         self._check_every = max(1, measure_requests // 8)
         self._stop_measured: int | None = None  # a repeating run's whole periods (_steady)
-        self.slot_shift = 0  # stopped at whole periods whose slots rotate by this (_steady)
+        # (P, slot shift): the run stopped at whole periods of P requests (_steady)
+        self.period: tuple[int, int] | None = None
         self.warmup_requests = warmup_requests
         # the measurement window's start: the warm-up's end (None until then)
         self.window_start_s = None if closed and warmup_requests > 0 else 0.0
@@ -321,14 +322,14 @@ class Simulation:
             return False
         self._stop_measured = None
         out, latency_s = self.done.closed_loop_sample(self.queued)
-        mean, half = self._ci(out, latency_s)
+        per = self._period() if self.stops_at_periods else None
+        mean, half = self._ci(out, latency_s, per[0] if per else 0)
         if not (mean > 0 and half <= self.ci_target * mean):
             return False
-        per = self._period() if self.stops_at_periods else None
         if per is None:
             return True
         if len(out) % per[0] == 0:
-            self.slot_shift = per[1]
+            self.period = per
             return True
         self._stop_measured = (len(out) // per[0] + 1) * per[0]
         return False
@@ -341,10 +342,10 @@ class Simulation:
         times = np.column_stack([rows[c] - start for c in ("admit_s", "first_token_s", "finish_s")])
         return period(rows["output_len"], times, rows["slot"], self.settings.slots)
 
-    def _ci(self, out: np.ndarray, latency_s: np.ndarray) -> tuple[float, float]:
+    def _ci(self, out: np.ndarray, latency_s: np.ndarray, period_requests: int) -> tuple[float, float]:
         """Closed-loop output rate and its 95% half-width from the measured requests."""
         return closed_loop_ci(
-            self.engine_load() if self.queued else self.workload.concurrency, out, latency_s
+            self.engine_load() if self.queued else self.workload.concurrency, out, latency_s, period_requests
         )
 
     def engine_load(self) -> float:
@@ -421,5 +422,5 @@ class Simulation:
             steps=self.tally,
             requests=self.done,
             keep_rows=self.full,
-            slot_shift=self.slot_shift,
+            period=self.period,
         )

@@ -16,8 +16,9 @@ period P (`period`: every request's output and times equal those P earlier, for
 at least two whole periods), the batch is one period: the estimate is taken over
 the window's whole periods, where it is the cycle's long-run rate, and the
 half-width comes from the per-period samples (their spread is float rounding).
-A run that repeats stops at a whole period (simulation.py), so every figure of its
-window is the long run's. Its slots may repeat only up to a rotation of their labels
+A run that repeats stops at a whole period (simulation.py, which finds the period
+once a check and hands it on: `Record.period`, `Result.period_requests`), so every
+figure of its window is the long run's. Its slots may repeat only up to a rotation of their labels
 (the busy slots move on by `shift` each period): a figure kept per slot is then the
 long run's once averaged over the labels the rotation visits (`slot_orbits`).
 
@@ -133,18 +134,20 @@ def slot_orbits(values: ArrayLike, shift: int) -> np.ndarray:
     return means[np.arange(len(v)) % g]
 
 
-def closed_loop_ci(concurrency: int, output_tokens: ArrayLike, latency_s: ArrayLike) -> tuple[float, float]:
+def closed_loop_ci(
+    concurrency: int, output_tokens: ArrayLike, latency_s: ArrayLike, period_requests: int = 0
+) -> tuple[float, float]:
     """(output tok/s, 95% half-width) from completed requests in completion order: over
-    the whole periods when they repeat (`period`), else in BATCHES batches."""
+    the whole periods of `period_requests` when they repeat (`period`; at least two of
+    them), else in BATCHES batches."""
     out = np.asarray(output_tokens, dtype=float)
     lat = np.asarray(latency_s, dtype=float)
     if len(out) < BATCHES or lat.sum() <= 0:
         return float("nan"), float("inf")
-    per = period(out, lat)
-    if per is None:
+    p = period_requests
+    if not p or len(out) < 2 * p:
         groups = np.array_split(np.arange(len(out)), BATCHES)
     else:
-        p = per[0]
         k = len(out) // p
         out, lat = out[: k * p], lat[: k * p]
         groups = np.split(np.arange(k * p), k)

@@ -176,20 +176,14 @@ def _groups(cols: dict, by: tuple[str, ...]):
     columns, keys sorted (as a DataFrame groupby)."""
     # each column's distinct values sorted (as strings) and each row's rank among them;
     # the ranks combined in column order sort the keys as tuples of strings do
-    code = np.zeros(len(np.asarray(cols[by[0]])), dtype=np.int64)
-    uniques = []
-    for c in by:
-        u, inv = np.unique(np.asarray(cols[c]).astype(str), return_inverse=True)
+    texts = [np.asarray(cols[c]).astype(str) for c in by]
+    code = np.zeros(len(texts[0]), dtype=np.int64)
+    for t in texts:
+        u, inv = np.unique(t, return_inverse=True)
         code = code * len(u) + inv.reshape(-1)
-        uniques.append(u)
     order = np.argsort(code, kind="stable")  # table order within a key
-    bounds = np.flatnonzero(np.diff(code[order])) + 1
-    for idx in np.split(order, bounds) if len(order) else ():
-        rank, key = int(code[idx[0]]), []
-        for u in reversed(uniques):
-            rank, r = divmod(rank, len(u))
-            key.append(str(u[r]))
-        key = tuple(reversed(key))
+    for idx in np.split(order, np.flatnonzero(np.diff(code[order])) + 1) if len(order) else ():
+        key = tuple(str(t[idx[0]]) for t in texts)
         yield (key[0] if len(by) == 1 else key), {c: np.asarray(v)[idx] for c, v in cols.items()}
 
 

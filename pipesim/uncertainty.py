@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .sketch import percentile
-from .steady import period
 
 if TYPE_CHECKING:
     from .metrics import Result
@@ -290,12 +289,12 @@ def run_spread(result: Result, scenario: Scenario) -> dict:
     e2e_s = cols["e2e_ms"] * 1e-3
     order = np.argsort(finish, kind="stable")
     stretches, size = np.array_split(order, k), n / k
-    per = period(out_len[order], np.column_stack([e2e_s, cols["ttft_ms"]])[order])
-    if per is not None and n % per[0] == 0 and n < RUN_BATCHES * member:
-        # a run of whole periods P (steady.period) is the start of its own periodic
-        # continuation: RUN_BATCHES member-sized stretches are read off that, as from a
-        # longer run, starting at phases spread over one period
-        starts = np.arange(RUN_BATCHES) * per[0] // RUN_BATCHES
+    p = result.period_requests
+    if p and n % p == 0 and n < RUN_BATCHES * member:
+        # a run of whole periods of p requests (steady.period) is the start of its own
+        # periodic continuation: RUN_BATCHES member-sized stretches are read off that,
+        # as from a longer run, starting at phases spread over one period
+        starts = np.arange(RUN_BATCHES) * p // RUN_BATCHES
         stretches, size = [order[(a + np.arange(member)) % n] for a in starts], member
     samples = []
     for g in stretches:

@@ -92,7 +92,7 @@ def test_links_no_other_user_crosses_are_booked_without_events(profile):
     # and the requests' own (arrivals, front end, detokenizer): below one per visit
     sc = pipesim.build_scenario(tp=1, pp=8, concurrency=16, input_len="300", output_len="40", profile=profile)
     sim = simulate(sc, 16, 32)
-    assert all(sim.pipe._own.values())
+    assert all(sim.pipe._hop_own) and all(sim.pipe._ring_own)
     visits = sum(len(c) for c in sim.rec.compute)
     assert sim.env.scheduled < visits
 

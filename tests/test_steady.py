@@ -94,13 +94,17 @@ def test_closed_loop_ci_over_whole_periods():
     # and every period gives the same sample, so the half-width is 0
     lat = np.concatenate([np.tile(np.repeat([47.0, 33.0], 4), 5), [47.0, 47.0, 47.0]])
     out = np.full(len(lat), 300.0)
-    mean, half = closed_loop_ci(4, out, lat)
+    assert period(out, lat) == (8, 0)
+    mean, half = closed_loop_ci(4, out, lat, 8)
     assert mean == pytest.approx(4 * 300 / 40.0)
     assert half == pytest.approx(0.0, abs=1e-9)
-    # the plain batch means over all 43 cut through the rounds and report a spread
+    # without the period, the plain batch means over all 43 cut through the rounds:
+    # the estimate includes the partial period and the half-width is their spread
     groups = np.array_split(np.arange(len(lat)), BATCHES)
     samples = np.array([4 * out[g].sum() / lat[g].sum() for g in groups])
-    assert samples.std() > 1
+    mean, half = closed_loop_ci(4, out, lat)
+    assert mean == pytest.approx(4 * out.sum() / lat.sum())
+    assert half == pytest.approx(2.262157 * samples.std(ddof=1) / math.sqrt(BATCHES)) and half > 1
 
 
 def test_a_repeating_run_stops_at_a_whole_period():
@@ -115,7 +119,8 @@ def test_a_repeating_run_stops_at_a_whole_period():
     rows = rec.requests.rows()
     times = np.column_stack([rows[c] - rows["arrival_s"] for c in ("first_token_s", "finish_s")])
     p, shift = period(rows["output_len"], times, rows["slot"], sc.settings.slots)
-    assert len(times) % p == 0 and shift != 0 and rec.slot_shift == shift
+    assert len(times) % p == 0 and shift != 0 and rec.period == (p, shift)
+    assert short.period_requests == p
     assert short.output_throughput_ci_tok_s == pytest.approx(0.0, abs=1e-6)
     rotation = sc.settings.slots // math.gcd(shift, sc.settings.slots)
     _, long = run_scenario(sc, measure_requests=8 * rotation * p, ci_target=None)

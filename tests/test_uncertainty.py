@@ -153,7 +153,7 @@ def _closed_result(sc, throughputs, per_stretch):
         "decode_tok_s": np.full(n, 50.0),
     }
     fields = {f: 1.0 for f in Result.__dataclass_fields__ if f not in ("request_columns", "stage_columns")}
-    fields.update(scenario={}, window_s=(0.0, t), request_columns=cols, stage_columns={})
+    fields.update(scenario={}, window_s=(0.0, t), request_columns=cols, stage_columns={}, period_requests=0)
     return Result(**fields)
 
 
