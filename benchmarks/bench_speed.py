@@ -182,7 +182,7 @@ def events(reps: int) -> dict:
     """Events per stage visit, and the simulation's wall time against a bare SimPy
     loop of one event per stage visit, both measured in this process."""
     from pipesim.api import simulate
-    from pipesim.scenario import build_scenario
+    from pipesim.scenario.build import build_scenario
 
     out = {}
     for name, tp, pp, conc in (("pp8_c256", 1, 8, 256), ("tp2pp4_c64", 2, 4, 64)):
@@ -216,7 +216,7 @@ def sweep_1000(reps: int) -> dict:
     import tempfile
     from pathlib import Path
 
-    from pipesim.sweep import sweep
+    from pipesim.explore.sweep import sweep
 
     def cpu_s() -> float:  # this process and its joined worker processes, user + system
         own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)

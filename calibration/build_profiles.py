@@ -24,10 +24,10 @@ from pathlib import Path
 import pandas as pd
 
 from pipesim.calibrate.fit import fit
-from pipesim.calibrate.importers.aiconfigurator import build_tables, kernel_floor_us
-from pipesim.calibrate.measured import read_points
-from pipesim.profile import Params, Profile, write_profile
-from pipesim.tables import Tables
+from pipesim.profiles.importers.aiconfigurator import build_tables, kernel_floor_us
+from pipesim.profiles.measured import read_points
+from pipesim.profiles.profile import Params, Profile, write_profile
+from pipesim.profiles.tables import Tables
 
 HERE = Path(__file__).resolve().parent
 SYSTEM = "rtx_pro_6000_server"

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipesim import profile as profile_mod
-from pipesim.calibrate.importers.aiconfigurator import build_tables
-from pipesim.interp import bracket
-from pipesim.profile import load_profile
-from pipesim.tables import TABLE_COLUMNS
+from pipesim.profiles import profile as profile_mod
+from pipesim.profiles.curves import bracket
+from pipesim.profiles.importers.aiconfigurator import build_tables
+from pipesim.profiles.profile import load_profile
+from pipesim.profiles.tables import TABLE_COLUMNS
 
 DEFAULT_AIC = (
     Path(__file__).resolve().parent.parent.parent

@@ -40,13 +40,13 @@ from pathlib import Path
 import pandas as pd
 
 import pipesim
-from pipesim.calibrate.measured import COLUMNS
-from pipesim.costs import CostModel, Shape
-from pipesim.errors import UserError
-from pipesim.hardware import load_box
-from pipesim.model import load_model, read_hf_config
-from pipesim.plan import Plan
-from pipesim.profile import load_profile
+from pipesim.base.errors import UserError
+from pipesim.costs.stage import CostModel, Shape
+from pipesim.inputs.box import load_box
+from pipesim.inputs.model import load_model, read_hf_config
+from pipesim.inputs.plan import Plan
+from pipesim.profiles.measured import COLUMNS
+from pipesim.profiles.profile import load_profile
 
 # per-forward (not per-layer) operations of the last stage
 ONCE = {"embedding", "embedding all-reduce", "final norm", "lm_head", "logits all-gather", "sampling"}
@@ -188,7 +188,7 @@ def report(rows: list[dict]) -> str:
 
 
 def points(rows: list[dict], model_arg: str, input_len: int, output_len: int, source: str) -> pd.DataFrame:
-    """The runs as measured points (pipesim.calibrate.measured's columns) for `pipesim validate`/`fit`."""
+    """The runs as measured points (pipesim.profiles.measured's columns) for `pipesim validate`/`fit`."""
     out = [
         {
             "name": f"HF generate b{r['batch']}",

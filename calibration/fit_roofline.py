@@ -33,12 +33,12 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from pipesim.calibrate.importers.aiconfigurator import build_tables
-from pipesim.catalogue import data_root
-from pipesim.costs import ACT_BYTES, distinct_experts
-from pipesim.hardware import GPU, box_names, load_box
-from pipesim.quantization import BF16, FP8_BLOCK, INT4_G32
-from pipesim.roofline import FIT_FILE, Curve
+from pipesim.costs.roofline import FIT_FILE, Curve
+from pipesim.costs.stage import ACT_BYTES, distinct_experts
+from pipesim.inputs.box import GPU, box_names, load_box
+from pipesim.inputs.quantization import BF16, FP8_BLOCK, INT4_G32
+from pipesim.profiles.catalogue import data_root
+from pipesim.profiles.importers.aiconfigurator import build_tables
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pipesim.calibrate import crosscheck as X
 from pipesim.calibrate import residuals as R
-from pipesim.corpus import load_corpus
+from pipesim.calibrate.corpus import load_corpus
 
 HERE = Path(__file__).resolve().parent
 

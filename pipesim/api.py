@@ -4,10 +4,10 @@ scenario) are runner.py's."""
 
 from __future__ import annotations
 
-from .metrics import Result
-from .runner import CI_TARGET, admitted_concurrency, run, simulate
-from .scenario import build_scenario
-from .whatif import check
+from .measure.metrics import Result
+from .scenario.build import build_scenario
+from .scenario.whatif import check
+from .sim.runner import CI_TARGET, admitted_concurrency, run, simulate
 
 __all__ = ["CI_TARGET", "admitted_concurrency", "predict", "run", "simulate", "whatif"]
 
@@ -29,7 +29,7 @@ def predict(
     """Predict one scenario. Keyword arguments are those of `build_scenario`
     (model, profile, engine, box, layers, rate_rps, num_requests, trace, input_len,
     output_len, seed) and the engine's knobs (e.g. max_running_requests).
-    `intervals=True` adds prediction intervals (pipesim.uncertainty), their workload
+    `intervals=True` adds prediction intervals (pipesim.report.uncertainty), their workload
     part from the run itself; `ensemble=True` takes it from a few short runs more.
     `record="full"` keeps an open loop's requests (`Result.requests`; a closed loop's
     are always kept) at memory that grows with them (runner.simulate)."""
@@ -43,7 +43,7 @@ def predict(
         record=record,
     )
     if intervals:
-        from .uncertainty import attach
+        from .report.uncertainty import attach
 
         result = attach(result, scenario, "ensemble" if ensemble else "run")
     return result

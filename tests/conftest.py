@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 import pipesim
-from pipesim.costs import CostModel
-from pipesim.model import load_model
-from pipesim.profile import load_profile
-from pipesim.simulation import Simulation
+from pipesim.costs.stage import CostModel
+from pipesim.inputs.model import load_model
+from pipesim.profiles.profile import load_profile
+from pipesim.sim.simulation import Simulation
 
 # the session's own parsed-table cache (tables.cached_columns), not the user's: every
 # profile folder a test copies is a new cache key
@@ -48,8 +48,8 @@ def vllm_profile():
 
 def without_tables(profile, *names):
     """`profile` without the tables `names` (a new object: lookups are cached per object)."""
-    from pipesim.profile import Profile
-    from pipesim.tables import Tables
+    from pipesim.profiles.profile import Profile
+    from pipesim.profiles.tables import Tables
 
     tables = Tables({k: v for k, v in profile.tables.items() if k not in names})
     return Profile(
@@ -137,7 +137,7 @@ def small_kv_scenario(engine: str, tokens_wanted: int = 1500, **workload):
     """Llama-3.1-8B on PP2 with the memory fraction set so the KV pool holds about
     `tokens_wanted` tokens (a few requests), so the KV cache decides admission.
     `workload` overrides the closed loop of 16 clients, prompts 100:200, outputs 10:60."""
-    from pipesim.memory import stage_weight_bytes
+    from pipesim.inputs.memory import stage_weight_bytes
 
     profile = profile_for(engine)
     base = pipesim.build_scenario(
@@ -210,6 +210,6 @@ SMALL_SWEEP_CONC = [1, 8]
 def serial(profile):
     """Kimi on the 8 GPUs: four splits x two concurrencies, swept in this process (the
     table the sweep, search and files tests share)."""
-    from pipesim.sweep import sweep
+    from pipesim.explore.sweep import sweep
 
     return sweep(8, SMALL_SWEEP_CONC, profile=profile, workers=1, **SMALL_SWEEP)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from pipesim import api
-from pipesim.errors import UserError
-from pipesim.scenario import build_scenario
-from pipesim.sweep import whole_numbers
+from pipesim.base.errors import UserError
+from pipesim.explore.sweep import whole_numbers
+from pipesim.scenario.build import build_scenario
 
 FAST = dict(model="llama-3.1-8b", input_len=16, output_len=8)
 

@@ -21,7 +21,7 @@ FAST = ["--model", "llama-3.1-8b", "--output-len", "8", "--input-len", "16"]
 @pytest.fixture
 def files(tmp_path):
     """Broken inputs of every kind, written fresh for each test."""
-    from pipesim.profile import _profile_dir
+    from pipesim.profiles.profile import _profile_dir
 
     t = tmp_path
     (t / "bad.json").write_text("{not json")
@@ -390,7 +390,7 @@ def test_every_case_is_documented():
 
 def test_catalogue_without_the_extra_names_it(monkeypatch, capsys):
     # a box costed from AIConfigurator's tables, with aiconfigurator-core not installed
-    from pipesim import catalogue
+    from pipesim.profiles import catalogue
 
     monkeypatch.setattr(catalogue, "data_root", lambda: None)
     with pytest.raises(SystemExit) as exc:

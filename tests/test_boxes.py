@@ -6,13 +6,13 @@ from importlib import resources
 import pytest
 import tomllib
 
+from pipesim.base.errors import UserError
 from pipesim.cli import main
-from pipesim.costs import NCCL_BASE_S, NCCL_STEP_S, CostModel
-from pipesim.errors import UserError
-from pipesim.hardware import NETWORK_NODE, box_from_dict, box_names, cluster, load_box, load_network
-from pipesim.model import load_model
-from pipesim.plan import make_plan
-from pipesim.profile import load_profile
+from pipesim.costs.stage import NCCL_BASE_S, NCCL_STEP_S, CostModel
+from pipesim.inputs.box import NETWORK_NODE, box_from_dict, box_names, cluster, load_box, load_network
+from pipesim.inputs.model import load_model
+from pipesim.inputs.plan import make_plan
+from pipesim.profiles.profile import load_profile
 
 GB, TB, TF = 1e9, 1e12, 1e12
 

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
+from pipesim.base.errors import UserError
+from pipesim.base.files import read_table
 from pipesim.cli import cli, main
 from pipesim.cli.options import parse_ints
-from pipesim.errors import UserError
-from pipesim.files import read_table
 
 JSON_KEYS = {
     "output_throughput_tok_s",
@@ -286,10 +286,10 @@ def test_parse_ints():
 def test_defaults_shown_come_from_their_modules():
     from click.testing import CliRunner
 
-    from pipesim.profile import DEFAULT_PROFILE
-    from pipesim.scenario import DEFAULT_MODEL
-    from pipesim.sweep import DEFAULT_CONC
-    from pipesim.workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
+    from pipesim.explore.sweep import DEFAULT_CONC
+    from pipesim.inputs.workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
+    from pipesim.profiles.profile import DEFAULT_PROFILE
+    from pipesim.scenario.build import DEFAULT_MODEL
 
     text = " ".join(CliRunner().invoke(cli, ["sweep", "--help"], terminal_width=200).output.split())
     for value in (

@@ -5,11 +5,11 @@ a table of one condition reads as it always did."""
 import pandas as pd
 import pytest
 
+from pipesim.base.errors import UserError
 from pipesim.cli import main
-from pipesim.conditions import condition_slug, condition_text, conditions, varying
-from pipesim.errors import UserError
-from pipesim.search import Searches, search
-from pipesim.sweep import best_by_conc, summary
+from pipesim.explore.conditions import condition_slug, condition_text, conditions, varying
+from pipesim.explore.search import Searches, search
+from pipesim.explore.sweep import best_by_conc, summary
 
 # engine -> {(tp, pp): output tok/s at C = 1, 8}: SGLang's best split is TP8 x PP1, vLLM's
 # TP2 x PP4, and every vLLM point beats every SGLang one: a search or summary that mixed
@@ -156,7 +156,7 @@ def test_summary_has_one_table_per_engine_with_its_own_best():
 
 
 def test_figures_per_condition(serial, tmp_path):
-    from pipesim.plot import save_all
+    from pipesim.explore.plot import save_all
 
     df = pd.concat([serial, serial.assign(engine="other")], ignore_index=True)
     names = sorted(p.name for p in save_all(df, tmp_path))

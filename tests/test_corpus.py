@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipesim.corpus import COLUMNS, METRICS, corpus_dir, load_corpus
-from pipesim.errors import UserError
+from pipesim.base.errors import UserError
+from pipesim.calibrate.corpus import COLUMNS, METRICS, corpus_dir, load_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "validation" / "README.md"

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 from conftest import without_tables
 
-from pipesim.costs import CostModel, Shape, distinct_experts
-from pipesim.hardware import load_box
-from pipesim.plan import make_plan
-from pipesim.tables import Tables
+from pipesim.costs.stage import CostModel, Shape, distinct_experts
+from pipesim.inputs.box import load_box
+from pipesim.inputs.plan import make_plan
+from pipesim.profiles.tables import Tables
 
 BOX = "rtx-pro-6000-server-8x"
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pipesim import uncertainty as U
 from pipesim.calibrate import crosscheck as X
+from pipesim.calibrate.corpus import load_corpus
 from pipesim.cli import main
-from pipesim.corpus import load_corpus
+from pipesim.report import uncertainty as U
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "corpus"
 DOC = Path(__file__).resolve().parent.parent / "docs" / "validation.md"

@@ -11,9 +11,9 @@ from conftest import finished, profile_for
 from conftest import simulate as simulate_by_hand
 
 import pipesim
-from pipesim.costs import CostModel
-from pipesim.dataparallel import LB_REFRESH_S, DPSimulation
-from pipesim.simulation import Request, Simulation
+from pipesim.costs.stage import CostModel
+from pipesim.sim.dataparallel import LB_REFRESH_S, DPSimulation
+from pipesim.sim.simulation import Request, Simulation
 
 QWEN_MOE = "qwen3-30b-a3b"
 LLAMA = "llama-3.1-8b"
@@ -118,7 +118,7 @@ def test_moe_step_waits_for_the_slowest_rank():
 
 
 def _prefill_shape(req):
-    from pipesim.costs import Shape
+    from pipesim.costs.stage import Shape
 
     return Shape(0, 0, ((req.input_len, 0),), graphed=False)
 
@@ -168,7 +168,7 @@ def test_every_request_completes(lockstep):
 def test_dense_replicas_double_throughput_under_ample_load():
     """Two independent replicas with twice the clients serve twice the tokens per
     second (the front end balances them by queue length)."""
-    from pipesim.metrics import collect
+    from pipesim.measure.metrics import collect
 
     def tok_s(dp, conc):
         sc = _scenario("vllm", LLAMA, concurrency=conc, input_len=128, output_len=64)
@@ -242,7 +242,7 @@ def test_dp_with_pipeline_stages_is_refused():
 def test_trace_names_dp_ranks():
     """The trace of a DP run has one GPU track per rank's GPU, named by its DP rank."""
     from pipesim.api import simulate
-    from pipesim.trace import build_trace
+    from pipesim.report.trace import build_trace
 
     sc = pipesim.build_scenario(
         model=QWEN_MOE,
@@ -267,7 +267,7 @@ def test_trace_names_dp_ranks():
 
 def test_dp_splits_of():
     """dp ranks of pp 1: tp = gpus / dp (replicas, vLLM), tp = gpus with DP attention."""
-    from pipesim.grid import dp_splits_of
+    from pipesim.explore.grid import dp_splits_of
 
     assert dp_splits_of(8, 1, False) == [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1)]
     assert dp_splits_of(8, 2, False) == [(4, 1, 2)]
@@ -276,7 +276,7 @@ def test_dp_splits_of():
 
 
 def test_sweep_includes_dp_splits():
-    from pipesim.sweep import summary, sweep
+    from pipesim.explore.sweep import summary, sweep
 
     df = sweep(
         gpus=2, dp=[1, 2], conc=[4], model=QWEN_MOE, engine="vllm", input_len=64, output_len=16, workers=1
@@ -289,8 +289,8 @@ def test_sweep_includes_dp_splits():
 
 def test_sweep_dp_attention_splits_share_tp_with_the_plain_split():
     """SGLang TP2 and TP2 with DP attention have the same tp, pp and GPUs: told apart by dp."""
-    from pipesim.search import search
-    from pipesim.sweep import summary, sweep
+    from pipesim.explore.search import search
+    from pipesim.explore.sweep import summary, sweep
 
     kw = dict(
         gpus=2, dp=[1, 2], dp_attention=True, model=QWEN_MOE, engine="sglang", input_len=64, output_len=16
@@ -318,7 +318,7 @@ def test_cli_sweep_dp_flag(capsys):
 
 def test_sweep_caps_count_every_rank():
     """Each DP rank has its own running cap and KV pool: the sweep's bounds are dp times a rank's."""
-    from pipesim.sweep import sweep
+    from pipesim.explore.sweep import sweep
 
     kw = dict(gpus=2, conc=[4], model=LLAMA, engine="vllm", input_len=64, output_len=16, workers=1)
     row = sweep(dp=[2], max_num_seqs=100, **kw).iloc[0]
@@ -330,7 +330,7 @@ def test_a_dp_engine_admits_every_ranks_running_cap():
     """Each DP rank runs its own scheduler with its own cap and KV pool (docs/engines.md
     §8): the requests running at once are dp x one rank's cap, so a closed loop of
     2 x 32 clients is not queued behind one rank's 32."""
-    from pipesim.runner import admitted_concurrency
+    from pipesim.sim.runner import admitted_concurrency
 
     sc = _sglang_dp_attention(concurrency=64)
     assert sc.settings.max_running_requests == 32

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipesim.profile import load_profile
+from pipesim.profiles.profile import load_profile
 
 DEPLOYMENT = "rtx-pro-6000-sglang-deployment"
 

@@ -7,7 +7,7 @@ import pytest
 from conftest import simulate
 
 import pipesim
-from pipesim.profile import load_profile
+from pipesim.profiles.profile import load_profile
 
 
 def load_profile_vllm():

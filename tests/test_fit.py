@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipesim.calibrate.measured import Point
-from pipesim.profile import load_profile
+from pipesim.profiles.measured import Point
+from pipesim.profiles.profile import load_profile
 
 # ---- fitting ----------------------------------------------------------------------
 

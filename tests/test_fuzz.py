@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipesim.cli import main
-from pipesim.profile import _profile_dir, load_profile, write_profile
+from pipesim.profiles.profile import _profile_dir, load_profile, write_profile
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 NUMBER_TEXT = st.sampled_from(
@@ -275,7 +275,7 @@ def test_write_killed_by_sigkill_at_random_points(tmp_path):
     delay that sweeps the write; after each the profile is the old or the new one."""
     out, _, _ = _versions(tmp_path)
     code = (
-        "import sys; from pipesim.profile import load_profile, write_profile\n"
+        "import sys; from pipesim.profiles.profile import load_profile, write_profile\n"
         "src = load_profile('rtx-pro-6000-sglang-healthy')\n"
         "print('ready', flush=True); sys.stdin.readline()\n"
         f"write_profile({str(out)!r}, {{**src.meta, 'description': 'new'}}, dict(src.tables))\n"
@@ -298,7 +298,7 @@ def test_write_killed_by_sigkill_at_random_points(tmp_path):
 
 
 def test_out_that_is_a_file_is_refused_and_kept(tmp_path):
-    from pipesim.errors import UserError
+    from pipesim.base.errors import UserError
 
     f = tmp_path / "mine.txt"
     f.write_text("keep me")
@@ -312,7 +312,7 @@ def test_plot_writes_all_figures_or_none(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
     from test_plot import table
 
-    from pipesim import plot
+    from pipesim.explore import plot
 
     real, calls = Figure.savefig, []
 

@@ -5,9 +5,9 @@ bounded (checks.py) with the way round said."""
 import pytest
 
 import pipesim
-import pipesim.checks
-from pipesim.grid import KEY_COLUMNS, build_grid, choices
-from pipesim.sweep import sweep
+import pipesim.base.checks
+from pipesim.explore.grid import KEY_COLUMNS, build_grid, choices
+from pipesim.explore.sweep import sweep
 
 LLAMA = dict(model="llama-3.1-8b")
 
@@ -76,7 +76,7 @@ def test_the_number_of_scenarios_is_bounded_before_any_is_built():
 
 def test_the_total_work_is_bounded(monkeypatch):
     # TP2 and PP2 at C = 1 and 8, 40 output tokens: 2 x (17 x 40 / 1 + 24 x 40 / 8) = 1,600 steps
-    monkeypatch.setattr(pipesim.checks, "MAX_SWEEP_BATCH_STEPS", 1_000)
+    monkeypatch.setattr(pipesim.base.checks, "MAX_SWEEP_BATCH_STEPS", 1_000)
     with pytest.raises(pipesim.UserError) as exc:
         sweep(2, [1, 8], **LLAMA, input_len="64", output_len="40", workers=1)
     msg = str(exc.value)

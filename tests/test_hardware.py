@@ -5,8 +5,8 @@ from importlib import resources
 import pytest
 import tomllib
 
-from pipesim.errors import UserError
-from pipesim.hardware import box_from_dict, box_names, load_box
+from pipesim.base.errors import UserError
+from pipesim.inputs.box import box_from_dict, box_names, load_box
 
 BOX = "rtx-pro-6000-server-8x"
 

@@ -116,7 +116,7 @@ CONFIGS.update(
 
 def hostile_files(t: Path) -> Path:
     """Write every broken file of the cases into folder `t`."""
-    from pipesim.profile import _profile_dir
+    from pipesim.profiles.profile import _profile_dir
 
     for name, text in CONFIGS.items():
         (t / f"cfg-{name}.json").write_text(text)
@@ -259,7 +259,7 @@ def _resume_files(t: Path) -> None:
     import csv
     import io
 
-    from pipesim.stream import options_text
+    from pipesim.explore.stream import options_text
 
     mine = options_text({"model": "llama-3.1-8b"}, {}, False)
     other = options_text({"model": "llama-3.1-8b", "seed": 5}, {}, False)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pipesim.calibrate.importers import bench, nccl_tests
-from pipesim.calibrate.measured import read_points
+from pipesim.base.errors import UserError
 from pipesim.cli import main
-from pipesim.errors import UserError
-from pipesim.profile import load_profile
+from pipesim.profiles.importers import bench, nccl_tests
+from pipesim.profiles.measured import read_points
+from pipesim.profiles.profile import load_profile
 
 DATA = Path(__file__).parent / "data"
 
@@ -111,7 +111,7 @@ def test_sglang_bench_malformed(text, msg):
 @pytest.fixture
 def small_profile(tmp_path):
     """A copy of the healthy profile's folder to import into."""
-    from pipesim.profile import _profile_dir
+    from pipesim.profiles.profile import _profile_dir
 
     src = Path(str(_profile_dir("rtx-pro-6000-sglang-healthy")))
     dst = tmp_path / "prof"
@@ -238,7 +238,7 @@ def nested_system(tmp_path):
 
 
 def test_nested_layout_reads_the_newest_version_and_says_which(nested_system):
-    from pipesim.calibrate.importers.aiconfigurator import build_tables
+    from pipesim.profiles.importers.aiconfigurator import build_tables
 
     versions: dict = {}
     tables = build_tables(nested_system, kernel_set="vllm", versions=versions)
@@ -281,7 +281,7 @@ def test_import_aiconfigurator_engine_version_picks_the_older_tables(nested_syst
 
 
 def test_nested_layout_refuses_a_folder_whose_meta_names_another_version(nested_system):
-    from pipesim.calibrate.importers.aiconfigurator import build_tables
+    from pipesim.profiles.importers.aiconfigurator import build_tables
 
     meta = nested_system / "gemm" / "vllm" / "0.24.0" / "collection_meta.yaml"
     meta.write_text("framework: vllm\nversion: 0.23.0\n")

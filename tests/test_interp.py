@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from pipesim.interp import Curve, Surface, bracket
+from pipesim.profiles.curves import Curve, Surface, bracket
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ import json
 import pytest
 
 import pipesim
+from pipesim.base.files import read_table
 from pipesim.cli import main
-from pipesim.files import read_table
-from pipesim.hardware import load_box
-from pipesim.profile import load_profile
-from pipesim.report import table
+from pipesim.inputs.box import load_box
+from pipesim.profiles.profile import load_profile
+from pipesim.report.table import table
 
 DEPLOYMENT = (
     "rtx-pro-6000-sglang-deployment"  # launched with --max-running-requests 64 --pp-max-micro-batch-size 64

@@ -12,7 +12,7 @@ import pipesim
 from pipesim.engines import kv
 from pipesim.engines.sglang import SGLangScheduler, SGLangSettings
 from pipesim.engines.vllm import VLLMScheduler, VLLMSettings
-from pipesim.simulation import Request
+from pipesim.sim.simulation import Request
 
 
 class FakeSim:
@@ -284,7 +284,7 @@ def test_result_and_table_report_evictions():
     r = pipesim.run(sc, warmup_requests=8, measure_requests=24, ci_target=None)
     assert r.preemptions_total >= r.preemptions > 0
     assert r.to_dict()["preemptions"] == r.preemptions
-    from pipesim.report import table
+    from pipesim.report.table import table
 
     assert f"KV retractions {r.preemptions} ({r.preemptions_total} in the run)" in table(r)
 

@@ -4,8 +4,8 @@ import importlib.util
 
 import pytest
 
+from pipesim.base.errors import UserError
 from pipesim.calibrate.live import hf
-from pipesim.errors import UserError
 
 
 def has(module: str) -> bool:

@@ -4,9 +4,9 @@ the caps, and the routing of the MoE measurements."""
 import numpy as np
 import pytest
 
+from pipesim.base.errors import UserError
 from pipesim.calibrate.live import specs
-from pipesim.errors import UserError
-from pipesim.model import load_model
+from pipesim.inputs.model import load_model
 
 
 def test_gemm_shapes_are_the_models_projections():

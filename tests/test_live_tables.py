@@ -6,16 +6,16 @@ import json
 import numpy as np
 import pytest
 
-from pipesim._toml import dumps
+from pipesim.base.toml import dumps
 from pipesim.calibrate.live import specs, tables
 from pipesim.cli import main
-from pipesim.costs import CostModel, Shape
-from pipesim.hardware import load_box
-from pipesim.interp import TABLE_PROVENANCE
-from pipesim.model import load_model
-from pipesim.plan import Plan
-from pipesim.profile import load_profile
-from pipesim.tables import TABLE_COLUMNS
+from pipesim.costs.stage import CostModel, Shape
+from pipesim.inputs.box import load_box
+from pipesim.inputs.model import load_model
+from pipesim.inputs.plan import Plan
+from pipesim.profiles.curves import TABLE_PROVENANCE
+from pipesim.profiles.profile import load_profile
+from pipesim.profiles.tables import TABLE_COLUMNS
 
 GPU = {
     "name": "NVIDIA H200",

@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from pipesim.calibrate.measured import Point, read_points
-from pipesim.errors import UserError
+from pipesim.base.errors import UserError
+from pipesim.profiles.measured import Point, read_points
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,9 @@
 import pytest
 
 import pipesim
-from pipesim.memory import stage_weight_bytes
-from pipesim.model import load_model
-from pipesim.plan import make_plan
+from pipesim.inputs.memory import stage_weight_bytes
+from pipesim.inputs.model import load_model
+from pipesim.inputs.plan import make_plan
 
 # Qwen3-30B-A3B's public config: 48 layers, hidden 2048, 128 experts of intermediate 768,
 # GQA 32 query / 4 KV heads of 128, vocab 151936, untied lm_head, bf16

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipesim.sketch import percentile
+from pipesim.measure.sketch import percentile
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 16, 17, 1001])

@@ -5,8 +5,8 @@ from importlib import resources
 
 import pytest
 
-from pipesim.errors import UserError
-from pipesim.model import BYTES_PER_PARAM, from_hf_config, load_model, preset_names
+from pipesim.base.errors import UserError
+from pipesim.inputs.model import BYTES_PER_PARAM, from_hf_config, load_model, preset_names
 
 INT4_BYTES = 4.5 / 8  # int4 + one bf16 scale per group of 32 (physics.md §2)
 

@@ -5,10 +5,10 @@ import dataclasses
 import pytest
 from conftest import without_tables
 
-from pipesim.costs import CostModel, Shape, distinct_experts
-from pipesim.hardware import load_box
-from pipesim.moe import alltoall_offrank_bytes, busiest_rank, popularity
-from pipesim.plan import make_plan
+from pipesim.costs.moe import alltoall_offrank_bytes, busiest_rank, popularity
+from pipesim.costs.stage import CostModel, Shape, distinct_experts
+from pipesim.inputs.box import load_box
+from pipesim.inputs.plan import make_plan
 
 BOX = "rtx-pro-6000-server-8x"
 
@@ -50,7 +50,7 @@ def test_ep_moe_reads_the_measured_ep_rows(profile, kimi):
     # AIConfigurator moe_perf, sglang_marlin_moe int4_wo, Kimi's shape, moe_tp 1 moe_ep 8,
     # power_law_1.01 (the profile's distribution), 128 tokens: 0.708 ms (the raw table)
     cm = CostModel(load_box(BOX), kimi, kimi_plan(kimi, ep=8), profile)
-    from pipesim.moe import ep_moe_time
+    from pipesim.costs.moe import ep_moe_time
 
     t, source = ep_moe_time(cm, 128)
     assert source == "measured"
@@ -60,7 +60,7 @@ def test_ep_moe_reads_the_measured_ep_rows(profile, kimi):
 def test_ep_moe_matches_raw_table(profile, kimi, raw_dir):
     import pandas as pd
 
-    from pipesim.moe import ep_moe_time
+    from pipesim.costs.moe import ep_moe_time
 
     df = pd.read_csv(raw_dir / "moe_perf.csv.gz")
     df = df[
@@ -81,7 +81,7 @@ def test_ep_roofline_without_tables(profile, kimi):
     p = without_tables(profile, "moe_ep")
     p = dataclasses.replace(p, params=dataclasses.replace(p.params, moe_distribution="balanced"))
     cm = CostModel(load_box(BOX), kimi, kimi_plan(kimi, ep=8), p)
-    from pipesim.moe import ep_moe_time
+    from pipesim.costs.moe import ep_moe_time
 
     t, source = ep_moe_time(cm, 32)
     assert source == "roofline"
@@ -116,7 +116,7 @@ def test_alltoall_mode_replaces_the_moe_all_reduce(profile, kimi):
 
 
 def test_alltoall_needs_ep():
-    from pipesim.errors import UserError
+    from pipesim.base.errors import UserError
 
     with pytest.raises(UserError, match="--ep > 1"):
         make_plan(8, 1, 61, 8, "sglang", num_experts=384, moe_a2a="deepep")

@@ -27,9 +27,9 @@ INTERNALS = (
     "dataclasses",
     "load_profile",
     "load_box",
-    "pipesim.profile",
-    "pipesim.hardware",
-    "pipesim.scenario",
+    "pipesim.profiles.profile",
+    "pipesim.inputs.box",
+    "pipesim.scenario.build",
     "with_params",
     "._",
 )
@@ -109,7 +109,7 @@ def test_notebook_compares_every_what_if(executed):
         for o in c.outputs
         if o.output_type == "stream"
     )
-    assert "best: TP" in searched and "why:" in searched  # pipesim.search's report
+    assert "best: TP" in searched and "why:" in searched  # pipesim.explore.search's report
     assert "carries C=" in searched  # the max-load answer
     assert "skipped TP" in searched and "does not fit" in searched  # DeepSeek-V3's FP8 experts
 

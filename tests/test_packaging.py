@@ -7,7 +7,7 @@ from __future__ import annotations
 from fnmatch import fnmatch
 from pathlib import Path
 
-from pipesim._toml import toml_reader
+from pipesim.base.toml import toml_reader
 
 REPO = Path(__file__).resolve().parent.parent
 SETUP = toml_reader.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]

@@ -3,8 +3,8 @@
 import pytest
 
 import pipesim
-from pipesim.errors import UserError
-from pipesim.plan import make_plan, partition
+from pipesim.base.errors import UserError
+from pipesim.inputs.plan import make_plan, partition
 
 
 def test_sglang_kimi_pp8_split():

@@ -8,9 +8,9 @@ import pytest
 from matplotlib.patches import Rectangle
 
 import pipesim
-from pipesim import plot
+from pipesim.base.files import write_table
 from pipesim.cli import main
-from pipesim.files import write_table
+from pipesim.explore import plot
 
 SPLITS = [(8, 1), (4, 2), (1, 8)]
 CONC = [1, 8, 32]

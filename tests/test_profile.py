@@ -7,10 +7,10 @@ import io
 
 import pytest
 
+from pipesim.base.errors import UserError
 from pipesim.cli import main
-from pipesim.errors import UserError
-from pipesim.profile import load_profile
-from pipesim.tables import read_table
+from pipesim.profiles.profile import load_profile
+from pipesim.profiles.tables import read_table
 
 DEPLOYMENT = "rtx-pro-6000-sglang-deployment"
 
@@ -59,12 +59,12 @@ def test_table_cache_keeps_the_most_recently_used(tmp_path, monkeypatch):
     import os
     import time
 
-    from pipesim.tables import cached_columns
+    from pipesim.profiles.tables import cached_columns
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("PIPESIM_CACHE_DIR", str(cache))
-    monkeypatch.setattr("pipesim.tables.CACHE_MIN_BYTES", 0)
-    monkeypatch.setattr("pipesim.tables.CACHE_MAX_FILES", 2)
+    monkeypatch.setattr("pipesim.profiles.tables.CACHE_MIN_BYTES", 0)
+    monkeypatch.setattr("pipesim.profiles.tables.CACHE_MAX_FILES", 2)
     header = b"dtype,hidden,inter,topk,experts,moe_tp,distribution,tokens,latency_ms\n"
     files = []
     for i in range(3):
@@ -94,10 +94,10 @@ def test_tables_read_without_pandas_match_pandas(tmp_path, monkeypatch):
 
     import pandas as pd
 
-    from pipesim.tables import cached_columns
+    from pipesim.profiles.tables import cached_columns
 
     monkeypatch.setenv("PIPESIM_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr("pipesim.tables.CACHE_MIN_BYTES", 0)
+    monkeypatch.setattr("pipesim.profiles.tables.CACHE_MIN_BYTES", 0)
     f = tmp_path / "moe.csv.gz"
     f.write_bytes(
         _gzip.compress(
@@ -129,7 +129,7 @@ def test_predict_imports_no_pandas():
 
 def test_profile_toml_writes_non_ascii_text_as_itself(tmp_path):
     # a source line citing "physics.md §1" must read as written, not as a \u00a7 escape
-    from pipesim.profile import load_profile, write_profile
+    from pipesim.profiles.profile import load_profile, write_profile
 
     prof = load_profile("rtx-pro-6000-sglang-deployment")
     meta = dict(prof.meta, name="copy", description="fitted to physics.md §1's points")

@@ -4,7 +4,7 @@ asked for or on a terminal."""
 
 from pipesim.calibrate.fit import fit, solves
 from pipesim.cli import main
-from pipesim.profile import load_profile
+from pipesim.profiles.profile import load_profile
 
 
 def test_fit_reports_each_solve():

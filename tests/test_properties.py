@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pipesim
-from pipesim.profile import load_profile
+from pipesim.profiles.profile import load_profile
 
 PROFILE = "rtx-pro-6000-sglang-healthy"
 SETTINGS = settings(

@@ -8,7 +8,7 @@ from conftest import finished, simulate
 
 import pipesim
 from pipesim.engines.protocol import EngineScheduler, EngineSimulation
-from pipesim.metrics import collect
+from pipesim.measure.metrics import collect
 
 
 class OneAtATime:

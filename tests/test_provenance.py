@@ -3,8 +3,8 @@
 import pytest
 
 import pipesim
-from pipesim.costs import PROVENANCE
-from pipesim.errors import UserError
+from pipesim.base.errors import UserError
+from pipesim.costs.stage import PROVENANCE
 
 SMALL = dict(model="llama-3.1-8b", input_len="16", output_len="8", concurrency=2)
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from pipesim.errors import UserError
-from pipesim.model import load_model
-from pipesim.quantization import BF16, weight_formats
+from pipesim.base.errors import UserError
+from pipesim.inputs.model import load_model
+from pipesim.inputs.quantization import BF16, weight_formats
 
 MODELS = Path(__file__).resolve().parent / "data" / "models"
 
@@ -149,7 +149,7 @@ def test_awq_checkpoint_is_about_a_quarter_of_bf16():
 
 
 def test_kv_cache_dtype_names_as_the_engines_spell_them():
-    from pipesim.quantization import kv_cache_dtype
+    from pipesim.inputs.quantization import kv_cache_dtype
 
     assert kv_cache_dtype("auto") == "bf16"  # auto = the model's 16-bit dtype
     assert {kv_cache_dtype(n) for n in ("fp8", "fp8_e4m3", "fp8_e5m2")} == {"fp8"}
@@ -159,7 +159,7 @@ def test_kv_cache_dtype_names_as_the_engines_spell_them():
 
 
 def test_fp8_kv_halves_bytes_per_token_and_doubles_capacity():
-    from pipesim.scenario import build_scenario
+    from pipesim.scenario.build import build_scenario
 
     kw = dict(tp=1, concurrency=1, model="qwen3-30b-a3b", profile="rtx-pro-6000-vllm", engine="vllm")
     bf16, fp8 = build_scenario(**kw), build_scenario(kv_cache_dtype="fp8_e4m3", **kw)
@@ -172,8 +172,8 @@ def test_fp8_kv_halves_bytes_per_token_and_doubles_capacity():
 
 
 def test_fp8_kv_decode_attention_reads_one_byte_per_element():
-    from pipesim.costs import CostModel
-    from pipesim.scenario import build_scenario
+    from pipesim.costs.stage import CostModel
+    from pipesim.scenario.build import build_scenario
 
     sc = build_scenario(
         tp=1,

@@ -71,7 +71,7 @@ def _match(table: dict, command: str):
 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
-    from pipesim.profile import profile_folder
+    from pipesim.profiles.profile import profile_folder
 
     t = tmp_path_factory.mktemp("readme")
     (t / "requests.csv").write_text("arrival_s,input_tokens,output_tokens\n0,32,16\n0.5,48,8\n1.0,16,24\n")
@@ -87,8 +87,8 @@ def scratch(tmp_path_factory):
     shutil.copytree(deployment, t / "myprof")  # what `calibrate import aiconfigurator ... --out myprof` makes
     shutil.copytree(profile_folder("rtx-pro-6000-vllm"), t / "myvllm")  # a vLLM profile for vLLM results
     # a tiny sweep table, for `pipesim plot results.csv` run on its own (the README's sweep rewrites it)
-    from pipesim.files import write_table
-    from pipesim.sweep import sweep
+    from pipesim.base.files import write_table
+    from pipesim.explore.sweep import sweep
 
     write_table(sweep(8, [1, 4], workers=1, input_len="32", output_len="16"), t / "results.csv")
     return t

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from pipesim.catalogue import data_root, first_principles_profile
-from pipesim.costs import CostModel
-from pipesim.hardware import load_box
-from pipesim.model import load_model
-from pipesim.plan import make_plan
-from pipesim.roofline import FIT_FILE, PROVENANCE_FITTED, Curve, shipped_fit
+from pipesim.costs.roofline import FIT_FILE, PROVENANCE_FITTED, Curve, shipped_fit
+from pipesim.costs.stage import CostModel
+from pipesim.inputs.box import load_box
+from pipesim.inputs.model import load_model
+from pipesim.inputs.plan import make_plan
+from pipesim.profiles.catalogue import data_root, first_principles_profile
 
 CLASSES = ("memory", "gemm_bf16", "gemm_fp8", "attention_decode", "attention_prefill", "moe_bf16", "moe_int4")
 
@@ -107,7 +107,7 @@ def test_leave_one_gpu_out_from_real_measured_tables():
     held = fr.leave_one_out(rows, "h100_sxm")
     gemm = next(r for r in rows if r.system == "h100_sxm" and r.op == "gemm_bf16")
     # the held-out rows are the H100's measured GEMM latencies, read from its table
-    from pipesim.calibrate.importers.aiconfigurator import build_tables
+    from pipesim.profiles.importers.aiconfigurator import build_tables
 
     table = build_tables(data_root() / "h100_sxm", kernel_set="vllm")["gemm"]
     measured = set(np.round(table[table.dtype == "bf16"].latency_ms.to_numpy() * 1e-3, 12))

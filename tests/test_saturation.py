@@ -6,7 +6,7 @@ import json
 import numpy as np
 from conftest import fast_predict
 
-from pipesim.saturation import GROWTH_SHARE, saturation
+from pipesim.measure.saturation import GROWTH_SHARE, saturation
 
 
 def test_stable_queue_keeps_up():
@@ -58,7 +58,7 @@ def test_simulated_runs_below_and_above_capacity(profile):
 
 
 def test_table_says_overloaded(profile):
-    from pipesim import report
+    from pipesim.report import table as report
 
     r = fast_predict(profile, tp=8, pp=1, rate_rps=8.0, num_requests=120)
     line = [x for x in report.table(r).splitlines() if "req/s arrive" in x]

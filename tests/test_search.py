@@ -6,7 +6,7 @@ import pytest
 from conftest import SMALL_SWEEP as SMALL
 
 import pipesim
-from pipesim.search import search
+from pipesim.explore.search import search
 
 
 def sweep_row(tp, pp, conc, tok, **cols) -> dict:
@@ -264,7 +264,7 @@ def test_the_answer_shows_an_interval_where_the_table_has_one(serial):
 
 
 def test_pareto_frontier_by_hand():
-    from pipesim.plot import pareto_frontier
+    from pipesim.explore.plot import pareto_frontier
 
     x = [1, 2, 3, 4, 2.5]
     y = [9, 8, 5, 1, 4]  # (2.5, 4) is beaten by (3, 5) on both axes
@@ -273,7 +273,7 @@ def test_pareto_frontier_by_hand():
 
 
 def test_pareto_figure_draws_frontier_and_limits(serial, tmp_path):
-    from pipesim import plot
+    from pipesim.explore import plot
 
     res = search(table=serial, objective="throughput", min_per_request_tok_s=20, max_tpot_p99_ms=60)
     fig = plot.pareto(res)

@@ -8,8 +8,8 @@ from conftest import SHORT_LLAMA_ARGS
 
 from pipesim.calibrate.fit import FITTABLE
 from pipesim.cli import main
-from pipesim.scenario import build_scenario
-from pipesim.sensitivity import sensitivity
+from pipesim.report.sensitivity import sensitivity
+from pipesim.scenario.build import build_scenario
 
 
 @pytest.fixture(scope="module")

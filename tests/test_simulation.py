@@ -5,7 +5,7 @@ import pytest
 from conftest import fast_predict, fast_run, profile_for, simulate, small_kv_scenario
 
 import pipesim
-from pipesim.costs import CostModel, Shape
+from pipesim.costs.stage import CostModel, Shape
 
 # ---- token conservation ---------------------------------------------------------------
 

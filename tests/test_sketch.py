@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from pipesim.sketch import MAX_BINS, REL_ERROR, QuantileSketch, percentile
+from pipesim.measure.sketch import MAX_BINS, REL_ERROR, QuantileSketch, percentile
 
 QS = (0, 0.1, 1, 5, 25, 50, 75, 90, 95, 99, 99.9, 100)
 SLACK = 1e-12  # float rounding of log / pow at a bin's edge

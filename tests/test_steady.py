@@ -9,7 +9,15 @@ import pytest
 from conftest import simulate
 
 import pipesim
-from pipesim.steady import BATCHES, PERIOD_RTOL, closed_loop_ci, period, queue_wait_s, slot_orbits, window_ci
+from pipesim.measure.steady import (
+    BATCHES,
+    PERIOD_RTOL,
+    closed_loop_ci,
+    period,
+    queue_wait_s,
+    slot_orbits,
+    window_ci,
+)
 
 
 def test_closed_loop_ci_by_hand():
@@ -112,7 +120,7 @@ def test_a_repeating_run_stops_at_a_whole_period():
     short round, and the busy slots move on to the next each period. The run stops at
     a whole period, where every figure equals that of a run 8 rotations long, the
     per-slot ones once averaged over the rotation (steady.slot_orbits)."""
-    from pipesim.runner import simulate as run_scenario
+    from pipesim.sim.runner import simulate as run_scenario
 
     sc = pipesim.build_scenario(tp=2, pp=4, concurrency=64)
     rec, short = run_scenario(sc)
@@ -176,7 +184,7 @@ def test_queue_wait_by_littles_law():
 def _long_unqueued(scenario, warm: int, measure: int):
     """A run measured the plain way (latency from arrival, C in the estimator), long
     enough for the queue to reach its steady wait."""
-    from pipesim.metrics import collect
+    from pipesim.measure.metrics import collect
 
     sim = simulate(scenario, warm, measure)
     return collect(sim.record(), scenario.describe(), 0.0)
@@ -210,7 +218,7 @@ def test_clients_beyond_the_cap_cost_no_longer_a_run():
     # crosses the output path and the serial front end, and arrives alone
     assert far_above.output_throughput_tok_s >= at_cap.output_throughput_tok_s
     # with neither, the clients beyond the cap change nothing
-    from pipesim.profile import DEFAULT_PROFILE, load_profile
+    from pipesim.profiles.profile import DEFAULT_PROFILE, load_profile
 
     bare = load_profile(DEFAULT_PROFILE).with_params(
         frontend_ms=0.0, detokenize_step_us=0.0, detokenize_token_us=0.0

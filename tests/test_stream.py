@@ -10,12 +10,12 @@ import pytest
 from conftest import SMALL_SWEEP as SMALL
 
 import pipesim
-from pipesim.files import read_table, write_table
-from pipesim.grid import KEY_COLUMNS, row_key
-from pipesim.stream import OPTIONS_COLUMN, part_path
-from pipesim.sweep import WALL_COLUMNS, sweep
+from pipesim.base.files import read_table, write_table
+from pipesim.explore.grid import KEY_COLUMNS, row_key
+from pipesim.explore.stream import OPTIONS_COLUMN, part_path
+from pipesim.explore.sweep import WALL_COLUMNS, sweep
 
-sweep_module = importlib.import_module("pipesim.sweep")  # the package's `sweep` is the function
+sweep_module = importlib.import_module("pipesim.explore.sweep")  # the package's `sweep` is the function
 
 # Llama 3.1 8B on 2 GPUs: TP2 and PP2 at two concurrencies, four quick scenarios
 ARGS = dict(gpus=2, conc=[1, 8], model="llama-3.1-8b", workers=1, **SMALL)

@@ -9,7 +9,7 @@ from conftest import SMALL_SWEEP as SMALL
 from conftest import SMALL_SWEEP_CONC as CONC
 
 import pipesim
-from pipesim.sweep import WALL_COLUMNS, best_by_conc, splits, sweep
+from pipesim.explore.sweep import WALL_COLUMNS, best_by_conc, splits, sweep
 
 
 def deterministic(df: pd.DataFrame) -> pd.DataFrame:
@@ -63,7 +63,7 @@ def test_dask_cluster_gives_the_local_table(profile, tmp_path):
     """Llama 3.1 8B on 2 GPUs: two splits (TP2, PP2) x two concurrencies, on a local
     Dask cluster of two worker processes and on local processes: the same table, and
     the same streamed to a file."""
-    from pipesim.files import read_table
+    from pipesim.base.files import read_table
 
     distributed = pytest.importorskip("distributed")
     args = dict(model="llama-3.1-8b", profile=profile, **SMALL)
@@ -139,7 +139,7 @@ def test_profile_objects_travel_to_workers(profile):
 def test_open_loop_sweep_by_rate(profile):
     """--rate sweeps arrival rates: one row per split and rate, the load in rate_rps,
     the saturation verdict per row, the summary by req/s."""
-    from pipesim.sweep import load_column, summary
+    from pipesim.explore.sweep import load_column, summary
 
     df = sweep(8, rate=[0.25, 50.0], profile=profile, workers=1, num_requests=40, **SMALL)
     assert load_column(df) == "rate_rps" and (df.conc == 0).all()
@@ -176,8 +176,8 @@ def test_vllm_rows_carry_group_sizes(vllm_profile):
 
 
 def test_rows_carry_the_cheap_likely_band_of_each_headline_number(serial, profile):
-    from pipesim import uncertainty
-    from pipesim.files import INTERVAL_COLUMNS
+    from pipesim.base.files import INTERVAL_COLUMNS
+    from pipesim.report import uncertainty
 
     assert INTERVAL_COLUMNS == uncertainty.HEADLINE  # the table schema names every banded number
     sc = pipesim.build_scenario(tp=2, pp=4, concurrency=8, profile=profile, **SMALL)

@@ -16,16 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipesim
-import pipesim.simulation as simulation
-import pipesim.workload as workload
-from pipesim.errors import UserError
-from pipesim.metrics import idle_breakdown
-from pipesim.record import Batch, Recorder, TokenReturn
-from pipesim.runner import simulate
-from pipesim.saturation import saturation
-from pipesim.sketch import REL_ERROR, Percentiles, percentile
-from pipesim.steady import TimeHistogram, window_ci
-from pipesim.tally import BUBBLE_MIN_S, StepTally, covered_s, gaps, merge
+import pipesim.inputs.workload as workload
+import pipesim.sim.simulation as simulation
+from pipesim.base.errors import UserError
+from pipesim.measure.metrics import idle_breakdown
+from pipesim.measure.record import Batch, Recorder, TokenReturn
+from pipesim.measure.saturation import saturation
+from pipesim.measure.sketch import REL_ERROR, Percentiles, percentile
+from pipesim.measure.steady import TimeHistogram, window_ci
+from pipesim.measure.tally import BUBBLE_MIN_S, StepTally, covered_s, gaps, merge
+from pipesim.sim.runner import simulate
 
 # ---- a summary run reports what a run that keeps every row reports -----------------
 
@@ -417,7 +417,7 @@ def test_sketched_percentiles_say_so(monkeypatch, capsys):
     """An open loop measuring more requests than pipesim keeps values of (here 50, for
     a short run) reports its percentiles within the sketch's stated error of the exact
     ones, and its table says so; below the limit they are exact and the table is silent."""
-    import pipesim.sketch as sketch
+    import pipesim.measure.sketch as sketch
     from pipesim.cli import main
 
     kw = dict(model="llama-3.1-8b", rate_rps=20.0, num_requests=120, output_len="10:30")

@@ -11,11 +11,11 @@ import pytest
 from conftest import small_kv_scenario
 
 from pipesim.cli import main
-from pipesim.metrics import idle_breakdown
-from pipesim.runner import simulate as run_scenario
-from pipesim.scenario import build_scenario
-from pipesim.tally import covered_s, gaps, merge
-from pipesim.trace import build_trace
+from pipesim.measure.metrics import idle_breakdown
+from pipesim.measure.tally import covered_s, gaps, merge
+from pipesim.report.trace import build_trace
+from pipesim.scenario.build import build_scenario
+from pipesim.sim.runner import simulate as run_scenario
 
 simulate = partial(run_scenario, record="full")  # a trace draws every row
 
@@ -244,8 +244,8 @@ def test_idle_breakdown_of_a_hand_built_record():
     Shares by hand: stage 0 busy 4 s, P2P-idle 0.5 s, CPU-idle 1 s, bubble 4.5 s
     (gaps [3, 5] and [6, 10]); stage 1 busy 4 s, P2P-idle 1 s, bubble 5 s (gaps
     [0, 4] and [8, 10])."""
-    from pipesim.record import Interval, Recorder
-    from pipesim.tally import busy_in
+    from pipesim.measure.record import Interval, Recorder
+    from pipesim.measure.tally import busy_in
 
     r = Recorder(2)
     r.compute[0] += [Interval(0, 2), Interval(5, 6)]

@@ -12,12 +12,12 @@ import pytest
 from conftest import SHORT_LLAMA as FAST
 from conftest import SHORT_LLAMA_ARGS
 
-from pipesim import uncertainty as U
 from pipesim.calibrate.fit import FitResult
-from pipesim.calibrate.measured import Point
 from pipesim.cli import main
-from pipesim.profile import load_profile
-from pipesim.scenario import build_scenario
+from pipesim.profiles.measured import Point
+from pipesim.profiles.profile import load_profile
+from pipesim.report import uncertainty as U
+from pipesim.scenario.build import build_scenario
 
 
 def _point(tp, pp, conc, name):
@@ -132,7 +132,7 @@ def _closed_result(sc, throughputs, per_stretch):
     requests, stretch i at closed-loop throughput throughputs[i]: every request has 100
     output tokens and latency C x 100 / throughputs[i] (renewal-reward: C x output /
     latency is the stretch's throughput)."""
-    from pipesim.metrics import Result
+    from pipesim.measure.metrics import Result
 
     c = sc.workload.concurrency
     out, e2e, finish = [], [], []
@@ -266,7 +266,7 @@ def test_residual_fit_weights_each_run_once_per_group():
 
 
 def test_the_unmeasured_provenances_are_costs_own():
-    from pipesim.costs import PROVENANCE
+    from pipesim.costs.stage import PROVENANCE
 
     # every provenance but the measured tables' (costs.TABLE_PROVENANCE) carries the corpus band
     assert set(U.UNMEASURED) <= set(PROVENANCE) and "measured" not in U.UNMEASURED

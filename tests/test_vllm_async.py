@@ -40,7 +40,7 @@ def test_async_at_pp1_has_no_half_batches():
 
 
 def test_async_hides_the_cpu_per_step():
-    from pipesim.profile import load_profile
+    from pipesim.profiles.profile import load_profile
 
     prof = load_profile(VLLM).with_params(cpu_iteration_ms=2.0)
     rates = {}

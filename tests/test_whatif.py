@@ -8,8 +8,8 @@ from conftest import SHORT_LLAMA_ARGS, fast_predict
 
 import pipesim
 from pipesim.cli import main
-from pipesim.hardware import load_box
-from pipesim.scenario import build_scenario
+from pipesim.inputs.box import load_box
+from pipesim.scenario.build import build_scenario
 
 FAST = dict(model="llama-3.1-8b", input_len="64", output_len="40")
 
@@ -106,7 +106,7 @@ def test_cli_flags_and_engine_aliases(capsys):
 
 
 def test_profiles_show_prints_the_folder(capsys):
-    from pipesim.profile import profile_folder
+    from pipesim.profiles.profile import profile_folder
 
     main(["profiles", "show", "rtx-pro-6000-vllm"])
     out = capsys.readouterr().out

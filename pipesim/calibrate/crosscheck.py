@@ -1,4 +1,4 @@
-"""Cross-check against the public validation corpus (validation/, pipesim.corpus).
+"""Cross-check against the public validation corpus (validation/, pipesim.calibrate.corpus).
 
 Every corpus run pipesim can express is simulated once, from the matching box preset
 and profile, and each of its measured numbers is compared with the prediction; a run
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .corpus_report import (  # noqa: F401 (re-exported)
+from .corpus_report import (
     CONDITION,
     Check,
     _filled,
@@ -55,8 +55,8 @@ from .corpus_report import (  # noqa: F401 (re-exported)
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..profile import Profile
-    from ..scenario import Scenario
+    from ..profiles.profile import Profile
+    from ..scenario.build import Scenario
 
 # hardware text (lower case) -> box preset; first match wins
 BOXES = (
@@ -202,9 +202,9 @@ def knobs_for(engine: str, flags: str) -> dict:
 def profile_for(box: str, engine: str, model: str) -> Profile:
     """A shipped profile measured on the box's GPU (for this model, if it names one),
     the row's engine first; else the engine's scheduling with the roofline alone."""
-    from ..errors import UserError
-    from ..hardware import load_box
-    from ..profile import Params, Tables, load_profile, profile_names
+    from ..base.errors import UserError
+    from ..inputs.box import load_box
+    from ..profiles.profile import Params, Tables, load_profile, profile_names
 
     gpu = load_box(box).gpu.name
     fits = []
@@ -228,9 +228,9 @@ def profile_for(box: str, engine: str, model: str) -> Profile:
 def scenario_for(run: dict, totals: dict | None = None) -> Scenario:
     """The scenario of a corpus run (raises Skip with the reason); `totals` are the
     run's measured metric -> value, read only for a ShareGPT run's mean lengths."""
-    from ..errors import UserError
-    from ..scenario import build_scenario
-    from ..workload import Lengths, Workload
+    from ..base.errors import UserError
+    from ..inputs.workload import Lengths, Workload
+    from ..scenario.build import build_scenario
 
     if run["nodes"] != 1:
         raise Skip(f"{run['nodes']} nodes: multi-node runs are not attempted")
@@ -287,7 +287,7 @@ def scenario_for(run: dict, totals: dict | None = None) -> Scenario:
 
 
 def _predicted(result, inp: str, out: str) -> dict:
-    from ..workload import Lengths
+    from ..inputs.workload import Lengths
 
     vals = {f: getattr(result, f) for f, _ in METRIC_MAP.values() if hasattr(result, f)}
     mi, mo = Lengths.parse(inp, "input").mean, Lengths.parse(out, "output").mean
@@ -322,7 +322,7 @@ def summary(corpus: pd.DataFrame) -> dict:
 def _compare(item: tuple) -> tuple[list, dict | None]:
     """One corpus run: (compared rows, None) or ([], the skipped run)."""
     from ..api import run as simulate
-    from ..uncertainty import intervals
+    from ..report.uncertainty import intervals
 
     run_id, part = item
     first = part.iloc[0].to_dict()
@@ -373,7 +373,7 @@ def _compare(item: tuple) -> tuple[list, dict | None]:
 
 
 def check(corpus: pd.DataFrame, progress: Callable[[object], None] | None = None, jobs: int = 1) -> Check:
-    """Simulate every expressible run of `corpus` (pipesim.corpus.load_corpus()) once
+    """Simulate every expressible run of `corpus` (pipesim.calibrate.corpus.load_corpus()) once
     and compare each of its measured numbers; intervals are the cheap form (calibration
     and the run's CI, no ensemble: docs/uncertainty.md). `jobs` > 1 spreads the runs
     over that many processes (the same numbers: every run is deterministic)."""

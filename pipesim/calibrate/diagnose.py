@@ -16,13 +16,13 @@ from pathlib import Path
 
 from scipy.optimize import brentq
 
-from ..costs import ACT_BYTES, CostModel
-from ..hardware import load_box
-from ..model import load_model
-from ..plan import make_plan
-from ..profile import Profile, load_profile
+from ..costs.stage import ACT_BYTES, CostModel
+from ..inputs.box import load_box
+from ..inputs.model import load_model
+from ..inputs.plan import make_plan
+from ..profiles.measured import Point
+from ..profiles.profile import Profile, load_profile
 from .fit import FITTABLE, fit, predict_point
-from .measured import Point
 
 NEUTRAL = {
     "cpu_iteration_ms": 0.0,

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from ..errors import require
-from ..profile import Profile
-from .measured import Point
+from ..base.errors import require
+from ..profiles.measured import Point
+from ..profiles.profile import Profile
 
 # name -> (lower bound, upper bound, unit of the optimizer's variable)
 FITTABLE = {
@@ -73,7 +73,7 @@ class FitResult:
 
     def loo_error_pct(self) -> dict:
         """Point label -> leave-one-out error in %, as profile.toml [fit] stores it
-        (pipesim.uncertainty reads it for prediction intervals)."""
+        (pipesim.report.uncertainty reads it for prediction intervals)."""
         return {p.label(): round(e * 100, 3) for p, e in zip(self.points, self.loo_errors) if e is not None}
 
     @property
@@ -194,7 +194,7 @@ def fit_profile(
     """Fit `names` to a profile's measured points and write the profile again (in
     place unless `out`) with the fitted values, their sources, a summary and
     fit_report.md."""
-    from ..profile import check_profile_out, load_profile, rewrite_profile
+    from ..profiles.profile import check_profile_out, load_profile, rewrite_profile
 
     check_profile_out(out or profile_dir)
     prof = load_profile(profile_dir)

@@ -4,10 +4,10 @@ roofline (or borrowed from another box) lands from what was measured.
 Fitted by code from named data: the compared numbers of `pipesim validate --corpus`
 (pipesim.calibrate.crosscheck; the public corpus in validation/, docs/validation.md)
 whose prediction had at least MIN_SHARE of its stage time unmeasured. For each residual
-group of pipesim.uncertainty.RESIDUAL_GROUP (throughput, TTFT, TPOT) the 10% and 90%
+group of pipesim.report.uncertainty.RESIDUAL_GROUP (throughput, TTFT, TPOT) the 10% and 90%
 quantiles of log(measured / predicted), each run weighted once per group (a run's
 output tok/s, total tok/s and request rate carry one error, not three). Written to
-pipesim/data/residuals.json by calibration/fit_residuals.py; pipesim.uncertainty reads it.
+pipesim/data/residuals.json by calibration/fit_residuals.py; pipesim.report.uncertainty reads it.
 
 Because the band is then fitted on the corpus it is checked on, its coverage is also
 reported leave-one-out (`loso`): each source's numbers against a band fitted to the
@@ -23,7 +23,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..uncertainty import LIKELY_COVERAGE, RESIDUAL_GROUP, Residuals, band_log
+from ..report.uncertainty import LIKELY_COVERAGE, RESIDUAL_GROUP, Residuals, band_log
 
 MIN_SHARE = 0.5  # a prediction with at least this share of unmeasured stage time
 MIN_NUMBERS = 10  # a group fitted on fewer numbers is left out (no roofline band)

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import require
-from ..profile import Profile
+from ..base.errors import require
+from ..profiles.profile import Profile
 from .fit import predict_point
 
 
@@ -101,7 +101,7 @@ def check(
     profile: str | Path | Profile, max_error_pct: float, on_point: Callable[[], None] | None = None
 ) -> Validation:
     """Validate a profile (a name, a directory or a loaded one) against its measured points."""
-    from ..profile import load_profile
+    from ..profiles.profile import load_profile
 
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     return Validation(prof, validate(prof, on_point), max_error_pct)

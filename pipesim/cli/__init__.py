@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from ..errors import UserError
+from ..base.errors import UserError
 from .calibration import calibrate, diagnose, validate
 from .explore import plot, search, sweep
 from .presets import boxes, profiles

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ..checks import number
+from ..base.checks import number
 
 
 @click.group()
@@ -36,7 +36,7 @@ def import_aiconfigurator(
 ) -> None:
     """Tables from an AIConfigurator system folder (e.g. .../rtx_pro_6000_server), flat or
     as aiconfigurator-core ships it (<system>/<op>/<engine>/<version>/*.parquet)."""
-    from ..calibrate.importers.aiconfigurator import import_profile
+    from ..profiles.importers.aiconfigurator import import_profile
 
     tables = import_profile(
         system_dir, out, kernel_set=kernel_set, box=box, name=name, version=engine_version
@@ -52,7 +52,7 @@ def import_aiconfigurator(
 @click.option("--gpus", type=int, default=None, help="GPUs in the run [default: read from the output]")
 def import_nccl_tests(file: str, profile_dir: str, out: str | None, op: str | None, gpus: int | None) -> None:
     """Collective latencies from nccl-tests text output (all_reduce_perf, all_gather_perf, ...)."""
-    from ..calibrate.importers.nccl_tests import import_file
+    from ..profiles.importers.nccl_tests import import_file
 
     rows = import_file(file, profile_dir, out, op=op, gpus=gpus)
     click.echo(
@@ -88,7 +88,7 @@ def import_bench(
     model: str,
 ) -> None:
     """End-to-end points (becomes the profile's measured set)."""
-    from ..calibrate.importers.bench import import_file
+    from ..profiles.importers.bench import import_file
 
     added, total = import_file(
         file, profile_dir, out, fmt=fmt, tp=tp, pp=pp, conc=conc, name=name, model=model
@@ -111,9 +111,9 @@ def import_bench(
 )
 def calibrate_fit(profile_dir: str, names: str, out: str | None, no_loo: bool, progress: bool | None) -> None:
     """Fit free parameters to the profile's measured points by least squares."""
+    from ..base.progress import bar
     from ..calibrate.fit import fit_profile, solves
-    from ..profile import load_profile
-    from ..progress import bar
+    from ..profiles.profile import load_profile
 
     n = solves(load_profile(profile_dir).measured, not no_loo)
     with bar(n, "fit (solves: the fit, then one per point left out)", progress, unit="solve") as b:
@@ -155,13 +155,13 @@ def validate(
 ) -> None:
     """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error.
     With --corpus: every corpus run pipesim can express, its error, ranking agreement and interval coverage."""
+    from ..base.progress import bar
     from ..calibrate.validate import check
-    from ..profile import DEFAULT_PROFILE, load_profile
-    from ..progress import bar
+    from ..profiles.profile import DEFAULT_PROFILE, load_profile
 
     if corpus_dir is not None:
         from ..calibrate import crosscheck
-        from ..corpus import load_corpus
+        from ..calibrate.corpus import load_corpus
 
         chk = crosscheck.check(load_corpus(corpus_dir or None))
         click.echo(crosscheck.to_json(chk) if as_json else crosscheck.text(chk))
@@ -182,10 +182,10 @@ def validate(
 )
 def diagnose(profile: str | None, progress: bool | None) -> None:
     """Where the box loses time: each measured point against the box's own tables."""
+    from ..base.progress import bar
     from ..calibrate.diagnose import diagnose as run_diagnosis
     from ..calibrate.diagnose import steps
-    from ..profile import DEFAULT_PROFILE, load_profile
-    from ..progress import bar
+    from ..profiles.profile import DEFAULT_PROFILE, load_profile
 
     prof = load_profile(profile or DEFAULT_PROFILE)
     with bar(steps(prof), "diagnose (points, then hypothesis fits)", progress, unit="step") as b:

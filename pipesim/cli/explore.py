@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import click
 
-from ..checks import MAX_CONCURRENCY
-from ..errors import require
+from ..base.checks import MAX_CONCURRENCY
+from ..base.errors import require
 from .options import (
     DEFAULT_CONC_TEXT,
     apply_options,
@@ -151,9 +151,9 @@ def sweep(
     length listed: a table."""
     import time
 
-    from ..stream import part_path
-    from ..sweep import summary
-    from ..sweep import sweep as run_sweep
+    from ..explore.stream import part_path
+    from ..explore.sweep import summary
+    from ..explore.sweep import sweep as run_sweep
 
     require(conc is None or rate is None, "give --conc or --rate, not both")
     load = load_kwargs(conc, rate, num_requests)
@@ -270,8 +270,8 @@ def search(
     """The best split and load under constraints, the alternatives ranked, and why."""
     from pathlib import Path
 
-    from ..files import read_table
-    from ..search import search as run_search
+    from ..base.files import read_table
+    from ..explore.search import search as run_search
 
     require(conc is None or rate is None, "give --conc or --rate, not both")
     if plot_file is not None:
@@ -309,7 +309,7 @@ def search(
     )
     click.echo(result.text())
     if plot_file is not None:
-        from .. import plot as pl
+        from ..explore import plot as pl
 
         pl.save(pl.pareto(result), plot_file)
         click.echo(f"wrote {plot_file}")
@@ -322,8 +322,8 @@ def search(
 @click.option("--prefix", default="", help="prefix of the file names")
 def plot(results: str, out_dir: str, fmt: str, prefix: str) -> None:
     """Figures of a sweep table: throughput vs concurrency, the trade-off curve, the time breakdown."""
-    from .. import plot as pl
-    from ..files import ensure_dir, read_table
+    from ..base.files import ensure_dir, read_table
+    from ..explore import plot as pl
 
     ensure_dir(out_dir, "figure")  # before reading: a folder that cannot be made fails first
     for path in pl.save_all(read_table(results), out_dir, fmt, prefix):

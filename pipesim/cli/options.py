@@ -9,12 +9,12 @@ from typing import TypeVar
 
 import click
 
-from ..checks import MAX_GPUS, MAX_WORKERS, whole
-from ..errors import UserError, require
-from ..profile import DEFAULT_PROFILE
-from ..scenario import DEFAULT_MODEL
-from ..sweep import DEFAULT_CONC
-from ..workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
+from ..base.checks import MAX_GPUS, MAX_WORKERS, whole
+from ..base.errors import UserError, require
+from ..explore.sweep import DEFAULT_CONC
+from ..inputs.workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
+from ..profiles.profile import DEFAULT_PROFILE
+from ..scenario.build import DEFAULT_MODEL
 
 F = TypeVar("F", bound=Callable[..., object])  # a click command
 

@@ -13,7 +13,7 @@ def boxes() -> None:
 @boxes.command("list")
 def boxes_list() -> None:
     """One line per preset: name, GPUs, GPU model, memory, interconnect."""
-    from ..hardware import box_names, load_box, summary_line
+    from ..inputs.box import box_names, load_box, summary_line
 
     for name in box_names():
         click.echo(summary_line(name, load_box(name)))
@@ -25,7 +25,7 @@ def boxes_list() -> None:
 @click.option("--network", default=None, help="what joins the nodes [default: the box's [network]]")
 def boxes_show(name: str, nodes: int, network: str | None) -> None:
     """Every field of box NAME (a preset or .toml) with its source, and the topology tree."""
-    from ..hardware import details, load_box
+    from ..inputs.box import details, load_box
 
     click.echo("\n".join(details(load_box(name, nodes, network))))
 
@@ -38,7 +38,7 @@ def profiles() -> None:
 @profiles.command("list")
 def profiles_list() -> None:
     """The shipped profiles."""
-    from ..profile import load_profile, profile_names
+    from ..profiles.profile import load_profile, profile_names
 
     for name in profile_names():
         p = load_profile(name)
@@ -49,7 +49,7 @@ def profiles_list() -> None:
 @click.argument("name")
 def profiles_show(name: str) -> None:
     """One profile: its box, engine, parameters and the source of every table."""
-    from ..profile import load_profile, profile_folder
+    from ..profiles.profile import load_profile, profile_folder
 
     p = load_profile(name)
     click.echo(f"{p.name}: {p.meta.get('description', '')}")

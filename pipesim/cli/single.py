@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import click
 
-from ..errors import require
+from ..base.errors import require
 from .options import (
     apply_options,
     parallel_kwargs,
@@ -122,8 +122,9 @@ def predict(
     **opts: object,
 ) -> None:
     """Predict one scenario (default: Kimi K2.6 with SGLang on 8 x RTX PRO 6000)."""
-    from .. import api, report
-    from ..scenario import build_scenario
+    from .. import api
+    from ..report import table as report
+    from ..scenario.build import build_scenario
 
     require(
         plot_file is None or sensitivity, "--plot draws the sensitivity tornado: give --sensitivity with it"
@@ -144,8 +145,8 @@ def predict(
     if sensitivity:
         import json
 
-        from ..sensitivity import plot
-        from ..sensitivity import sensitivity as tornado
+        from ..report.sensitivity import plot
+        from ..report.sensitivity import sensitivity as tornado
 
         sens = tornado(scenario, step)
         if plot_file:
@@ -154,7 +155,7 @@ def predict(
         return
     result = api.run(scenario)
     if intervals:
-        from ..uncertainty import attach
+        from ..report.uncertainty import attach
 
         result = attach(result, scenario, "ensemble" if ensemble else "run")
     click.echo(report.to_json(result) if as_json else report.table(result))
@@ -171,8 +172,8 @@ def predict(
 @click.option("--out", default="trace.json", show_default=True, help="the Chrome trace event file (.json)")
 def trace(tp: int, pp: int, conc: int | None, out: str, **opts: object) -> None:
     """A Chrome / Perfetto trace of one run: a track per GPU and per PP hop."""
-    from .. import trace as tr
-    from ..files import check_out_path
+    from ..base.files import check_out_path
+    from ..report import trace as tr
 
     check_out_path(out, (".json",), "trace")
     obj, result = tr.trace(tp, pp, conc, **scenario_keywords(opts))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 import simpy
 
 if TYPE_CHECKING:
-    from ..batches import MicroBatch, Request
+    from .batches import MicroBatch, Request
 
 
 class EngineSimulation(Protocol):

@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from ..errors import require
+from ..base.errors import require
 from .kv import CLIP_MAX_NEW_TOKENS, NewTokenRatio, retract_estimate, take
 from .protocol import EngineSimulation
 
 if TYPE_CHECKING:
-    from ..batches import MicroBatch, Request
-    from ..model import Model
-    from ..plan import Plan
+    from ..inputs.model import Model
+    from ..inputs.plan import Plan
+    from .batches import MicroBatch, Request
 
 MiB = 2**20
 

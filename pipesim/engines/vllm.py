@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from ..errors import require
+from ..base.errors import require
 from .kv import VLLM_BLOCK_SIZE, FreeBlockQueue, blocks_for, take
 from .protocol import EngineSimulation
 
 if TYPE_CHECKING:
-    from ..batches import MicroBatch, Request
-    from ..model import Model
-    from ..plan import Plan
+    from ..inputs.model import Model
+    from ..inputs.plan import Plan
+    from .batches import MicroBatch, Request
 
 GiB = 2**30
 # vllm/config/vllm.py `_set_cudagraph_sizes`: the largest capture size by default is

@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from ...tables import sig6
+from ...profiles.tables import sig6
 from .specs import Grids, Record
 from .timing import median
 

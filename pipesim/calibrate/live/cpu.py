@@ -7,7 +7,7 @@ import time
 from types import ModuleType
 from typing import Any
 
-from ...model import Model
+from ...inputs.model import Model
 from .kernels import Ops
 from .timing import Bench, median
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from types import ModuleType
 
-from ...tables import sig6
+from ...profiles.tables import sig6
 from .timing import Bench
 
 

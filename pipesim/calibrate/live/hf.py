@@ -8,9 +8,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from ...errors import UserError
-from ...model import Model
-from ...tables import sig6
+from ...base.errors import UserError
+from ...inputs.model import Model
+from ...profiles.tables import sig6
 from .specs import Grids
 from .timing import import_torch, median
 

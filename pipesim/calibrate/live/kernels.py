@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ...model import Model
+from ...inputs.model import Model
 from .specs import Spec, route
 
 

@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from ...errors import UserError
-from ...model import load_model, read_hf_config
-from ...tables import TABLE_COLUMNS, sig6
+from ...base.errors import UserError
+from ...inputs.model import load_model, read_hf_config
+from ...profiles.tables import TABLE_COLUMNS, sig6
 from .comm import link_summary, measure_comm
 from .cpu import graph_loop_floor_ms, plain_layer_launch_us
 from .gpu import describe_gpu

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import UserError
-from ...model import Model
-from ...profile import Params, Profile
-from ...tables import Tables
+from ...base.errors import UserError
+from ...inputs.model import Model
+from ...profiles.profile import Params, Profile
+from ...profiles.tables import Tables
 
 MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01")
 
@@ -58,7 +58,7 @@ class Record:
 
 def _probe_box():
     """An 8-GPU box, only so that the cost model can be asked which shapes it needs."""
-    from ...hardware import box_from_dict
+    from ...inputs.box import box_from_dict
 
     links = [{"child": f"gpu{i}", "parent": "switch", "bw_gb_s": 100.0, "latency_us": 1.0} for i in range(8)]
     return box_from_dict(
@@ -81,8 +81,8 @@ def gemm_shapes(model: Model, tp: int) -> list[tuple[int, int]]:
     """The (n, k) of every GEMM the cost model asks for on one GPU at tensor
     parallelism `tp` (attention projections, dense MLP, router, shared expert,
     lm_head), read off `CostModel.stage_ops` itself so the two cannot drift apart."""
-    from ...costs import CostModel, Shape
-    from ...plan import Plan
+    from ...costs.stage import CostModel, Shape
+    from ...inputs.plan import Plan
 
     empty = Profile("probe", "probe", "sglang", "", Params(), {}, Tables())
     seen: list[tuple[int, int]] = []

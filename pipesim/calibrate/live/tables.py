@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..._toml import dumps
-from ...profile import Params, write_profile
-from ...tables import TABLE_COLUMNS, sig6
+from ...base.toml import dumps
+from ...profiles.profile import Params, write_profile
+from ...profiles.tables import TABLE_COLUMNS, sig6
 from .specs import Record
 
 # Operations measured as records that have no profile table: their key columns.

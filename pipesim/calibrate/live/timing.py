@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from types import ModuleType
 
-from ...errors import UserError
+from ...base.errors import UserError
 
 NEEDS_TORCH = "live calibration needs torch: pip install 'pipesim[live]'"
 

@@ -1,0 +1,1 @@
+"""What every layer uses: user errors, input checks, files, progress bars, TOML."""

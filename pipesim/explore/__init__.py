@@ -1,0 +1,1 @@
+"""Many predictions: sweeps, their workers and files, the search, the figures."""

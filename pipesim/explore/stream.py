@@ -1,0 +1,203 @@
+"""A sweep table written as its scenarios finish, and resumed after an interruption.
+
+Rows go to a part file beside the output, `OUT.part` (CSV, whatever OUT's format), one
+line per finished scenario, appended and flushed in one write: a kill leaves every
+finished row and at most a partial last line, which a resume cuts off. When the sweep
+ends, the whole table is written to OUT at once (`files.write_table`: a reader sees the
+old OUT or the new one) and the part file is removed.
+
+Each row carries its sweep's options (OPTIONS_COLUMN: the JSON of every input that is not
+one of the sweep's lists), so a resume with other options is refused rather than mixing
+two sweeps in one table, and its key (grid.KEY_COLUMNS), so a resume runs exactly the
+scenarios not yet in the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..base.errors import UserError, require
+from ..base.files import check_table, csv_kwargs, read_table
+from .grid import KEY_COLUMNS, row_key
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+OPTIONS_COLUMN = "sweep_options"
+PART_SUFFIX = ".part"
+
+
+def part_path(out: str | Path) -> Path:
+    out = Path(out)
+    return out.with_name(out.name + PART_SUFFIX)
+
+
+def options_text(kwargs: dict, run_kwargs: dict, open_loop: bool) -> str:
+    """The sweep's options as one JSON line, the same for the same inputs however they were
+    given: arguments equal to build_scenario's defaults are left out, objects (a Profile, a
+    Model) are named with their parameters, and the pipesim version is included."""
+    import inspect
+    from importlib.metadata import version
+
+    from ..scenario.build import build_scenario
+
+    defaults = {
+        k: p.default
+        for k, p in inspect.signature(build_scenario).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    opts = {
+        k: _plain(v) for k, v in kwargs.items() if v is not None and not (k in defaults and v == defaults[k])
+    }
+    opts.update({k: _plain(v) for k, v in run_kwargs.items() if v is not None})
+    opts["load"] = "rate_rps" if open_loop else "conc"
+    opts["pipesim"] = version("pipesim")
+    return json.dumps(opts, sort_keys=True, separators=(",", ":"), default=repr)
+
+
+def _plain(value):
+    """A value JSON can hold: a Profile or Model object by its name and parameters."""
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    if hasattr(value, "name") and hasattr(value, "params") and is_dataclass(value.params):
+        return {
+            "name": value.name,
+            "params": asdict(value.params),
+            "foreign": getattr(value, "foreign", None),
+        }
+    if hasattr(value, "name"):
+        return {"name": value.name, "value": repr(value)}
+    return repr(value)
+
+
+def _differs(mine: str, theirs: str) -> str:
+    """'seed: 1 in the file, default now' for the first option two JSON option lines differ in."""
+    try:
+        a, b = json.loads(mine), json.loads(theirs)
+    except (json.JSONDecodeError, TypeError):
+        return f"options {str(theirs)[:80]!r} in the file"
+    if not isinstance(b, dict):
+        return f"options {str(theirs)[:80]!r} in the file"
+    for k in sorted(set(a) | set(b)):
+        if a.get(k) != b.get(k):
+            return f"{k}: {_shown(b, k)} in the file, {_shown(a, k)} now"
+    return "the same options written differently"
+
+
+def _shown(options: dict, k: str) -> str:
+    return "default" if k not in options else json.dumps(options[k])[:60]
+
+
+def done_rows(out: str | Path, options: str, resume: bool) -> pd.DataFrame | None:
+    """The rows a sweep writing `out` has already: with `resume`, those of the part file
+    (cut to its last whole line) or, without one, of a finished OUT; None if there are none.
+    Without `resume`, a part file left by an interrupted sweep is refused (its rows would be
+    lost). Every row must be one of this sweep's options, each key once."""
+    out, part = Path(out), part_path(out)
+    if not resume:
+        require(
+            not part.exists(),
+            f"{part} holds the rows of an interrupted sweep; pass --resume to finish it, or remove the file "
+            "to start again",
+        )
+        return None
+    if part.exists():
+        require(part.is_file(), f"{part} is not a file; remove it or write another --out")
+        df = _read_part(part)
+        where = part
+    elif out.exists():
+        df = read_table(out)
+        where = out
+    else:
+        return None
+    require(
+        OPTIONS_COLUMN in df.columns,
+        f"--resume: {where} has no column {OPTIONS_COLUMN}, so its sweep's options are unknown; write a new --out",
+    )
+    if "dp" not in df.columns:  # written before data-parallel splits: every row is dp 1
+        df = df.assign(dp=1)
+    missing = [c for c in KEY_COLUMNS if c not in df.columns]
+    require(not missing, f"--resume: {where} has no column(s) {', '.join(missing)}; write a new --out")
+    seen: dict[tuple, int] = {}
+    for i, (row, opts) in enumerate(
+        zip(df[list(KEY_COLUMNS)].to_dict("records"), df[OPTIONS_COLUMN], strict=True)
+    ):
+        line = i + 2  # the header is line 1
+        if opts != options:
+            raise UserError(
+                f"--resume: {where} line {line} was written by a sweep with other options "
+                f"({_differs(options, opts)}); give the same options, or write a new --out"
+            )
+        try:
+            key = row_key(row)
+        except (TypeError, ValueError):
+            raise UserError(f"--resume: {where} line {line}: its scenario key {row} is not valid") from None
+        require(
+            key not in seen,
+            f"--resume: {where} line {line} repeats the scenario of line {seen.get(key)}; write a new --out",
+        )
+        seen[key] = line
+    return df
+
+
+def _read_part(part: Path) -> pd.DataFrame:
+    """A part file's whole lines as a table (a partial last line, left by a kill, is cut off
+    the file first), checked as a sweep table is."""
+    import io
+
+    import pandas as pd
+
+    data = part.read_bytes()
+    whole = data.rfind(b"\n") + 1
+    if whole < len(data):
+        os.truncate(part, whole)  # the line a kill cut short: its scenario runs again
+        data = data[:whole]
+    require(whole > 0, f"{part} has no whole line (not even a header); remove it and run the sweep again")
+    try:
+        df = pd.read_csv(io.BytesIO(data), **csv_kwargs())
+    except Exception as exc:  # pandas raises many types for a malformed file
+        raise UserError(
+            f"{part}: cannot read as CSV ({type(exc).__name__}); remove it to start again"
+        ) from None
+    return check_table(df, part, allow_empty=True)
+
+
+class PartWriter:
+    """Appends rows to a part file, one flushed write per row. The header comes with the
+    first row (or the rows a resume starts from); each row must have its columns."""
+
+    def __init__(self, part: Path, done: pd.DataFrame | None) -> None:
+        self.part, self.columns = part, None
+        if done is not None and part.exists():
+            self.columns = list(done.columns)  # appending to the part file we recovered
+            self.file = open(part, "a", encoding="utf-8", newline="")
+        else:
+            self.file = open(part, "w", encoding="utf-8", newline="")
+            if done is not None:  # resuming from a finished OUT: its rows start the part file
+                self.columns = list(done.columns)
+                self._write(done, header=True)
+
+    def write(self, row: dict) -> None:
+        import pandas as pd
+
+        if self.columns is None:
+            self.columns = list(row)
+            self._write(pd.DataFrame([row]), header=True)
+            return
+        require(
+            list(row) == self.columns,
+            f"--resume: {self.part} has the columns of another pipesim version; write a new --out",
+        )
+        self._write(pd.DataFrame([row]), header=False)
+
+    def _write(self, df: pd.DataFrame, header: bool) -> None:
+        self.file.write(df.to_csv(index=False, header=header, lineterminator="\n"))
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        self.file.close()

@@ -1,0 +1,426 @@
+"""Sweeps: every TP x PP split of a GPU count x every load x every box, engine, input and
+output length listed, one row each.
+
+The scenarios are built and checked first (grid.py: invalid ones skipped with their
+reason, the total bounded). They run in parallel on local processes, or on a Dask
+distributed cluster (workers.py); each is deterministic for its seed, so the table is the
+same however it was run (rows sorted by box, engine, lengths, gpus, tp, pp, load). With an
+output file each row is written as it finishes and an interrupted sweep resumes where it
+stopped (stream.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..base.checks import MAX_CONCURRENCY, MAX_GPUS, MAX_WORKERS, is_int, whole
+from ..base.errors import require
+from ..base.files import TABLE_SUFFIXES
+from ..base.progress import bar as progress_bar
+from ..inputs.workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
+from ..scenario.build import build_scenario
+from .grid import KEY_COLUMNS, build_grid, choices, row_key, split_name, splits_of
+
+if TYPE_CHECKING:  # pandas is imported where a table is built, so the CLI can read DEFAULT_CONC cheaply
+    import pandas as pd
+
+DEFAULT_CONC = (1, 2, 4, 8, 16, 32, 64, 128)
+RUN_KEYS = ("warmup_requests", "measure_requests", "max_measure_requests", "ci_target")
+WALL_COLUMNS = ("sim_wall_s",)  # the only columns that differ between identical runs
+
+
+def whole_numbers(values: int | Sequence[int], what: str, limit: int = MAX_GPUS) -> list[int]:
+    """An int or a sequence of ints -> sorted and distinct; each from 1 to `limit`, at
+    least one. (The command line turns '1,8,32' into a list first: `cli.options.parse_ints`.)"""
+    if is_int(values):
+        values = [values]
+    require(
+        not isinstance(values, (str, bytes)),
+        f"{what} {values!r} must be a whole number or a sequence of them, e.g. [1, 8, 32]",
+    )
+    values = list(values)
+    require(len(values) > 0, f"{what} is empty; give at least one whole number >= 1, e.g. 1,8,32")
+    for v in values:
+        require(is_int(v) and v >= 1, f"{what}: {v!r} is not a whole number >= 1")
+        require(v <= limit, f"{what}: {v} is above the limit of {limit}")
+    return sorted({int(v) for v in values})
+
+
+def positive_numbers(values: float | Sequence[float], what: str) -> list[float]:
+    """A number or a sequence of numbers -> sorted and distinct; each finite and > 0."""
+    if isinstance(values, (int, float)) and not isinstance(values, bool):
+        values = [values]
+    require(
+        not isinstance(values, (str, bytes)),
+        f"{what} {values!r} must be a number or a sequence of them, e.g. [0.5, 1, 2]",
+    )
+    values = list(values)
+    require(len(values) > 0, f"{what} is empty; give at least one number > 0, e.g. 0.5,1,2")
+    for v in values:
+        require(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"),
+            f"{what}: {v!r} is not a number > 0",
+        )
+    return sorted(set(float(v) for v in values))
+
+
+def load_column(df: pd.DataFrame) -> str:
+    """The load a sweep table varies: 'rate_rps' for an open-loop sweep, else 'conc'."""
+    return "rate_rps" if "rate_rps" in df.columns and (df.rate_rps > 0).all() else "conc"
+
+
+splits = splits_of  # every (tp, pp) with tp x pp = gpus, TP largest first
+__all__ = ["KEY_COLUMNS", "split_name", "splits", "sweep"]
+
+
+# ---- one point -----------------------------------------------------------------------
+
+
+def run_point(
+    tp: int,
+    pp: int,
+    load: float,
+    kwargs: dict,
+    run_kwargs: dict,
+    open_loop: bool = False,
+    combo: dict | None = None,
+) -> dict:
+    """One row of the sweep table: `load` is the closed-loop concurrency, or with
+    `open_loop` the Poisson arrival rate (req/s); `combo` the box, engine and lengths
+    of this scenario (beside `kwargs`, which all share). Module-level so that worker
+    processes (local or Dask) can unpickle it."""
+    from ..measure.metrics import idle_breakdown
+    from ..report.uncertainty import HEADLINE, intervals
+    from ..sim.runner import simulate
+
+    kwargs = {**kwargs, **(combo or {})}
+
+    load_kw = dict(rate_rps=float(load)) if open_loop else dict(concurrency=int(load))
+    scenario = build_scenario(tp=tp, pp=pp, **load_kw, **kwargs)
+    plan = scenario.plan
+    rec, r = simulate(scenario, **run_kwargs)
+    idle = idle_breakdown(rec)
+    sc = r.scenario
+    eng = sc["engine"]
+    n = len(idle)
+    sat = r.saturation or {}
+    # the band without an extra run (docs/uncertainty.md): a closed loop's workload part
+    # from the run itself, an open loop's left out (it would take the ensemble's runs)
+    iv, _basis = intervals(r, scenario, workload="run" if scenario.workload.kind == "closed" else "none")
+    bands = {f"{m}{end}": v for m in HEADLINE for end, v in zip(("_lo", "_hi"), iv[m])}
+    return {
+        "box": sc["box"],
+        "gpu": sc["gpu"],
+        "model": sc["model"],
+        "profile": sc["profile"],
+        "engine": eng["engine"],
+        "input_len": sc["workload"]["input_len"],
+        "output_len": sc["workload"]["output_len"],
+        "seed": sc["workload"]["seed"],
+        "gpus": plan.gpus,
+        "tp": tp,
+        "pp": pp,
+        "dp": plan.dp,
+        "dp_attention": plan.dp_attention,
+        "conc": 0 if open_loop else int(load),
+        "rate_rps": float(load) if open_loop else 0.0,
+        "split": split_name(tp, pp, plan.dp, plan.dp_attention) + (f" x EP{plan.ep}" if plan.ep > 1 else ""),
+        "ep": plan.ep,
+        "layers_per_stage": ",".join(map(str, sc["layers_per_stage"])),
+        "output_throughput_tok_s": r.output_throughput_tok_s,
+        "output_throughput_ci_tok_s": r.output_throughput_ci_tok_s,
+        "output_tok_s_per_gpu": r.output_throughput_tok_s / plan.gpus,
+        "request_throughput_req_s": r.request_throughput_req_s,
+        "per_request_tok_s": r.per_request_tok_s,
+        "ttft_ms_p50": r.ttft_ms_p50,
+        "ttft_ms_p99": r.ttft_ms_p99,
+        "tpot_ms_p50": r.tpot_ms_p50,
+        "tpot_ms_p99": r.tpot_ms_p99,
+        "e2e_ms_mean": r.e2e_ms_mean,
+        **bands,
+        "compute_share": r.time_shares["compute"],
+        "allreduce_share": r.allreduce_share,
+        "bubble_fraction": r.bubble_fraction,
+        "idle_p2p_share": sum(s.idle_p2p for s in idle) / n,
+        "idle_cpu_share": sum(s.idle_cpu for s in idle) / n,
+        "idle_bubble_share": sum(s.idle_bubble for s in idle) / n,
+        "p2p_share": r.p2p_share,
+        "cpu_share": r.cpu_share,
+        "mean_requests_per_microbatch": r.mean_requests_per_microbatch,
+        "mean_decode_batch": r.mean_decode_batch,
+        "decode_batch_per_slot": ";".join(f"{b:.3f}" for b in r.decode_batch_per_slot),
+        # vLLM's in-flight groups (plot.bubble_cause reads them where present); SGLang: none
+        "group_sizes": ";".join(f"{b:.3f}" for b in r.group_sizes) if r.group_sizes else float("nan"),
+        "preemptions": r.preemptions,
+        **caps(sc),
+        "overloaded": bool(sat.get("overloaded", False)),
+        "served_req_s": sat.get("served_rate_req_s", float("nan")),
+        "queue_growth_req_s": sat.get("queue_growth_req_s", float("nan")),
+        "completed_requests": r.completed_requests,
+        "sim_events": r.sim_events,
+        "sim_wall_s": r.sim_wall_s,
+    }
+
+
+def caps(sc: dict) -> dict:
+    """What bounds the requests running at once in a scenario (`Result.scenario`):
+    the engine's running cap (SGLang max_running_requests, vLLM max_num_seqs),
+    SGLang's per-slot cap times its slots, and the KV cache (the requests of the
+    workload's largest size it holds whole, as they are when they finish). `effective_cap` is the smallest: a closed loop with
+    more clients than that only queues, so throughput flattens there; `cap_reason`
+    names the bound. With DP ranks each has its own caps and KV pool: the bounds are
+    theirs times dp (the KV tokens column stays one rank's pool)."""
+    eng, w = sc["engine"], sc["workload"]
+    dp = sc.get("dp", 1)
+    running = eng.get("max_running_requests", eng.get("max_num_seqs")) * dp
+    slot_cap, slots = eng.get("pp_max_micro_batch_size"), eng.get("slots", 1)
+    kv = sc["kv_cache_tokens"]
+    size = (_hi(w.get("input_len")) + _hi(w.get("output_len"))) if "input_len" in w else None
+    bounds = {"running cap": running}
+    if slot_cap is not None:
+        bounds["per-slot cap x slots"] = slot_cap * slots * dp
+    if size:
+        bounds["KV cache"] = kv // size * dp
+    reason = min(bounds, key=lambda k: bounds[k])
+    return {
+        "running_cap": running,
+        "slot_cap": slot_cap if slot_cap is not None else 0,
+        "slots": slots,
+        "kv_cache_tokens": kv,
+        "kv_request_cap": bounds.get("KV cache", 0),
+        "effective_cap": bounds[reason],
+        "cap_reason": reason,
+    }
+
+
+def _hi(spec) -> int:
+    """The largest length of a spec: '300' -> 300, '100:500' -> 500."""
+    return int(str(spec).split(":")[-1])
+
+
+# ---- the sweep ---------------------------------------------------------------------------
+
+
+def sweep(
+    gpus: int | Sequence[int] = 8,
+    conc: int | Sequence[int] | None = DEFAULT_CONC,
+    *,
+    rate: float | Sequence[float] | None = None,
+    splits: Sequence[tuple[int, int]] | None = None,
+    dp: int | Sequence[int] = 1,
+    input_len: str | int | Sequence[str | int] = DEFAULT_INPUT_LEN,
+    output_len: str | int | Sequence[str | int] = DEFAULT_OUTPUT_LEN,
+    engine: str | Sequence[str] | None = None,
+    box: str | Sequence[str] | None = None,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    progress: bool | None = False,
+    out: str | Path | None = None,
+    resume: bool = False,
+    **kwargs: object,
+) -> pd.DataFrame:
+    """Run every valid (tp, pp) with tp x pp in `gpus` at every closed-loop concurrency
+    in `conc`, or, with `rate`, at every open-loop Poisson arrival rate (req/s; `conc`
+    is then not read; `num_requests` per point, default 200), for every box, engine,
+    input length and output length listed (`input_len`, `output_len`, `engine`, `box`:
+    one value or a list; grid.py). `splits` [(tp, pp), ...]: only these (their GPU counts
+    are then the ones swept). `dp`: the data-parallel sizes swept (one or a list; each
+    dp > 1 a split of pp 1: tp = gpus / dp, or tp = gpus with `dp_attention`; grid.py
+    `dp_splits_of`). Other keyword arguments are those of `pipesim.predict` (model,
+    profile, seed, engine knobs, dp_attention, enable_expert_parallel, warmup_requests, ...).
+
+    `workers`: local processes (default: every core; 1 runs in this process).
+    `scheduler`: a Dask scheduler address (tcp://host:port) to run on instead.
+    `out`: a .csv or .parquet file; each row is streamed to `out`.part as it finishes and
+    the table written to `out` at the end (stream.py). `resume`: keep the rows already
+    there (the part file of an interrupted sweep, or a finished `out`) and run the rest;
+    refused if they were written with other options.
+    Returns one row per scenario, sorted by box, engine, lengths, gpus, tp, pp, load;
+    `df.attrs["skipped"]` lists the scenarios that were left out and why.
+    """
+    import pandas as pd
+
+    from ..base.files import check_out_path, write_table
+    from . import stream
+    from .workers import run_tasks
+
+    only = None
+    if splits is not None:
+        only = [tuple(x) for x in splits]
+        require(
+            len(only) > 0
+            and all(len(x) == 2 and all(isinstance(v, int) and v >= 1 for v in x) for x in only),
+            f"splits {splits!r} must be (tp, pp) pairs of whole numbers >= 1, e.g. [(2, 4), (8, 1)]",
+        )
+        gpus = sorted({tp * pp for tp, pp in only})
+    gpu_counts = whole_numbers(gpus, "gpus")
+    dps = whole_numbers(dp, "dp")
+    open_loop = rate is not None
+    loads = positive_numbers(rate, "rate") if open_loop else whole_numbers(conc, "conc", MAX_CONCURRENCY)
+    for k in ("tp", "pp", "concurrency", "rate_rps", "trace") + (() if open_loop else ("num_requests",)):
+        require(kwargs.pop(k, None) is None, f"a sweep sets tp, pp and the load itself; it takes no {k}")
+    if open_loop:
+        kwargs["num_requests"] = kwargs.get("num_requests") or 200
+    if workers is not None:
+        workers = whole(workers, "workers", 1, MAX_WORKERS)
+    require(not resume or out is not None, "--resume continues the sweep in --out: give --out")
+    if out is not None:
+        check_out_path(out, TABLE_SUFFIXES, "output")
+    run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
+    lists = dict(
+        box=choices(box, "box"),
+        engine=choices(engine, "engine"),
+        input_len=choices(input_len, "input length"),
+        output_len=choices(output_len, "output length"),
+    )
+    options = stream.options_text(kwargs, run_kwargs, open_loop)
+    done = stream.done_rows(out, options, resume) if out is not None else None  # refused before any work
+    grid = build_grid(gpu_counts, loads, open_loop, kwargs, lists, only, dps)
+    have = set() if done is None else {row_key(r) for r in done[list(KEY_COLUMNS)].to_dict("records")}
+    todo = [p for p in grid.points if p.key not in have]
+    tasks = [(p.tp, p.pp, p.load, {**_given(grid.combos[p.combo]), "dp": p.dp}) for p in todo]
+    rows = []
+    writer = stream.PartWriter(stream.part_path(out), done) if out is not None else None
+    try:
+        # the rows done before start the count; tqdm's rate (so the ETA) counts only this run's
+        with progress_bar(
+            len(grid.points), "sweep", progress, initial=len(grid.points) - len(todo), leave=True
+        ) as bar:
+            for row in run_tasks(run_point, tasks, kwargs, run_kwargs, open_loop, workers, scheduler):
+                row[stream.OPTIONS_COLUMN] = options
+                if writer is not None:
+                    writer.write(row)
+                rows.append(row)
+                bar.update()
+    finally:
+        if writer is not None:
+            writer.close()
+    new = pd.DataFrame(rows)
+    if done is None or not len(done):
+        df = new
+    else:  # the rows read back, then this run's (each typed as the file's reader types it)
+        df = pd.concat([done, new], ignore_index=True) if len(new) else done
+    df = sort_table(df)
+    df.attrs["skipped"] = list(grid.skipped)
+    df.attrs["kept"] = len(df) - len(new)  # rows a resume found in the file
+    if out is not None:
+        write_table(df, out)
+        stream.part_path(out).unlink(missing_ok=True)
+    return df
+
+
+def _given(combo: dict) -> dict:
+    """The box, engine and lengths a scenario was given (the defaults left out)."""
+    return {k: v for k, v in combo.items() if v is not None}
+
+
+def sort_table(df: pd.DataFrame) -> pd.DataFrame:
+    """A sweep table in its order: box, engine, input and output lengths (by tokens), gpus,
+    tp, pp, conc, rate_rps."""
+    tokens = lambda col: col.map(lambda spec: tuple(int(x) for x in str(spec).split(":")))  # noqa: E731
+    return df.sort_values(
+        list(KEY_COLUMNS),
+        key=lambda col: tokens(col) if col.name in ("input_len", "output_len") else col,
+        kind="stable",
+    ).reset_index(drop=True)
+
+
+# ---- summaries ---------------------------------------------------------------------------
+
+
+def with_split_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """A sweep table with its split columns: a table written before data parallelism has
+    no dp / dp_attention columns, its rows are dp 1."""
+    if "dp" in df.columns:
+        return df
+    return df.assign(dp=1, dp_attention=False)
+
+
+def best_by_conc(df: pd.DataFrame, column: str = "output_throughput_tok_s") -> pd.DataFrame:
+    """The best split at each (condition, gpus, load) by `column` (larger is better): a
+    condition is the box, engine and lengths of a row (conditions.py), so a split is only
+    ever compared with the splits of its own; the load is the concurrency, or the arrival
+    rate of an open-loop sweep (`load_column`). Rows in table order of the conditions."""
+    from .conditions import condition_index
+
+    lc = load_column(df)
+    df = df.assign(_condition=condition_index(df))
+    keys = ["_condition", "gpus", lc]
+    idx = (
+        df.sort_values([*keys, column, "tp"], ascending=[True, True, True, False, True])
+        .groupby(keys, sort=True)
+        .head(1)
+        .index
+    )
+    return df.loc[idx].sort_values(keys).drop(columns="_condition").reset_index(drop=True)
+
+
+def summary(df: pd.DataFrame) -> str:
+    """The human table of a sweep: output tok/s (per-request tok/s) by concurrency and
+    split, the best split at each concurrency marked with *; in an open-loop sweep
+    (by arrival rate) an overloaded point is marked with ! (saturation.py). One table per
+    condition (box, engine and lengths swept), headed by what tells it apart."""
+    from .conditions import condition_text, conditions, varying
+
+    parts = list(conditions(df))
+    skipped = "\n".join(f"skipped {s}" for s in df.attrs.get("skipped", []))
+    if len(parts) == 1:
+        return "\n\n".join([_block(df), skipped]).rstrip()
+    lines = _heading(df, varying(df))
+    lines[-1] = f"{len(parts)} conditions, one table each"
+    blocks = ["\n".join(lines)]
+    blocks += [f"[{condition_text(c)}]\n" + "\n".join(_table(part)) for c, part in parts]
+    return "\n\n".join(blocks + [skipped]).rstrip()
+
+
+def _heading(df: pd.DataFrame, varying: list[str] = ()) -> list[str]:
+    """The sweep's model, box, profile, engine and lengths (those in `varying` listed),
+    what the cells hold, and a blank line."""
+    lc = load_column(df)
+    first = df.iloc[0]
+    val = lambda c: ", ".join(dict.fromkeys(map(str, df[c]))) if c in varying else first.get(c, "?")  # noqa: E731
+    what = "arrival rate" if lc == "rate_rps" else "concurrency"
+    lengths = "input_len" in df.columns and "output_len" in df.columns  # a table from before they were
+    return [
+        f"pipesim sweep  {first['model']} on {val('box')} ({first['profile']}), {val('engine')}"
+        + (f", in/out {val('input_len')}/{val('output_len')} tokens" if lengths else ""),
+        f"output tok/s (per-request tok/s); * = most output tok/s at that {what} and GPU count"
+        + ("; ! = overloaded (the queue grows)" if lc == "rate_rps" else ""),
+        "",
+    ]
+
+
+def _block(df: pd.DataFrame) -> str:
+    return "\n".join(_heading(df) + _table(df))
+
+
+def _table(df: pd.DataFrame) -> list[str]:
+    """One condition's table: a row per (gpus, load), a column per split."""
+    lc = load_column(df)
+    df = with_split_columns(df)
+    splits_ = (
+        df[["gpus", "tp", "pp", "dp", "split"]].drop_duplicates().sort_values(["gpus", "dp", "tp", "pp"])
+    )
+    best = {(r.gpus, getattr(r, lc)): r.split for r in best_by_conc(df).itertuples()}
+    width = max(20, 2 + max(len(s) for s in splits_.split))
+    header = f"{'GPUs':>4} {'req/s' if lc == 'rate_rps' else 'C':>5}  " + "".join(
+        f"{s:>{width}}" for s in splits_.split
+    )
+    lines = [header]
+    cells = df.set_index(["gpus", "split", lc])
+    for (g, c), _ in df.groupby(["gpus", lc], sort=True):
+        row = f"{g:>4} {c:>5g}  "
+        for sp in splits_.itertuples():
+            key = (sp.gpus, sp.split, c)
+            if sp.gpus != g or key not in cells.index:
+                row += f"{'':>{width}}"
+                continue
+            r = cells.loc[key]
+            mark = "*" if best.get((g, c)) == sp.split else " "
+            if lc == "rate_rps" and bool(r.get("overloaded", False)):
+                mark = "!" + mark.strip()
+            row += f"{mark + f'{r.output_throughput_tok_s:,.1f} ({r.per_request_tok_s:,.1f})':>{width}}"
+        lines.append(row)
+    return lines

@@ -1,0 +1,146 @@
+"""Read end-to-end benchmark results into measured points.
+
+- SGLang `bench_serving` appends one JSON line per run; an unbounded request rate is the
+  bare token `Infinity` (Python's json reads it).
+- vLLM `vllm bench serve` writes one JSON object; an unbounded rate is the string "inf".
+- A plain CSV in the layout of pipesim.measured.
+
+Unknown keys are ignored: they drift between versions. The benchmarks do not record
+the parallel split, so tp and pp come from the command line.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from ...base.checks import MAX_CONCURRENCY, is_int, is_number, parse_json, read_text, too_deep
+from ...base.errors import UserError, require
+from ..measured import COLUMNS
+
+
+def _rows_from_json(objs: list[dict], origin: str, tp: int, pp: int, extra: dict) -> pd.DataFrame:
+    rows = []
+    for i, o in enumerate(objs, start=1):
+        require(isinstance(o, dict), f"{origin}: record {i} is not a JSON object")
+        out = o.get("output_throughput")
+        require(
+            is_number(out) and math.isfinite(out) and out > 0,
+            f"{origin}: record {i} has no positive output_throughput (tok/s): output_throughput = {out!r}",
+        )
+        conc = o.get("max_concurrency") or o.get("concurrency") or extra.get("conc")
+        require(conc is not None, f"{origin}: record {i} has no max_concurrency; pass --conc")
+        require(
+            is_int(conc) or (is_number(conc) and math.isfinite(conc) and conc == int(conc)),
+            f"{origin}: record {i}: max_concurrency = {conc!r} must be a whole number from 1 to {MAX_CONCURRENCY}",
+        )
+        require(
+            1 <= conc <= MAX_CONCURRENCY,
+            f"{origin}: record {i}: max_concurrency = {conc!r} must be a whole number from 1 to {MAX_CONCURRENCY}",
+        )
+        for key in (
+            "completed",
+            "total_input_tokens",
+            "total_output_tokens",
+            "median_ttft_ms",
+            "median_tpot_ms",
+        ):
+            v = o.get(key)
+            require(
+                v is None or (is_number(v) and math.isfinite(v) and v >= 0),
+                f"{origin}: record {i}: {key} = {v!r} must be a finite number >= 0",
+            )
+        done = o.get("completed") or 0
+        in_len = round(o["total_input_tokens"] / done) if done and o.get("total_input_tokens") else ""
+        out_len = round(o["total_output_tokens"] / done) if done and o.get("total_output_tokens") else ""
+        rows.append(
+            {
+                "name": extra.get("name", ""),
+                "model": extra.get("model", ""),
+                "engine": extra.get("engine", ""),
+                "tp": tp,
+                "pp": pp,
+                "conc": int(round(conc)),
+                "input_len": in_len,
+                "output_len": out_len,
+                "metric": "output_tok_s",
+                "tok_s": float(out),
+                "tok_s_lo": "",
+                "tok_s_hi": "",
+                "ttft_ms": _blank(o.get("median_ttft_ms")),
+                "tpot_ms": _blank(o.get("median_tpot_ms")),
+                "source": extra.get("source", origin),
+            }
+        )
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def _blank(value):
+    return "" if value is None else value
+
+
+def parse_sglang(text: str, origin: str, tp: int, pp: int, **extra: object) -> pd.DataFrame:
+    objs = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                require(not too_deep(line), f"{origin}: line {n} is nested too deeply")
+                objs.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{origin}: line {n} is not JSON ({exc.msg})") from None
+    require(objs, f"{origin}: no results (expected one JSON object per line from SGLang bench_serving)")
+    return _rows_from_json(objs, origin, tp, pp, {**extra, "engine": extra.get("engine") or "sglang"})
+
+
+def parse_vllm(text: str, origin: str, tp: int, pp: int, **extra: object) -> pd.DataFrame:
+    obj = parse_json(text, origin)
+    objs = obj if isinstance(obj, list) else [obj]
+    return _rows_from_json(objs, origin, tp, pp, {**extra, "engine": extra.get("engine") or "vllm"})
+
+
+def import_file(
+    file: str | Path,
+    profile_dir: str | Path,
+    out: str | Path | None = None,
+    *,
+    fmt: str,
+    tp: int | None = None,
+    pp: int | None = None,
+    conc: int | None = None,
+    name: str = "",
+    model: str = "",
+) -> tuple[int, int]:
+    """Add a benchmark's runs to a profile's measured points (in place unless `out`),
+    each checked as a hand-written measured.csv row would be. Returns (points added,
+    points in all)."""
+    from ..measured import points_frame, read_points
+    from ..profile import check_profile_out, load_profile, rewrite_profile
+
+    check_profile_out(out or profile_dir)
+    path = Path(file)
+    require(path.is_file(), f"benchmark output not found: {file}")
+    prof = load_profile(profile_dir)
+    default_model = prof.meta.get("model", "kimi-k2.6")
+    if fmt == "csv":
+        new = points_frame(read_points(path, str(file), default_model, prof.engine))
+    else:
+        require(
+            tp is not None and pp is not None,
+            f"--tp and --pp are needed: {fmt} benchmark output does not record the split",
+        )
+        parse = parse_sglang if fmt == "sglang" else parse_vllm
+        rows = parse(
+            read_text(path, "benchmark output"), str(file), tp, pp, conc=conc, name=name, model=model
+        )
+        # read back through the checker: same validation as a hand-written CSV
+        new = points_frame(
+            read_points(io.StringIO(rows.to_csv(index=False)), str(file), default_model, prof.engine)
+        )
+    old = points_frame(list(prof.measured)) if prof.measured else None
+    merged = pd.concat([old, new]) if old is not None else new
+    rewrite_profile(profile_dir, out, measured=merged)
+    return len(new), len(merged)

@@ -1,0 +1,342 @@
+"""Calibration profiles: what was measured on a box, with where each number came from.
+
+A profile is a directory:
+
+    profile.toml        name, box preset, engine and version, date, the source of every
+                        table, parameters the tables do not pin, and the launch flags of
+                        the measured deployment (if any)
+    <table>.csv.gz      measured latency tables (milliseconds), see TABLE_COLUMNS
+
+Shipped profiles live in the package `pipesim.data.profiles` (the repository's
+calibration/profiles); any other directory can be given by path.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..base.checks import is_number, parse_toml, read_text
+from ..base.errors import require
+from .measured import read_points
+from .tables import TABLE_COLUMNS, Tables, cached_columns
+
+if TYPE_CHECKING:  # tables are read into numpy columns; pandas only where a DataFrame is asked for
+    import pandas as pd
+
+DEFAULT_PROFILE = "rtx-pro-6000-sglang-deployment"  # the reference deployment
+# profile.toml: keys that must be tables, and keys that must be strings
+META_TABLES = ("params", "deployment", "sources", "param_sources")
+META_STRINGS = ("name", "box", "engine", "engine_version", "description", "model")
+
+
+@dataclass(frozen=True)
+class Params:
+    """Costs the tables do not pin. Each is measured, fitted (with its fit report in the
+    profile) or left at a stated neutral value; `profile.toml` says which."""
+
+    cpu_iteration_ms: float = 0.0  # scheduler CPU time per micro-batch iteration (stage 0)
+    cpu_hop_ms: float = 0.0  # CPU time per PP hop per micro-batch (metadata pickling)
+    allreduce_scale: float = 1.0  # this box's TP path vs its measured all-reduce table
+    allreduce_offset_us: float = 0.0  # extra fixed cost per all-reduce on this box's TP path
+    kernel_floor_us: float = 0.0  # shortest kernel on this GPU (launch + tail)
+    eager_launch_us_per_layer: float = 0.0  # CPU time to launch one layer's kernels without CUDA graphs
+    kernel_scale: float = 1.0  # this deployment's kernels vs the measured kernel tables
+    frontend_ms: float = 0.0  # per request, serial: tokenize + hand to the scheduler
+    detokenize_step_us: float = 0.0  # output path per returned step (detokenizer, serial)
+    detokenize_token_us: float = 0.0  # output path per token of a returned step
+    moe_distribution: str = "power_law_1.01"  # routing skew to read the MoE table at
+    custom_allreduce_max_gpus: int = 2  # engines use their custom all-reduce up to this many PCIe GPUs
+
+    @classmethod
+    def from_dict(cls, data: dict, origin: str) -> Params:
+        known = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        require(
+            not unknown, f"{origin}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(known)}"
+        )
+        values = {}
+        for f in fields(cls):
+            if f.name not in data:
+                continue
+            v = data[f.name]
+            if f.name == "moe_distribution":
+                values[f.name] = str(v)
+                continue
+            require(
+                is_number(v) and math.isfinite(v) and v >= 0,
+                f"{origin}: parameter {f.name} = {v!r} must be a finite number >= 0",
+            )
+            values[f.name] = int(v) if f.name == "custom_allreduce_max_gpus" else float(v)
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    box: str
+    engine: str
+    engine_version: str
+    params: Params
+    meta: dict = field(hash=False, compare=False)
+    tables: Tables = field(hash=False, compare=False)
+    measured: tuple = field(default=(), hash=False, compare=False)  # measured.Point, to fit and validate
+    foreign: str = field(
+        default="", hash=False, compare=False
+    )  # what differs from the run it costs (borrowed)
+    box_spec: object = field(
+        default=None, hash=False, compare=False
+    )  # the Box it was built for (catalogue), else box names it
+
+    @property
+    def sources(self) -> dict:
+        return self.meta.get("sources", {})
+
+    @property
+    def deployment(self) -> dict:
+        """Engine flags of the measured deployment, used as defaults for this profile."""
+        return self.meta.get("deployment", {})
+
+    def with_params(self, **values: float | str) -> Profile:
+        """The same profile (same indexed tables) with some parameters changed."""
+        return replace(self, params=replace(self.params, **values))
+
+    # lookups, from the shared tables
+    gemm = property(lambda self: self.tables.gemm)
+    moe = property(lambda self: self.tables.moe)
+    moe_ep = property(lambda self: self.tables.moe_ep)
+    mla_decode = property(lambda self: self.tables.mla_decode)
+    mla_prefill = property(lambda self: self.tables.mla_prefill)
+    gqa_decode = property(lambda self: self.tables.gqa_decode)
+    gqa_prefill = property(lambda self: self.tables.gqa_prefill)
+    collectives = property(lambda self: self.tables.collectives)
+
+
+# ---- loading and writing -----------------------------------------------------------------
+
+
+def _shipped():
+    """Where the shipped profiles are: the installed package `pipesim.data.profiles`, or
+    calibration/profiles beside the source when pipesim runs uninstalled."""
+    try:
+        return resources.files("pipesim.data.profiles")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "calibration" / "profiles"
+
+
+def profile_names() -> list[str]:
+    root = _shipped()
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and p.joinpath("profile.toml").is_file())
+
+
+def _profile_dir(name_or_path: str | Path):
+    text = str(name_or_path)
+    if text in profile_names():
+        return _shipped().joinpath(text)
+    path = Path(text)
+    recover_profile(path)
+    require(
+        path.is_dir() and (path / "profile.toml").is_file(),
+        f"unknown profile '{text}'; known: {', '.join(profile_names()) or 'none'}, "
+        "or a directory holding profile.toml",
+    )
+    return path
+
+
+def profile_folder(name_or_path: str | Path) -> Path:
+    """Where a profile's files live on disk: a shipped profile's folder inside the
+    installed package, or the directory given."""
+    return Path(str(_profile_dir(name_or_path))).resolve()
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load a profile (cached per process while its files are unchanged: a sweep loads
+    and indexes the tables once)."""
+    folder = _profile_dir(name_or_path)
+    stamp = (
+        tuple(
+            (p.name, p.stat().st_mtime_ns, p.stat().st_size)
+            for p in sorted(Path(str(folder)).iterdir())
+            if p.is_file()
+        )
+        if Path(str(folder)).is_dir()
+        else ()
+    )
+    return _load_profile(str(folder), stamp)
+
+
+@lru_cache(maxsize=8)
+def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
+    folder = Path(folder_text)
+    meta_file = folder.joinpath("profile.toml")
+    meta = parse_toml(read_text(meta_file, "profile file"), str(meta_file))
+    for key in ("name", "box", "engine"):
+        require(key in meta, f"{meta_file}: missing '{key}'")
+    for key, v in meta.items():
+        if key in META_TABLES:
+            require(isinstance(v, dict), f"{meta_file}: '{key}' must be a table, got {type(v).__name__}")
+        elif key in META_STRINGS:
+            require(isinstance(v, str), f"{meta_file}: '{key}' must be a string, got {v!r}")
+    for key in ("sources", "param_sources"):
+        bad = [k for k, v in meta.get(key, {}).items() if not isinstance(v, str)]
+        require(not bad, f"{meta_file}: {key}.{bad[0] if bad else ''} must be a string")
+    params = Params.from_dict(meta.get("params", {}), str(meta_file))
+    box = str(meta["box"])
+    if box.endswith(".toml") and folder.joinpath(box).is_file():
+        box = str(folder.joinpath(box))  # a box file written beside the profile (calibrate live)
+    columns = {}
+    for table in TABLE_COLUMNS:
+        f = folder.joinpath(f"{table}.csv.gz")
+        if f.is_file():
+            columns[table] = cached_columns(f, table)
+    tables = Tables(columns=columns)
+    measured: tuple = ()
+    f = folder.joinpath("measured.csv")
+    if f.is_file():
+        with f.open("r") as fh:
+            measured = tuple(
+                read_points(fh, str(f), str(meta.get("model", "kimi-k2.6")), str(meta["engine"]))
+            )
+    return Profile(
+        str(meta["name"]),
+        box,
+        str(meta["engine"]),
+        str(meta.get("engine_version", "")),
+        params,
+        meta,
+        tables,
+        measured,
+    )
+
+
+def check_profile_out(path: str | Path) -> Path:
+    """Where a profile folder may be written: not a shipped profile's bare name (it would
+    land in the current folder, unused), not an existing file, not a folder of other
+    things (its files would be replaced). An empty folder or a profile folder is fine."""
+    text = str(path)
+    require(
+        text not in profile_names() or Path(text).joinpath("profile.toml").is_file(),
+        f"'{text}' is a shipped profile; write the new profile to a folder path instead, e.g. --out ./{text}-mine",
+    )
+    out = Path(path)
+    require(
+        not out.is_file() and not out.is_symlink() or out.is_dir(),
+        f"--out '{out}' is a file, not a profile folder; give a new folder or an existing profile",
+    )
+    require(
+        not out.is_dir() or (out / "profile.toml").is_file() or not any(out.iterdir()),
+        f"--out '{out}' is a folder without profile.toml; pipesim replaces only a profile folder (or an empty one)",
+    )
+    return out
+
+
+def write_profile(
+    out_dir: str | Path,
+    meta: dict,
+    tables: dict[str, pd.DataFrame],
+    measured: pd.DataFrame | None = None,
+    extra: dict[str, str] | None = None,
+) -> Path:
+    """Write a profile directory so that a reader sees the old one or the whole new one.
+
+    Everything goes to a sibling `.NAME.new-*` directory; once complete, the old
+    profile is renamed to `.NAME.old` and the new one into place, then the old one is
+    removed. A kill between the two renames leaves `.NAME.old` and no NAME:
+    `recover_profile` (run by every load and write) renames it back. `measured`
+    becomes measured.csv; `extra` maps file names (a fit report, a log) to their text.
+    One writer at a time."""
+    import shutil
+    import tempfile
+
+    from ..base.toml import dumps
+
+    out = check_profile_out(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    recover_profile(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
+    tmp.chmod(0o755)
+    old = out.with_name(f".{out.name}.old")
+    try:
+        for name, df in tables.items():
+            require(name in TABLE_COLUMNS, f"unknown table {name}")
+            # mtime=0 keeps rebuilt files byte-identical when their content is
+            df.to_csv(tmp / f"{name}.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
+        if measured is not None and len(measured):
+            measured.to_csv(tmp / "measured.csv", index=False)
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
+        (tmp / "profile.toml").write_text(dumps(meta), encoding="utf-8")
+        if out.exists():
+            os.rename(out, old)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        recover_profile(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def recover_profile(out: str | Path) -> None:
+    """Finish or undo a profile write that was killed: put `.NAME.old` back when NAME is
+    missing, and remove what a write leaves beside NAME (`.NAME.old`, `.NAME.new-*`)."""
+    import shutil
+
+    out = Path(out)
+    if not out.parent.is_dir():
+        return
+    old = out.with_name(f".{out.name}.old")
+    if old.is_dir() and not out.exists():
+        os.rename(old, out)
+    for leftover in out.parent.glob(f".{out.name}.new-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+
+
+KEPT_AS_IS = ("profile.toml", "measured.csv")  # rewritten from their parsed form
+
+
+def profile_files(name_or_path: str | Path) -> dict[str, str]:
+    """The text files of a profile besides its tables, profile.toml and measured.csv
+    (reports, logs, a box.toml, live extras), to carry them over when it is rewritten."""
+    folder = _profile_dir(name_or_path)
+    return {
+        p.name: p.read_text()
+        for p in folder.iterdir()
+        if p.is_file()
+        and not p.name.startswith(".")
+        and not p.name.endswith(".csv.gz")
+        and p.name not in KEPT_AS_IS
+    }
+
+
+def rewrite_profile(
+    name_or_path: str | Path,
+    out: str | Path | None = None,
+    *,
+    tables: dict | None = None,
+    measured: pd.DataFrame | None = None,
+    meta_update: dict | None = None,
+    extra: dict | None = None,
+) -> Path:
+    """Write a profile again, atomically, with some parts replaced (in place unless `out`)."""
+    import pandas as pd
+
+    from .measured import points_frame
+
+    prof = load_profile(name_or_path)
+    if measured is None:
+        measured = points_frame(list(prof.measured)) if prof.measured else pd.DataFrame()
+    return write_profile(
+        out or name_or_path,
+        {**prof.meta, **(meta_update or {})},
+        {**prof.tables, **(tables or {})},
+        measured,
+        {**profile_files(name_or_path), **(extra or {})},
+    )

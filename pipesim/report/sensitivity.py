@@ -1,0 +1,231 @@
+"""Sensitivity: which calibrated parameters and workload assumptions move a prediction most.
+
+A one-at-a-time tornado: each of the profile's numeric parameters (Params) and each
+workload assumption is moved down and up by a relative step (default 20%) with
+everything else, the seed included, held fixed (common random numbers), and every
+headline number is re-predicted. The swing is high minus low of output throughput, in
+% of the baseline. A parameter at zero cannot go down and 20% of zero is zero: it is
+moved up only, by the fit's unit step for it (pipesim.calibrate.fit.FITTABLE), stated
+in the table. Runs are short and fixed-length (C warm-up, max(2C, 16) measured), so a
+swing is the model's response, not run-to-run noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
+
+from ..base.errors import require
+
+if TYPE_CHECKING:
+    from ..scenario.build import Scenario
+
+METRICS = ("output_throughput_tok_s", "per_request_tok_s", "ttft_ms_p50", "tpot_ms_p50")
+DEFAULT_STEP = 0.20
+# Params that are settings, not costs: not perturbed
+NOT_COSTS = ("moe_distribution", "custom_allreduce_max_gpus")
+LENGTH_SPREAD = 0.5  # a fixed length N against uniform [N/2, 3N/2] (same mean)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One bar of the tornado."""
+
+    name: str
+    kind: str  # "parameter" or "workload"
+    low_label: str  # the value moved to, as text
+    high_label: str
+    low: dict  # metric -> value with the item moved down (None: not moved down)
+    high: dict
+    note: str = ""
+
+    def swing(self, base: dict, metric: str = "output_throughput_tok_s") -> float:
+        """(high - low) / baseline of a metric, in %: its share of the tornado."""
+        lo = (self.low or base)[metric]
+        hi = (self.high or base)[metric]
+        return (hi - lo) / base[metric] * 100 if base[metric] else 0.0
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    base: dict
+    step: float
+    items: tuple  # sorted by |throughput swing|, largest first
+    scenario: dict
+
+    def table(self) -> str:
+        b = self.base
+        sc = self.scenario
+        lines = [
+            (
+                f"sensitivity: TP{sc['tp']} x PP{sc['pp']}, {sc['model']} on {sc['box']} ({sc['profile']}), "
+                f"each item -+{self.step:.0%} alone"
+            ),
+            (
+                f"  baseline: {b['output_throughput_tok_s']:,.1f} tok/s, per-request {b['per_request_tok_s']:,.1f} tok/s, "
+                f"TTFT p50 {b['ttft_ms_p50']:,.1f} ms, TPOT p50 {b['tpot_ms_p50']:,.1f} ms"
+            ),
+            (
+                f"  {'item':28s} {'low -> high':>22s} {'throughput low/high':>22s} {'swing':>7s} "
+                f"{'per-req':>7s} {'TTFT':>7s} {'TPOT':>7s}"
+            ),
+        ]
+        for it in self.items:
+            lo = "-" if it.low is None else f"{it.low['output_throughput_tok_s']:,.0f}"
+            hi = "-" if it.high is None else f"{it.high['output_throughput_tok_s']:,.0f}"
+            lines.append(
+                f"  {it.name:28s} {it.low_label + ' -> ' + it.high_label:>22s} {lo + ' / ' + hi:>22s} "
+                f"{it.swing(b):+6.1f}% {it.swing(b, 'per_request_tok_s'):+6.1f}% "
+                f"{it.swing(b, 'ttft_ms_p50'):+6.1f}% {it.swing(b, 'tpot_ms_p50'):+6.1f}%"
+            )
+        lines.append("  swing: (high - low) / baseline; '-' : not moved that way")
+        notes = [f"  {it.name}: {it.note}" for it in self.items if it.note]
+        return "\n".join(lines + notes)
+
+    def to_dict(self) -> dict:
+        return {
+            "base": self.base,
+            "step": self.step,
+            "scenario": self.scenario,
+            "items": [
+                {
+                    "name": i.name,
+                    "kind": i.kind,
+                    "low_value": i.low_label,
+                    "high_value": i.high_label,
+                    "low": i.low,
+                    "high": i.high,
+                    "note": i.note,
+                    "swing_pct": {m: i.swing(self.base, m) for m in METRICS},
+                }
+                for i in self.items
+            ],
+        }
+
+
+def _metrics(scenario) -> dict:
+    from ..sim.runner import run
+
+    r = run(scenario, ci_target=None)
+    return {m: float(getattr(r, m)) for m in METRICS}
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def _param_items(scenario, step: float) -> list[Item]:
+    from ..calibrate.fit import FITTABLE
+
+    prof = scenario.profile
+    items = []
+    for f in fields(prof.params):
+        if f.name in NOT_COSTS:
+            continue
+        v = float(getattr(prof.params, f.name))
+        if v == 0:
+            unit = FITTABLE.get(f.name, (0, 0, 1.0))[2]
+            hi = _metrics(replace(scenario, profile=prof.with_params(**{f.name: unit})))
+            items.append(
+                Item(
+                    f.name,
+                    "parameter",
+                    "0",
+                    _fmt(unit),
+                    None,
+                    hi,
+                    f"at 0: moved up only, by its fit step {_fmt(unit)}",
+                )
+            )
+            continue
+        lo = _metrics(replace(scenario, profile=prof.with_params(**{f.name: v * (1 - step)})))
+        hi = _metrics(replace(scenario, profile=prof.with_params(**{f.name: v * (1 + step)})))
+        items.append(Item(f.name, "parameter", _fmt(v * (1 - step)), _fmt(v * (1 + step)), lo, hi))
+    return items
+
+
+def _scaled(lengths, f: float):
+    from ..inputs.workload import Lengths
+
+    return Lengths(max(1, round(lengths.lo * f)), max(1, round(lengths.hi * f)))
+
+
+def _workload_items(scenario, step: float) -> list[Item]:
+    from ..inputs.workload import Lengths
+
+    w = scenario.workload
+    if w.kind == "trace":
+        return []  # a trace pins lengths and arrivals
+    items = []
+    for name in ("input_len", "output_len"):
+        cur = getattr(w, name)
+        lo, hi = _scaled(cur, 1 - step), _scaled(cur, 1 + step)
+        items.append(
+            Item(
+                name,
+                "workload",
+                str(lo),
+                str(hi),
+                _metrics(replace(scenario, workload=replace(w, **{name: lo}))),
+                _metrics(replace(scenario, workload=replace(w, **{name: hi}))),
+            )
+        )
+        if cur.lo == cur.hi:
+            n = cur.lo
+            spread = Lengths(max(1, round(n * (1 - LENGTH_SPREAD))), max(1, round(n * (1 + LENGTH_SPREAD))))
+            items.append(
+                Item(
+                    f"{name} spread",
+                    "workload",
+                    str(cur),
+                    str(spread),
+                    None,
+                    _metrics(replace(scenario, workload=replace(w, **{name: spread}))),
+                    f"fixed {n} against uniform {spread} (same mean)",
+                )
+            )
+    if w.kind == "poisson":
+        items.append(
+            Item(
+                "rate_rps",
+                "workload",
+                _fmt(w.rate_rps * (1 - step)),
+                _fmt(w.rate_rps * (1 + step)),
+                _metrics(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 - step)))),
+                _metrics(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 + step)))),
+            )
+        )
+    return items
+
+
+def sensitivity(scenario: Scenario, step: float = DEFAULT_STEP) -> Sensitivity:
+    """The tornado of a built scenario (about 2 short runs per item)."""
+    require(0 < step < 1, f"sensitivity step must be between 0 and 1 (a fraction, e.g. 0.2), got {step}")
+    base = _metrics(scenario)
+    items = _param_items(scenario, step) + _workload_items(scenario, step)
+    items.sort(key=lambda i: -abs(i.swing(base)))
+    return Sensitivity(base, step, tuple(items), scenario.describe())
+
+
+def plot(sens: Sensitivity, path: str) -> None:
+    """The tornado as a figure: throughput change with each item low (left) and high."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = sens.base["output_throughput_tok_s"]
+    items = list(reversed(sens.items))
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(items) + 1.5))
+    for y, it in enumerate(items):
+        for side, color in ((it.low, "tab:blue"), (it.high, "tab:red")):
+            if side is not None:
+                ax.barh(y, (side["output_throughput_tok_s"] - base) / base * 100, color=color, height=0.6)
+    ax.set_yticks(range(len(items)), [f"{i.name} ({i.low_label} / {i.high_label})" for i in items])
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlabel(f"output throughput change, % of {base:,.0f} tok/s (blue: low, red: high)")
+    sc = sens.scenario
+    ax.set_title(f"TP{sc['tp']} x PP{sc['pp']}: each item -+{sens.step:.0%}")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

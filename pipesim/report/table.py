@@ -1,0 +1,172 @@
+"""Reports: the short human table and the machine-readable JSON of a `Result`."""
+
+from __future__ import annotations
+
+import json
+
+from ..measure.metrics import Result
+from .uncertainty import likely
+
+
+def to_json(result: Result) -> str:
+    return json.dumps(result.to_dict(), indent=2, allow_nan=False)
+
+
+def _ms(v: float) -> str:
+    return "-" if v != v else f"{v:,.1f} ms"
+
+
+def _slot_note(per_slot: list) -> str:
+    used = [b for b in per_slot if b > 0]
+    if used and len(used) < len(per_slot):
+        return f"   ({len(per_slot) - len(used)} of {len(per_slot)} slots idle: the pipeline cannot fill)"
+    if used and max(used) > 1.5 * min(used):
+        return "   (unequal slots: the largest sets the pace)"
+    return ""
+
+
+def _periods(r: Result) -> str:
+    """Where a run that repeats got its CI: whole periods (steady.py)."""
+    p = r.period_requests
+    if not p:
+        return ""
+    return f", {r.completed_requests // p} whole periods of {p}: the run repeats, its CI is float rounding"
+
+
+def _evicted(engine: str) -> str:
+    """What the engine calls evicting a running request for KV (docs/engines.md §4)."""
+    return "retractions" if engine == "sglang" else "preemptions"
+
+
+_SHORT = {"user": "user", "profile deployment": "profile", "engine default": "default"}
+
+
+def _sources(sources: dict):
+    """A formatter: ' [user]' / ' [profile]' / ' [default]' after a knob's value."""
+    return lambda knob: f" [{_SHORT[sources[knob]]}]" if knob in sources else ""
+
+
+def _likely_pair(r: Result, stem: str) -> str:
+    """'   (likely 1,547-2,419 / 1,633-2,777 ms)' for a p50 / p99 pair with intervals."""
+    iv = r.intervals
+    if f"{stem}_p50" not in iv or f"{stem}_p99" not in iv:
+        return ""
+    (a, b), (c, d) = iv[f"{stem}_p50"], iv[f"{stem}_p99"]
+    return "" if a != a or c != c else f"   (likely {a:,.0f}-{b:,.0f} / {c:,.0f}-{d:,.0f} ms)"
+
+
+def table(result: Result) -> str:
+    r, sc = result, result.scenario
+    eng = sc["engine"]
+    w = sc["workload"]
+    load = (
+        f"C={w['concurrency']} closed loop"
+        if w["kind"] == "closed"
+        else f"{w['rate_rps']} req/s Poisson"
+        if w["kind"] == "poisson"
+        else f"trace {w['trace']}"
+    )
+    lines = [
+        f"pipesim  {sc['model']} on {sc['box']} ({sc['profile']})",
+        f"  TP{sc['tp']} x PP{sc['pp']}{_parallel(sc)}  layers {','.join(map(str, sc['layers_per_stage']))}  "
+        f"{eng['engine']}  {load}  in/out {w.get('input_len', '-')}/{w.get('output_len', '-')} tokens",
+    ]
+    src = _sources(sc.get("knob_sources", {}))
+    if eng["engine"] == "sglang":
+        lines.append(
+            f"  max_running_requests {eng['max_running_requests']}{src('max_running_requests')}  "
+            f"per-slot cap {eng['pp_max_micro_batch_size']}{src('pp_max_micro_batch_size')}  "
+            f"slots {eng['slots']} (async depth {eng['pp_async_batch_depth']}{src('pp_async_batch_depth')})  "
+            f"mem_fraction_static {eng['mem_fraction_static']:g}{src('mem_fraction_static')}  "
+            f"KV {sc['kv_cache_tokens']:,} tokens"
+        )
+    else:
+        lines.append(
+            f"  max_num_seqs {eng['max_num_seqs']}{src('max_num_seqs')}  "
+            f"batches in flight {eng['max_concurrent_batches']}  "
+            f"gpu_memory_utilization {eng['gpu_memory_utilization']:g}{src('gpu_memory_utilization')}  "
+            f"KV {sc['kv_cache_tokens']:,} tokens"
+        )
+    sh = r.time_shares
+    lines += [
+        "",
+        f"  output throughput     {r.output_throughput_tok_s:10,.1f} tok/s   "
+        f"(95% CI +/- {r.output_throughput_ci_tok_s:,.1f}; {r.request_throughput_req_s:.2f} req/s)"
+        + likely(r, "output_throughput_tok_s"),
+        f"  per-request decode    {r.per_request_tok_s:10,.1f} tok/s"
+        + likely(r, "per_request_tok_s", "{:,.1f}"),
+        f"  TTFT   p50 / p99      {_ms(r.ttft_ms_p50):>12} / {_ms(r.ttft_ms_p99)}"
+        + _likely_pair(r, "ttft_ms"),
+        f"  TPOT   p50 / p99      {_ms(r.tpot_ms_p50):>12} / {_ms(r.tpot_ms_p99)}"
+        + _likely_pair(r, "tpot_ms"),
+        *(
+            [
+                f"  (TTFT and TPOT percentiles within {r.percentile_rel_error:.1%}: more requests than "
+                "pipesim keeps values of, taken by a quantile sketch, pipesim/sketch.py)"
+            ]
+            if r.percentile_rel_error
+            else []
+        ),
+        *([f"  load                  {r.saturation['text']}"] if r.saturation else []),
+        f"  requests/micro-batch  {r.mean_requests_per_microbatch:10.1f}   (decode batches: {r.mean_decode_batch:.1f})"
+        f"   KV {_evicted(eng['engine'])} {r.preemptions} ({r.preemptions_total} in the run)",
+        "",
+        f"  GPU time: compute {sh['compute']:.0%}  all-reduce {sh['allreduce']:.0%}  idle (bubble) {sh['idle']:.0%};"
+        f"  P2P links busy {r.p2p_share:.0%}, scheduler CPU busy {r.cpu_share:.0%}",
+        ("  DP rank busy: " if r.data_parallel else "  stage busy: ")
+        + "  ".join(
+            f"{'r' if r.data_parallel else 's'}{i} {b:.0%}" for i, b in enumerate(r.stage_busy_fraction)
+        ),
+    ]
+    if r.data_parallel:
+        dp = r.data_parallel
+        lines.append(
+            f"  DP{dp['ranks']} {'in lock step (MoE layers shared)' if dp['lock_step'] else 'independent replicas'}: "
+            f"requests per rank {'/'.join(map(str, dp['requests_per_rank']))}"
+            + (
+                "; dummy batches "
+                + "  ".join(f"r{i} {x:.0%}" for i, x in enumerate(dp["dummy_step_share"]))
+                + " of steps"
+                if dp["lock_step"]
+                else ""
+            )
+        )
+    if len(r.decode_batch_per_slot) > 1:
+        lines.append(
+            "  decode batch per slot: "
+            + "  ".join(f"m{i} {b:.1f}" for i, b in enumerate(r.decode_batch_per_slot))
+            + _slot_note(r.decode_batch_per_slot)
+        )
+    if r.group_sizes and len(r.group_sizes) > 1:
+        lines.append(
+            "  batch per in-flight group: "
+            + "  ".join(f"g{i} {b:.1f}" for i, b in enumerate(r.group_sizes))
+            + _slot_note(r.group_sizes).replace("slots", "groups")
+        )
+    if r.intervals:
+        lines.append(
+            f"  likely = {r.interval_basis['coverage']:.0%} band; calibration: {r.interval_basis['calibration']}"
+        )
+    if r.provenance_shares:
+        lines.append(
+            "  costs: "
+            + "  ".join(f"{k} {v:.0%}" for k, v in r.provenance_shares.items() if v > 0)
+            + "   (share of stage time by provenance)"
+        )
+    for table_name, source in sc.get("table_sources", {}).items():
+        lines.append(f"  table {table_name}: {source}")
+    lines += [
+        f"  ({r.completed_requests} requests measured{_periods(r)}; {r.sim_events:,} events in {r.sim_wall_s:.2f} s)",
+    ]
+    return "\n".join(lines)
+
+
+def _parallel(sc: dict) -> str:
+    """' x DP2-attn x EP8 (attention TP 4, experts split 1 way, 8 GPUs)' for a data or
+    expert parallel plan; '' for TP x PP alone (docs/parallel.md)."""
+    if "ep" not in sc:
+        return ""
+    dp = f" x DP{sc['dp']}" + ("-attn" if sc["dp_attention"] else "") if sc["dp"] > 1 else ""
+    ep = f" x EP{sc['ep']}" if sc["ep"] > 1 else ""
+    a2a = ", all-to-all" if sc.get("moe_a2a") == "alltoall" else ""
+    return f"{dp}{ep} (attention TP {sc['attn_tp']}, experts split {sc['moe_tp']} way(s){a2a}, {sc['gpus']} GPUs)"

@@ -1,0 +1,295 @@
+"""The timeline of one run: a Chrome trace event file for Perfetto, built from the
+run's `Record` and `Result`.
+
+The trace has one track per GPU (each TP rank of a stage runs the stage's slices in
+lock-step, so its ranks show identical slices), one per PP hop and one for the
+scheduler CPU. Compute, TP collectives, hops and scheduling are complete ("X")
+slices; a bubble is a gap on a GPU track. Times are written in whole nanoseconds
+(ts and dur are microseconds with three decimals) so that slices that touch in the
+simulation touch in the file, never overlap.
+
+Counter tracks show each slot's occupancy (vLLM: each in-flight group's) and the
+free KV cache over time; an instant marks each request evicted for KV (`counters`).
+The file's metadata carries each stage's idle time split by cause
+(`metrics.idle_breakdown`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..measure.metrics import Result, idle_breakdown, inflight_groups
+from ..measure.record import Record
+from ..sim.runner import simulate
+
+TRACK_GPUS, TRACK_HOPS, TRACK_CPU, TRACK_WINDOW = 1, 2, 3, 4
+
+
+# ---- the Chrome trace ------------------------------------------------------------------
+
+
+def _ns(t_s: float) -> int:
+    return int(round(t_s * 1e9))
+
+
+def _slice(
+    name: str, cat: str, start_s: float, end_s: float, pid: int, tid: int, args: dict | None = None
+) -> dict:
+    a, b = _ns(start_s), _ns(end_s)
+    ev = {"name": name, "cat": cat, "ph": "X", "ts": a / 1e3, "dur": (b - a) / 1e3, "pid": pid, "tid": tid}
+    if args:
+        ev["args"] = args
+    return ev
+
+
+def _meta(kind: str, pid: int, tid: int, value) -> dict:
+    key = "name" if kind.endswith("_name") else "sort_index"
+    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": {key: value}}
+
+
+def flows(rec: Record) -> list[dict]:
+    """Flow arrows (trace event format: ph "s" start, "t" step, "f" finish, one id per
+    micro-batch) linking a micro-batch's slices in order: its compute on stage 0 (TP
+    rank 0's track), the hop out, stage 1's compute, ... the last stage's compute and
+    the hop that returns its tokens. Each flow point sits at its slice's start, which
+    binds it to that slice ("bp": "e" on the finish: the enclosing slice)."""
+    out = []
+    hops = [rec.hops[name] for name in rec.hop_names]
+    n = min([len(c) for c in rec.compute] + [len(h) for h in hops])
+    for i in range(n):
+        points = []
+        for s in range(rec.pp):
+            points.append((rec.compute[s][i][0], TRACK_GPUS, rec.stage_gpus[s][0]))
+            points.append((hops[s][i][0], TRACK_HOPS, s))
+        for k, (t, pid, tid) in enumerate(points):
+            ph = "s" if k == 0 else "f" if k == len(points) - 1 else "t"
+            ev = {
+                "name": "micro-batch",
+                "cat": "flow",
+                "ph": ph,
+                "id": i,
+                "ts": _ns(t) / 1e3,
+                "pid": pid,
+                "tid": tid,
+            }
+            if ph == "f":
+                ev["bp"] = "e"
+            out.append(ev)
+    return out
+
+
+def _counter(name: str, t_s: float, args: dict) -> dict:
+    return {
+        "name": name,
+        "cat": "counter",
+        "ph": "C",
+        "ts": _ns(t_s) / 1e3,
+        "pid": TRACK_CPU,
+        "tid": 0,
+        "args": args,
+    }
+
+
+def counters(rec: Record, engine: str) -> list[dict]:
+    """Counter tracks ("ph": "C") on the scheduler process: each micro-batch slot's
+    occupancy (SGLang: requests in the slot's latest batch; vLLM: the batches in flight
+    at each launch, largest first, `metrics.inflight_groups`), the free KV-cache
+    tokens after each batch was formed, and an instant event per request the engine
+    evicted for KV (SGLang retract_decode, vLLM preemption; docs/engines.md §4)."""
+    groups = inflight_groups(rec) if rec.groups > 1 else []
+    if groups:  # vLLM: the batches in flight at each launch, largest first
+        n = rec.groups
+        out = [_counter(f"group {k} occupancy", 0.0, {"requests": 0}) for k in range(n)]
+        for t, sizes in groups:
+            out += [_counter(f"group {k} occupancy", t, {"requests": v}) for k, v in enumerate(sizes)]
+    else:
+        out = [_counter(f"slot {k} occupancy", 0.0, {"requests": 0}) for k in range(rec.slots)]
+        out += [
+            _counter(f"slot {b.slot} occupancy", b.launch_s, {"requests": b.requests}) for b in rec.batches
+        ]
+    out += [_counter("KV cache", t, {"free tokens": free}) for t, free in rec.kv_free]
+    what = "retract" if engine == "sglang" else "preempt"
+    out += [
+        {
+            "name": what,
+            "cat": "kv",
+            "ph": "i",
+            "s": "p",
+            "ts": _ns(t) / 1e3,
+            "pid": TRACK_CPU,
+            "tid": 0,
+            "args": {"rid": rid},
+        }
+        for t, rid in rec.evictions
+    ]
+    return out
+
+
+def build_trace(rec: Record, result: Result) -> dict:
+    """The trace event JSON object of a finished run (see the module docstring): a
+    record that kept its rows (runner.simulate's record="full")."""
+    if not rec.kept:
+        raise ValueError("a trace draws every row: simulate the run with record='full'")
+    t0, t1 = result.window_s
+    sc = result.scenario
+    batches = rec.batches
+    events: list[dict] = [
+        _meta(
+            "process_name",
+            TRACK_GPUS,
+            0,
+            f"GPUs (DP{rec.dp} x TP{rec.tp}, {sc['model']})"
+            if rec.dp > 1
+            else f"GPUs (TP{rec.tp} x PP{rec.pp}, {sc['model']})",
+        ),
+        _meta("process_sort_index", TRACK_GPUS, 0, TRACK_GPUS),
+        _meta("process_name", TRACK_HOPS, 0, "PP hops (PCIe)"),
+        _meta("process_sort_index", TRACK_HOPS, 0, TRACK_HOPS),
+        _meta("process_name", TRACK_CPU, 0, "Scheduler CPU"),
+        _meta("process_sort_index", TRACK_CPU, 0, TRACK_CPU),
+        _meta("thread_name", TRACK_CPU, 0, "scheduler (stage 0)"),
+        _meta("process_name", TRACK_WINDOW, 0, "Measurement window"),
+        _meta("process_sort_index", TRACK_WINDOW, 0, TRACK_WINDOW),
+        _meta("thread_name", TRACK_WINDOW, 0, "measured"),
+    ]
+
+    def batch_args(i: int, stage: int) -> dict:
+        # Stages and hops serve micro-batches first come first served, so the i-th
+        # interval of every stage and hop is the i-th micro-batch launched. DP ranks
+        # (rows of a dp > 1 record) each run their own batches: no such order.
+        if rec.dp > 1:
+            return {"dp_rank": stage}
+        d = {"micro_batch": i, "stage": stage}
+        if i < len(batches):
+            b = batches[i]
+            d.update(slot=b.slot, requests=b.requests, kind=b.kind)
+        return d
+
+    for s in range(rec.pp):
+        layers = rec.layers_per_stage[s]
+        for rank, gpu in enumerate(rec.stage_gpus[s]):
+            events.append(
+                _meta(
+                    "thread_name",
+                    TRACK_GPUS,
+                    gpu,
+                    f"GPU {gpu}: {'DP rank' if rec.dp > 1 else 'stage'} {s}, TP rank {rank} ({layers} layers)",
+                )
+            )
+            events.append(_meta("thread_sort_index", TRACK_GPUS, gpu, gpu))
+            for i, (a, b) in enumerate(rec.compute[s]):
+                args = batch_args(i, s)
+                events.append(
+                    _slice(
+                        f"{args.get('kind', 'compute')} x{args.get('requests', '?')}",
+                        "compute",
+                        a,
+                        b,
+                        TRACK_GPUS,
+                        gpu,
+                        args,
+                    )
+                )
+            for i, (a, b) in enumerate(rec.comm[s]):
+                events.append(_slice("all-reduce", "allreduce", a, b, TRACK_GPUS, gpu, batch_args(i, s)))
+    if rec.hop_names:  # PP hops (none with one stage, nor between DP ranks)
+        for s, name in enumerate(rec.hop_names):
+            dst = (s + 1) % rec.pp
+            src_g, dst_g = rec.stage_gpus[s], rec.stage_gpus[dst]
+            label = (
+                f"hop {name} (GPU {src_g[0]}-{src_g[-1]} -> GPU {dst_g[0]}-{dst_g[-1]})"
+                if rec.tp > 1
+                else f"hop {name} (GPU {src_g[0]} -> GPU {dst_g[0]})"
+            )
+            events.append(_meta("thread_name", TRACK_HOPS, s, label))
+            events.append(_meta("thread_sort_index", TRACK_HOPS, s, s))
+            what = "tokens" if dst == 0 else "activations"
+            for i, (a, b) in enumerate(rec.hops[name]):
+                events.append(_slice(f"P2P {what}", "p2p", a, b, TRACK_HOPS, s, batch_args(i, s)))
+        events += flows(rec)
+    for a, b in rec.cpu:
+        events.append(_slice("schedule", "cpu", a, b, TRACK_CPU, 0))
+    events += counters(rec, sc["engine"]["engine"])
+    events.append(
+        _slice(
+            "measurement window",
+            "window",
+            t0,
+            t1,
+            TRACK_WINDOW,
+            0,
+            {
+                "output_tok_s": round(result.output_throughput_tok_s, 3),
+                "completed_requests": result.completed_requests,
+            },
+        )
+    )
+
+    stages = idle_breakdown(rec)
+    meta = {
+        "generator": "pipesim",
+        "scenario": sc,
+        "window_ms": [t0 * 1e3, t1 * 1e3],
+        "run_ms": rec.end_s * 1e3,
+        "output_throughput_tok_s": result.output_throughput_tok_s,
+        "bubble_fraction": result.bubble_fraction,
+        "bubbles_note": (
+            "bubbles are the idle stretches of each stage's GPUs inside the measurement window; "
+            "idle time is split into waiting on a P2P hop, on the scheduler CPU, and the pipeline "
+            "bubble proper"
+        ),
+        "stages": [
+            {
+                "stage": st.stage,
+                "gpus": list(rec.stage_gpus[st.stage]),
+                "layers": rec.layers_per_stage[st.stage],
+                "bubbles": st.bubbles,
+                "bubble_ms": st.bubble_s * 1e3,
+                "compute_share": st.compute,
+                "allreduce_share": st.allreduce,
+                "idle_share": st.idle_p2p + st.idle_cpu + st.idle_bubble,
+                "idle_p2p_share": st.idle_p2p,
+                "idle_cpu_share": st.idle_cpu,
+                "idle_bubble_share": st.idle_bubble,
+            }
+            for st in stages
+        ],
+    }
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": _jsonable(meta)}
+
+
+def _jsonable(v: object) -> object:
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (np.floating, float)):
+        return float(v) if np.isfinite(v) else None
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def trace(tp: int = 1, pp: int = 1, conc: int | None = None, **kwargs: object) -> tuple[dict, Result]:
+    """Simulate one scenario (the arguments of `pipesim.predict`) and return its trace
+    object and Result."""
+    from ..scenario.build import build_scenario
+
+    run_keys = ("warmup_requests", "measure_requests", "max_measure_requests", "ci_target")
+    run_kwargs = {k: kwargs.pop(k) for k in run_keys if k in kwargs}
+    scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
+    rec, result = simulate(scenario, **run_kwargs, record="full")
+    return build_trace(rec, result), result
+
+
+def write_trace(path: str | Path, trace_obj: dict) -> None:
+    """Write the trace JSON atomically (a reader never sees half a file)."""
+    from ..base.files import check_out_path, write_atomic
+
+    out = check_out_path(path, (".json",), "trace")
+    write_atomic(
+        out, lambda tmp: tmp.write_text(json.dumps(trace_obj, separators=(",", ":"), allow_nan=False))
+    )

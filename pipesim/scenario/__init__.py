@@ -1,0 +1,1 @@
+"""Every input of one prediction, validated and resolved; what-if knobs."""

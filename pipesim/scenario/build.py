@@ -1,0 +1,366 @@
+"""A scenario: every input of one prediction, validated and resolved.
+
+Box, model, parallel plan, engine knobs (resolved to the values the engine would run
+with), workload and calibration profile. Knobs are resolved in this order: what the
+user gave, else the launch flags of the profile's measured deployment, else the
+engine's own default (docs/engines.md §7). A deployment flag the engine derives from
+a knob the user gave is not taken from the profile: with `--max-running-requests`
+alone, SGLang's per-slot cap is `max_running_requests // pp` again. Every resolved
+knob says where it came from (`Scenario.knob_sources`).
+
+The profile is what the user named (its box, engine and model the defaults), else the
+one measured for the box asked for (`catalogue.profile_for_box`). A profile measured on
+another box, GPU or engine is refused (`foreign_reasons`) unless allowed, and then its
+costs are reported as borrowed.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field, fields, replace
+from os import PathLike
+from typing import TYPE_CHECKING
+
+from ..base.checks import (
+    MAX_CONCURRENCY,
+    MAX_GPUS,
+    MAX_REQUESTS,
+    MAX_SEED,
+    MAX_SIM_S,
+    batch_steps,
+    check_knobs,
+    check_work,
+    is_int,
+    is_number,
+    whole,
+)
+from ..base.errors import UserError, require
+from ..costs.moe import is_power_law
+from ..engines import ENGINES
+from ..inputs.box import Box, cluster, load_box, load_network
+from ..inputs.memory import Memory, plan_memory
+from ..inputs.model import Model, load_model
+from ..inputs.plan import Plan, make_plan
+from ..inputs.quantization import kv_cache_dtype as resolve_kv_cache_dtype
+from ..inputs.workload import (
+    DEFAULT_INPUT_LEN,
+    DEFAULT_OUTPUT_LEN,
+    Workload,
+    closed_loop,
+    from_trace,
+    poisson,
+)
+
+if TYPE_CHECKING:  # profiles load pandas: imported where one is loaded, so the CLI starts without it
+    from ..profiles.profile import Profile
+
+DEFAULT_MODEL = "kimi-k2.6"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    box: Box
+    model: Model
+    plan: Plan
+    engine: object  # SGLangConfig | VLLMConfig, as given
+    settings: object  # SGLangSettings | VLLMSettings, resolved
+    memory: Memory
+    workload: Workload
+    profile: Profile
+    knob_sources: dict = field(
+        default_factory=dict
+    )  # knob -> "user" | "profile deployment" | "engine default"
+    whatif: dict = field(default_factory=dict)  # what-if knobs given (whatif.py), as given
+
+    def describe(self) -> dict:
+        """Every resolved input, for reports and --json."""
+        m = self.memory
+        return {
+            "box": self.box.name,
+            "gpu": self.box.gpu.name,
+            "model": self.model.name,
+            "profile": self.profile.name,
+            "tp": self.plan.tp,
+            "pp": self.plan.pp,
+            "layers_per_stage": list(self.plan.layers_per_stage),
+            **(
+                {
+                    "dp": self.plan.dp,
+                    "ep": self.plan.ep,
+                    "dp_attention": self.plan.dp_attention,
+                    "attn_tp": self.plan.attn_tp,
+                    "moe_tp": self.plan.moe_tp,
+                    "moe_a2a": self.plan.moe_a2a,
+                    "gpus": self.plan.gpus,
+                }
+                if self.plan.dp > 1 or self.plan.ep > 1
+                else {}
+            ),
+            "engine": self.settings.describe(),
+            "knob_sources": dict(self.knob_sources),
+            "workload": self.workload.describe(),
+            "weights_per_gpu_gib": [round(w / 2**30, 2) for w in m.weights_per_gpu_bytes],
+            "kv_cache_tokens": m.kv_tokens,
+            **({"kv_cache_dtype": self.model.kv_cache_dtype} if self.model.kv_cache_dtype != "bf16" else {}),
+            **(
+                {
+                    "nodes": self.box.nodes,
+                    "gpus_per_node": self.box.gpus_per_node,
+                    "network": self.box.network.name,
+                }
+                if self.box.nodes > 1
+                else {}
+            ),
+            **({"whatif": dict(self.whatif)} if self.whatif else {}),
+            "profile_params": {
+                f.name: getattr(self.profile.params, f.name) for f in fields(self.profile.params)
+            },
+            **(
+                {"table_sources": dict(self.profile.meta["table_sources"])}
+                if "table_sources" in self.profile.meta
+                else {}
+            ),
+            **({"profile_foreign": self.profile.foreign} if self.profile.foreign else {}),
+        }
+
+
+def foreign_reasons(profile: Profile, box: Box, engine: str) -> list[str]:
+    """What differs between where a profile was measured and the run it would cost:
+    its box (the one-node box, for a cluster), the box's GPU, the engine."""
+    measured_on = profile.box_spec or load_box(profile.box)
+    out = []
+    if measured_on.gpu.name != box.gpu.name:
+        out.append(f"GPU {measured_on.gpu.name} vs {box.gpu.name}")
+    if measured_on.name != box.name:
+        out.append(f"box {measured_on.name} vs {box.name}")
+    if profile.engine != engine:
+        out.append(f"engine {profile.engine} vs {engine}")
+    return out
+
+
+def build_scenario(
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    dp: int = 1,
+    ep: int = 1,
+    dp_attention: bool = False,
+    enable_expert_parallel: bool = False,
+    moe_a2a_backend: str | None = None,
+    moe_distribution: str | None = None,
+    concurrency: int | None = None,
+    model: str | Model | None = None,
+    profile: str | Profile | None = None,
+    engine: str | None = None,
+    box: str | Box | None = None,
+    layers: tuple[int, ...] | None = None,
+    rate_rps: float | None = None,
+    num_requests: int | None = None,
+    trace: str | None = None,
+    input_len: str | int = DEFAULT_INPUT_LEN,
+    output_len: str | int = DEFAULT_OUTPUT_LEN,
+    seed: int = 0,
+    nodes: int = 1,
+    network: str | None = None,
+    kv_cache_dtype: str | None = None,
+    kernel_scale: float | None = None,
+    allreduce_scale: float | None = None,
+    pcie_bandwidth_scale: float | None = None,
+    cpu_iteration_ms: float | None = None,
+    engine_version: str | None = None,
+    allow_foreign_profile: bool = False,
+    **knobs: object,
+) -> Scenario:
+    from ..profiles.catalogue import profile_for_box
+    from ..profiles.profile import DEFAULT_PROFILE, Profile, load_profile
+    from .whatif import apply_box, apply_profile, check
+
+    tp, pp = whole(tp, "tp", 1, MAX_GPUS), whole(pp, "pp", 1, MAX_GPUS)
+    dp, ep = whole(dp, "dp", 1, MAX_GPUS), whole(ep, "ep", 1, MAX_GPUS)
+    for flag, v in (("dp_attention", dp_attention), ("enable_expert_parallel", enable_expert_parallel)):
+        require(isinstance(v, bool), f"{flag} must be true or false, got {v!r}")
+    nodes = whole(nodes, "--nodes", 1)  # its limit is on the GPUs it makes (hardware.cluster)
+    if layers is not None:
+        require(
+            isinstance(layers, (tuple, list)) and all(is_int(n) for n in layers),
+            f"--layers {layers!r} must be comma-separated whole numbers, e.g. 7,7,7,8,8,8,8,8",
+        )
+        layers = tuple(int(n) for n in layers)
+    changes = check(
+        dict(
+            kernel_scale=kernel_scale,
+            allreduce_scale=allreduce_scale,
+            pcie_bandwidth_scale=pcie_bandwidth_scale,
+            cpu_iteration_ms=cpu_iteration_ms,
+        )
+    )
+    require(engine is None or engine in ENGINES, f"unknown engine '{engine}'; known: {', '.join(ENGINES)}")
+    default_engine = load_profile(DEFAULT_PROFILE).engine if profile is None else None
+    if profile is None and (box is not None or engine not in (None, default_engine)):
+        # no profile named: the one measured for this box and engine (the default box if none)
+        bx = box if isinstance(box, Box) else load_box(box or load_profile(DEFAULT_PROFILE).box)
+        model_name = model.name if isinstance(model, Model) else (model or DEFAULT_MODEL)
+        prof = profile_for_box(bx, engine or default_engine, model_name, engine_version)
+    else:
+        prof = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
+        require(
+            engine_version is None or engine_version == prof.engine_version,
+            f"--engine-version {engine_version}: profile {prof.name} was measured with {prof.engine} "
+            f"{prof.engine_version or '(version not recorded)'}; leave out --profile to pick the version from the catalogue",
+        )
+        bx = box if isinstance(box, Box) else load_box(box or prof.box)
+    prof = apply_profile(prof, changes)
+    if moe_distribution is not None:  # the routing the MoE tables are read at (moe.py)
+        require(
+            moe_distribution == "balanced" or is_power_law(moe_distribution),
+            f"--moe-distribution {moe_distribution!r}; allowed: balanced or power_law_S with S a number > 0, "
+            "e.g. power_law_1.01",
+        )
+        prof = prof.with_params(moe_distribution=moe_distribution)
+    engine_name = engine or prof.engine
+    require(engine_name in ENGINES, f"unknown engine '{engine_name}'; known: {', '.join(ENGINES)}")
+    differs = foreign_reasons(prof, bx, engine_name)
+    if differs:
+        require(
+            allow_foreign_profile,
+            f"profile {prof.name} was measured on {prof.box} with {prof.engine}, not this run's {bx.name} with "
+            f"{engine_name} ({'; '.join(differs)}); leave out --profile to use this box's own tables, "
+            "or pass --allow-foreign-profile to borrow them",
+        )
+        sys.stderr.write(
+            f"warning: borrowing profile {prof.name} ({'; '.join(differs)}): its costs are reported as borrowed\n"
+        )
+        prof = replace(prof, foreign="; ".join(differs))
+    if model is None:
+        model = str(prof.meta.get("model", DEFAULT_MODEL))
+    config_cls = ENGINES[engine_name]
+    allowed = {f.name for f in fields(config_cls)}
+    unknown = sorted(k for k, v in knobs.items() if v is not None and k not in allowed)
+    require(
+        not unknown,
+        f"{', '.join(unknown)} is not a {engine_name} knob; {engine_name} knobs: {', '.join(sorted(allowed))}",
+    )
+    given = {k: v for k, v in knobs.items() if v is not None and k in allowed}
+    derived = {k for g in given for k in getattr(config_cls, "derived_from", {}).get(g, ())}
+    deployed = (
+        {k: v for k, v in prof.deployment.items() if k in allowed and k not in given and k not in derived}
+        if engine_name == prof.engine
+        else {}
+    )
+    config = config_cls(**check_knobs({**deployed, **given}))
+    config.validate()
+    sources = {
+        k: "user" if k in given else "profile deployment" if k in deployed else "engine default"
+        for k in sorted(allowed)
+    }
+
+    if nodes != 1 or network is not None:  # a cluster of identical boxes (hardware.cluster)
+        bx = cluster(bx, nodes, load_network(network) if network is not None else None)
+    bx = apply_box(bx, changes)
+    mdl = model if isinstance(model, Model) else load_model(model)
+    if kv_cache_dtype is not None:  # engine flag --kv-cache-dtype; auto = the model's 16-bit dtype
+        mdl = replace(mdl, kv_cache_dtype=resolve_kv_cache_dtype(kv_cache_dtype))
+    plan = make_plan(
+        tp,
+        pp,
+        mdl.num_layers,
+        bx.gpu_count,
+        config.partition_rule,
+        layers,
+        dp=dp,
+        ep=ep,
+        dp_attention=dp_attention,
+        enable_expert_parallel=enable_expert_parallel,
+        num_experts=mdl.moe.n_routed_experts if mdl.moe else 0,
+        moe_a2a="none" if moe_a2a_backend is None else moe_a2a_backend,
+    )
+    mdl.check_plan(plan)
+    fraction = config.memory_fraction(bx.gpu.memory_bytes, tp, pp)
+    memory = plan_memory(bx, mdl, plan, fraction, engine_name)
+
+    workload = _workload(concurrency, rate_rps, num_requests, trace, input_len, output_len, seed)
+    need = workload.max_request_tokens
+    require(
+        memory.kv_tokens >= need,
+        f"the KV cache holds {memory.kv_tokens} tokens at tp={tp} pp={pp}, but one request needs {need} "
+        f"(input + output); shorten the request or use more GPUs",
+    )
+    require(
+        need <= mdl.max_context,
+        f"one request needs {need} tokens (input + output), above the model's context of {mdl.max_context} "
+        f"(max_position_embeddings of {mdl.name}); shorten the request",
+    )
+    settings = config.resolve(bx.gpu.memory_bytes, plan, mdl, memory.kv_tokens)
+    scenario = Scenario(bx, mdl, plan, config, settings, memory, workload, prof, sources, whatif=changes)
+    check_work(*scenario_steps(scenario))
+    return scenario
+
+
+def scenario_steps(sc: Scenario) -> tuple[float, str]:
+    """The decode batch steps of a scenario's run (`workload_steps`): a batch holds at most
+    the engine's running cap of requests, and only as many as the KV cache fits."""
+    need = sc.workload.max_request_tokens
+    return workload_steps(sc.workload, min(sc.settings.running_cap, max(1, sc.memory.kv_tokens // need)))
+
+
+def workload_steps(w: Workload, running_cap: int) -> tuple[float, str]:
+    """The decode batch steps a run of `w` takes at most `running_cap` requests a batch
+    (checks.batch_steps), and how they were counted: a lower bound, as batches run
+    below the cap while they fill and drain."""
+    if w.kind == "closed":
+        n = w.concurrency + max(2 * w.concurrency, 16)  # warm-up + the least measured (api.simulate)
+        return batch_steps(
+            n, w.output_len.hi, min(w.concurrency, running_cap)
+        ), f"{n} requests x {w.output_len.hi} output tokens / batch {min(w.concurrency, running_cap)}"
+    n = w.num_requests if w.kind == "poisson" else len(w.trace)
+    out = n * w.output_len.hi if w.kind == "poisson" else sum(o for _, _, o in w.trace)
+    batch = min(n, running_cap)
+    return batch_steps(1, out, batch), f"{n} requests, {out} output tokens / batch {batch}"
+
+
+def _workload(concurrency, rate_rps, num_requests, trace, input_len, output_len, seed) -> Workload:
+    require(
+        is_int(seed) and 0 <= seed < MAX_SEED, f"seed must be a whole number >= 0 and < 2**63, got {seed!r}"
+    )
+    seed = int(seed)
+    given = [
+        n for n, v in (("concurrency", concurrency), ("rate", rate_rps), ("trace", trace)) if v is not None
+    ]
+    require(len(given) <= 1, f"give one of concurrency, rate or trace, not {' and '.join(given)}")
+    for what, v in (("input length", input_len), ("output length", output_len)):
+        require(
+            isinstance(v, str) or is_int(v),
+            f"{what} {v!r} is not a token count; allowed: N (fixed) or LO:HI (uniform), whole numbers >= 1",
+        )
+    require(
+        num_requests is None or (is_int(num_requests) and 1 <= num_requests <= MAX_REQUESTS),
+        f"number of requests must be >= 1 and at most {MAX_REQUESTS} (the limit), got {num_requests!r}",
+    )
+    require(
+        num_requests is None or concurrency is None,
+        "--num-requests counts requests of --rate or --trace; a closed loop (--conc) runs until its "
+        "throughput is measured (api.simulate's measure_requests sets how many)",
+    )
+    if concurrency is not None:
+        concurrency = whole(concurrency, "concurrency", 1, MAX_CONCURRENCY)
+    if rate_rps is not None:
+        require(
+            is_number(rate_rps) and math.isfinite(rate_rps) and rate_rps > 0,
+            f"arrival rate must be > 0 requests/s and finite, got {rate_rps!r}",
+        )
+        n = 200 if num_requests is None else int(num_requests)
+        require(
+            n / rate_rps <= MAX_SIM_S,
+            f"at {rate_rps:g} requests/s, {n} requests arrive over about {n / rate_rps:.3g} s, past the simulated "
+            f"horizon of {MAX_SIM_S:g} s; raise the rate or send fewer requests",
+        )
+        rate_rps = float(rate_rps)
+    if trace is not None:
+        require(isinstance(trace, (str, PathLike)), f"trace must be the path of a CSV file, got {trace!r}")
+        return from_trace(trace, num_requests or 0, seed)
+    if rate_rps is not None:
+        return poisson(rate_rps, 200 if num_requests is None else num_requests, input_len, output_len, seed)
+    if concurrency is None:
+        raise UserError("give a concurrency (--conc), an arrival rate (--rate) or a trace (--trace)")
+    return closed_loop(concurrency, input_len, output_len, seed)
