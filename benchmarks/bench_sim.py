@@ -33,7 +33,7 @@ def bare_simpy(n_events: int, counting: bool = True) -> float:
     simpy.Environment)."""
     import simpy
 
-    from pipesim.measure.record import CountingEnvironment
+    from pipesim.sim.env import CountingEnvironment
 
     env = CountingEnvironment() if counting else simpy.Environment()
 

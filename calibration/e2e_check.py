@@ -41,7 +41,8 @@ import pandas as pd
 
 import pipesim
 from pipesim.base.errors import UserError
-from pipesim.costs.stage import CostModel, Shape
+from pipesim.costs.primitives import Shape
+from pipesim.costs.stage import CostModel
 from pipesim.inputs.box import load_box
 from pipesim.inputs.model import load_model, read_hf_config
 from pipesim.inputs.plan import Plan

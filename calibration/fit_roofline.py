@@ -33,8 +33,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from pipesim.costs.primitives import ACT_BYTES, distinct_experts
 from pipesim.costs.roofline import FIT_FILE, Curve
-from pipesim.costs.stage import ACT_BYTES, distinct_experts
 from pipesim.inputs.box import GPU, box_names, load_box
 from pipesim.inputs.quantization import BF16, FP8_BLOCK, INT4_G32
 from pipesim.profiles.catalogue import data_root

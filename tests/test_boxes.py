@@ -8,7 +8,8 @@ import tomllib
 
 from pipesim.base.errors import UserError
 from pipesim.cli import main
-from pipesim.costs.stage import NCCL_BASE_S, NCCL_STEP_S, CostModel
+from pipesim.costs.primitives import NCCL_BASE_S, NCCL_STEP_S
+from pipesim.costs.stage import CostModel
 from pipesim.inputs.box import NETWORK_NODE, box_from_dict, box_names, cluster, load_box, load_network
 from pipesim.inputs.model import load_model
 from pipesim.inputs.plan import make_plan

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 from conftest import without_tables
 
-from pipesim.costs.stage import CostModel, Shape, distinct_experts
+from pipesim.costs.primitives import Shape, distinct_experts
+from pipesim.costs.stage import CostModel
 from pipesim.inputs.box import load_box
 from pipesim.inputs.plan import make_plan
 from pipesim.profiles.tables import Tables

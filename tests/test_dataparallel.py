@@ -12,8 +12,9 @@ from conftest import simulate as simulate_by_hand
 
 import pipesim
 from pipesim.costs.stage import CostModel
+from pipesim.engines.batches import Request
 from pipesim.sim.dataparallel import LB_REFRESH_S, DPSimulation
-from pipesim.sim.simulation import Request, Simulation
+from pipesim.sim.simulation import Simulation
 
 QWEN_MOE = "qwen3-30b-a3b"
 LLAMA = "llama-3.1-8b"
@@ -118,7 +119,7 @@ def test_moe_step_waits_for_the_slowest_rank():
 
 
 def _prefill_shape(req):
-    from pipesim.costs.stage import Shape
+    from pipesim.costs.primitives import Shape
 
     return Shape(0, 0, ((req.input_len, 0),), graphed=False)
 
@@ -241,8 +242,8 @@ def test_dp_with_pipeline_stages_is_refused():
 
 def test_trace_names_dp_ranks():
     """The trace of a DP run has one GPU track per rank's GPU, named by its DP rank."""
-    from pipesim.api import simulate
     from pipesim.report.trace import build_trace
+    from pipesim.sim.runner import simulate
 
     sc = pipesim.build_scenario(
         model=QWEN_MOE,

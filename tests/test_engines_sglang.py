@@ -294,7 +294,7 @@ def make_scheduler(mrr=16, cap=4, slots=4, chunk=8192, kv=100_000):
 
 
 def req(rid, n_in=256, n_out=100):
-    from pipesim.sim.simulation import Request
+    from pipesim.engines.batches import Request
 
     return Request(rid, 0.0, n_in, n_out)
 

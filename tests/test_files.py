@@ -8,7 +8,7 @@ import pytest
 
 import pipesim
 from pipesim.base.files import TABLE_COLUMNS, check_out_path, read_table, write_atomic, write_table
-from pipesim.explore.sweep import KEY_COLUMNS
+from pipesim.explore.grid import KEY_COLUMNS
 
 
 def test_write_and_read_csv_and_parquet(serial, tmp_path):

@@ -10,9 +10,9 @@ from conftest import simulate, small_kv_scenario
 
 import pipesim
 from pipesim.engines import kv
+from pipesim.engines.batches import Request
 from pipesim.engines.sglang import SGLangScheduler, SGLangSettings
 from pipesim.engines.vllm import VLLMScheduler, VLLMSettings
-from pipesim.sim.simulation import Request
 
 
 class FakeSim:

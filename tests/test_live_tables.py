@@ -9,7 +9,8 @@ import pytest
 from pipesim.base.toml import dumps
 from pipesim.calibrate.live import specs, tables
 from pipesim.cli import main
-from pipesim.costs.stage import CostModel, Shape
+from pipesim.costs.primitives import Shape
+from pipesim.costs.stage import CostModel
 from pipesim.inputs.box import load_box
 from pipesim.inputs.model import load_model
 from pipesim.inputs.plan import Plan

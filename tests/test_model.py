@@ -6,7 +6,8 @@ from importlib import resources
 import pytest
 
 from pipesim.base.errors import UserError
-from pipesim.inputs.model import BYTES_PER_PARAM, from_hf_config, load_model, preset_names
+from pipesim.inputs.model import from_hf_config, load_model, preset_names
+from pipesim.inputs.quantization import BYTES_PER_PARAM
 
 INT4_BYTES = 4.5 / 8  # int4 + one bf16 scale per group of 32 (physics.md §2)
 

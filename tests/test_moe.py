@@ -6,7 +6,8 @@ import pytest
 from conftest import without_tables
 
 from pipesim.costs.moe import alltoall_offrank_bytes, busiest_rank, popularity
-from pipesim.costs.stage import CostModel, Shape, distinct_experts
+from pipesim.costs.primitives import Shape, distinct_experts
+from pipesim.costs.stage import CostModel
 from pipesim.inputs.box import load_box
 from pipesim.inputs.plan import make_plan
 

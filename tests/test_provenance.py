@@ -3,8 +3,8 @@
 import pytest
 
 import pipesim
-from pipesim.base.errors import UserError
-from pipesim.costs.stage import PROVENANCE
+from pipesim.base.errors import PipesimWarning, UserError
+from pipesim.costs.provenance import PROVENANCE
 
 SMALL = dict(model="llama-3.1-8b", input_len="16", output_len="8", concurrency=2)
 
@@ -25,11 +25,11 @@ def test_shares_cover_every_provenance_and_sum_to_one(profile):
     assert r.provenance_shares["roofline"] > 0.0  # norms, rope, activations have no table
 
 
-def test_foreign_profile_is_refused_then_borrowed(profile, capsys):
+def test_foreign_profile_is_refused_then_borrowed(profile):
     with pytest.raises(UserError, match="engine sglang vs vllm"):
         pipesim.build_scenario(profile=profile, engine="vllm", **SMALL)
-    sc = pipesim.build_scenario(profile=profile, engine="vllm", allow_foreign_profile=True, **SMALL)
-    assert "warning: borrowing profile" in capsys.readouterr().err
+    with pytest.warns(PipesimWarning, match="borrowing profile .* its costs are reported as borrowed"):
+        sc = pipesim.build_scenario(profile=profile, engine="vllm", allow_foreign_profile=True, **SMALL)
     r = pipesim.run(sc, ci_target=None, measure_requests=4)
     shares = r.provenance_shares
     # every table cost is borrowed; only the roofline's own estimates stay roofline
@@ -60,3 +60,19 @@ def test_box_without_tables_is_first_principles():
     assert sc.profile.name == "first-principles-l4-8x" and not sc.profile.tables
     r = pipesim.run(sc, ci_target=None, measure_requests=4)
     assert r.provenance_shares["roofline (fitted)"] == pytest.approx(1.0)  # TP1: kernels only, fitted curves
+
+
+def test_the_command_line_prints_the_warning_as_one_line(capsys):
+    from pipesim.cli import main
+
+    args = [
+        "predict",
+        "--profile",
+        "rtx-pro-6000-sglang-healthy",
+        "--engine",
+        "vllm",
+        "--allow-foreign-profile",
+    ]
+    main([*args, "--tp", "8", "--conc", "1", "--input-len", "16", "--output-len", "8"])
+    err = capsys.readouterr().err
+    assert err.count("pipesim: warning: borrowing profile rtx-pro-6000-sglang-healthy (") == 1

@@ -6,8 +6,8 @@ import pytest
 from conftest import SHORT_LLAMA as FAST
 from conftest import SHORT_LLAMA_ARGS
 
-from pipesim.calibrate.fit import FITTABLE
 from pipesim.cli import main
+from pipesim.profiles.profile import FITTABLE
 from pipesim.report.sensitivity import sensitivity
 from pipesim.scenario.build import build_scenario
 

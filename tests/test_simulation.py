@@ -5,7 +5,8 @@ import pytest
 from conftest import fast_predict, fast_run, profile_for, simulate, small_kv_scenario
 
 import pipesim
-from pipesim.costs.stage import CostModel, Shape
+from pipesim.costs.primitives import Shape
+from pipesim.costs.stage import CostModel
 
 # ---- token conservation ---------------------------------------------------------------
 

@@ -1,9 +1,10 @@
-"""The package's shape is checked, not hoped for (docs/architecture.md): no import
-cycles, no module above the hard limit on length, type hints on every public function.
+"""The package's shape is checked, not hoped for (docs/architecture.md): its layers
+import only downwards, no import cycles, nothing below the API prints, no module above
+the hard limit on length, type hints on every public function.
 
 Read from the source with `ast` (nothing is imported): an import counts wherever it is
-written, inside a function too, except under `if TYPE_CHECKING:` (imports for type
-checkers alone never run)."""
+written, inside a function and under `if TYPE_CHECKING:` too (a type is a dependency
+as much as a call)."""
 
 import ast
 from pathlib import Path
@@ -16,6 +17,27 @@ MAX_LINES = 450  # the house style's hard limit (about 400 is the aim)
 # Modules above the limit while their split is under way: each may not grow, and its
 # entry goes when it is split.
 SPLIT_PENDING: dict[str, int] = {}  # none now (the corpus report moved to calibrate/corpus_report.py)
+
+# The layers, lowest first (docs/architecture.md): a module imports its own layer's
+# modules and the layers below, never one above; explore and calibrate share a floor
+# and neither imports the other.
+LAYERS = (
+    ("base",),
+    ("inputs",),
+    ("profiles",),
+    ("costs",),
+    ("engines",),
+    ("scenario",),
+    ("measure",),
+    ("sim",),
+    ("report",),
+    ("api",),
+    ("explore", "calibrate"),
+    ("cli",),
+)
+FLOOR = {layer: i for i, names in enumerate(LAYERS) for layer in names}
+# pipesim itself (its lazy exports), the data packages and the entry points sit outside the floors
+OUTSIDE = {"pipesim", "pipesim.data"}
 
 
 def module_name(path: Path) -> str:
@@ -33,18 +55,16 @@ def is_type_checking(test: ast.expr) -> bool:
 
 
 def import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement of a module, skipping the bodies of `if TYPE_CHECKING:`."""
-    found, todo = [], [tree]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.append(node)
-            continue
-        if isinstance(node, ast.If) and is_type_checking(node.test):
-            todo.extend(node.orelse)
-            continue
-        todo.extend(ast.iter_child_nodes(node))
-    return found
+    """Every import statement of a module: at the top, inside functions, and under
+    `if TYPE_CHECKING:`."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a module of the package sits on (None: outside the floors)."""
+    if module in OUTSIDE or module.startswith("pipesim.data."):
+        return None
+    return module.split(".")[1]
 
 
 def imported_modules(name: str, path: Path) -> set[str]:
@@ -95,22 +115,98 @@ def test_the_cycle_finder_finds_cycles():
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
-def test_imports_under_type_checking_are_skipped():
+def test_imports_under_type_checking_and_in_functions_count():
     tree = ast.parse(
         "import a\nif TYPE_CHECKING:\n    import b\nelse:\n    import c\ndef f():\n    import d\n"
     )
-    assert sorted(a.name for n in import_nodes(tree) for a in n.names) == ["a", "c", "d"]
+    assert sorted(a.name for n in import_nodes(tree) for a in n.names) == ["a", "b", "c", "d"]
+
+
+GRAPH = {name: imported_modules(name, path) for name, path in MODULES.items()}
 
 
 def test_no_import_cycles():
-    graph = {name: imported_modules(name, path) for name, path in MODULES.items()}
-    assert sum(len(v) for v in graph.values()) > len(graph)  # the walk sees the imports
-    assert (
-        "pipesim.costs.stage" in graph["pipesim.sim.simulation"]
-        or "pipesim.costs.stage" in graph["pipesim.api"]
-    )
-    cycle = find_cycle(graph)
+    assert sum(len(v) for v in GRAPH.values()) > len(GRAPH)  # the walk sees the imports
+    assert "pipesim.costs.stage" in GRAPH["pipesim.sim.simulation"]
+    cycle = find_cycle(GRAPH)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_module_sits_on_a_layer():
+    floors = {layer_of(m) for m in MODULES} - {None}
+    assert floors == set(FLOOR), f"without a floor: {floors - set(FLOOR)}; no code: {set(FLOOR) - floors}"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that climb: to a higher floor, or across one (explore <-> calibrate)."""
+    bad = []
+    for name, deps in graph.items():
+        a = layer_of(name)
+        for dep in deps:
+            b = layer_of(dep)
+            if a is None or b is None or a == b:
+                continue
+            if FLOOR[b] >= FLOOR[a]:
+                bad.append(f"{name} ({a}) imports {dep} ({b})")
+    return sorted(bad)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {
+        "pipesim.costs.stage": {"pipesim.sim.pipeline", "pipesim.inputs.box"},
+        "pipesim.explore.sweep": {"pipesim.calibrate.fit", "pipesim.api"},
+    }
+    assert upward_imports(graph) == [
+        "pipesim.costs.stage (costs) imports pipesim.sim.pipeline (sim)",
+        "pipesim.explore.sweep (explore) imports pipesim.calibrate.fit (calibrate)",
+    ]
+
+
+def test_layers_import_only_downwards():
+    bad = upward_imports(GRAPH)
+    assert not bad, f"{len(bad)} import(s) against the layer order:\n" + "\n".join(bad)
+
+
+def writes_output(tree: ast.AST) -> list[int]:
+    """Lines that print: print(), sys.stdout / sys.stderr writes, click.echo / secho."""
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id == "print":
+            lines.append(node.lineno)
+        elif isinstance(f, ast.Attribute):
+            owner = f.value
+            if f.attr in ("echo", "secho") and isinstance(owner, ast.Name) and owner.id == "click":
+                lines.append(node.lineno)
+            elif (
+                f.attr == "write"
+                and isinstance(owner, ast.Attribute)
+                and owner.attr in ("stdout", "stderr")
+                and isinstance(owner.value, ast.Name)
+                and owner.value.id == "sys"
+            ):
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_print_check_sees_prints():
+    tree = ast.parse("print(1)\nimport sys\nsys.stderr.write('x')\nclick.echo('y')\nlog.write('z')\n")
+    assert writes_output(tree) == [1, 3, 4]
+
+
+def test_nothing_below_the_api_prints():
+    """Modules below api.py return values and raise errors or warnings: the command
+    line (and the explore and calibrate commands it runs) decides what reaches a
+    terminal."""
+    bad = [
+        f"{name}:{line}"
+        for name, path in MODULES.items()
+        if layer_of(name) is not None and FLOOR[layer_of(name)] < FLOOR["api"]
+        for line in writes_output(ast.parse(path.read_text()))
+    ]
+    assert not bad, "output written below the API: " + ", ".join(bad)
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

@@ -20,7 +20,8 @@ import pipesim.inputs.workload as workload
 import pipesim.sim.simulation as simulation
 from pipesim.base.errors import UserError
 from pipesim.measure.metrics import idle_breakdown
-from pipesim.measure.record import Batch, Recorder, TokenReturn
+from pipesim.measure.record import fold
+from pipesim.measure.rows import Batch, Recorder, TokenReturn
 from pipesim.measure.saturation import saturation
 from pipesim.measure.sketch import REL_ERROR, Percentiles, percentile
 from pipesim.measure.steady import TimeHistogram, window_ci
@@ -223,7 +224,7 @@ def test_folding_at_any_cuts_gives_the_one_pass_figures(case):
     over all rows: the same busy, covered and idle figures, bubbles counted once."""
     rows, cuts, t0 = case
     whole = StepTally(2, 1)
-    whole.fold(_recorder(rows, lambda r: True), cuts[-1], t0, final=True, drop=False)
+    fold(_recorder(rows, lambda r: True), whole, cuts[-1], t0, final=True, drop=False)
     folded, rec, given = StepTally(2, 1), Recorder(2), set()
     for i, c in enumerate(cuts):
         final = i == len(cuts) - 1
@@ -246,7 +247,7 @@ def test_folding_at_any_cuts_gives_the_one_pass_figures(case):
         for name in ("compute", "comm", "hops"):  # FIFO per stage, as the pipeline appends
             for s in range(2):
                 getattr(rec, name)[s].sort()
-        folded.fold(rec, c, t0 if t0 < c or final else None, final=final)
+        fold(rec, folded, c, t0 if t0 < c or final else None, final=final)
     for attr in ("compute_s", "comm_s", "hop_s", "bubble_s"):
         assert getattr(folded, attr) == pytest.approx(getattr(whole, attr), abs=1e-9), attr
     assert folded.bubbles == whole.bubbles
@@ -268,8 +269,8 @@ def test_an_idle_stretch_cut_three_times_is_one_bubble():
     rec.compute[0] += [(0.0, 1.0), (9.0, 10.0)]
     tally = StepTally(1, 1)
     for c in (3.0, 5.0, 7.0):
-        tally.fold(rec, c, 0.0)
-    tally.fold(rec, 10.0, 0.0, final=True)
+        fold(rec, tally, c, 0.0)
+    fold(rec, tally, 10.0, 0.0, final=True)
     assert (tally.bubbles, tally.bubble_s) == ([1], [pytest.approx(8.0)])
     assert tally.compute_s == [pytest.approx(2.0)]
 
@@ -278,8 +279,8 @@ def test_a_bubble_shorter_than_the_noise_floor_split_by_a_cut_is_not_counted():
     rec = Recorder(1)
     rec.compute[0] += [(0.0, 1.0), (1.0 + 0.6 * BUBBLE_MIN_S, 2.0)]
     tally = StepTally(1, 1)
-    tally.fold(rec, 1.0 + 0.3 * BUBBLE_MIN_S, 0.0)
-    tally.fold(rec, 2.0, 0.0, final=True)
+    fold(rec, tally, 1.0 + 0.3 * BUBBLE_MIN_S, 0.0)
+    fold(rec, tally, 2.0, 0.0, final=True)
     assert tally.bubbles == [0]
 
 
@@ -291,8 +292,8 @@ def test_points_count_by_the_window_rules():
     rec.batches += [Batch(1.0, 0, 4, "decode"), Batch(2.0, 0, 6, "decode"), Batch(2.5, 0, 3, "prefill")]
     rec.evictions += [(2.0, 1), (2.5, 2)]
     tally = StepTally(1, 1)
-    tally.fold(rec, 2.0, None)  # the warm-up: its end not yet known (it comes at 2.0)
-    tally.fold(rec, 3.0, 2.0, final=True)
+    fold(rec, tally, 2.0, None)  # the warm-up: its end not yet known (it comes at 2.0)
+    fold(rec, tally, 3.0, 2.0, final=True)
     assert tally.tokens == 11  # the return at t0 = 2.0 is not in (2.0, 3.0]
     assert (tally.batches, tally.batch_requests, tally.decode_requests) == (2, 9, 6)
     assert (tally.evictions, tally.evictions_total) == (1, 2)

@@ -244,7 +244,8 @@ def test_idle_breakdown_of_a_hand_built_record():
     Shares by hand: stage 0 busy 4 s, P2P-idle 0.5 s, CPU-idle 1 s, bubble 4.5 s
     (gaps [3, 5] and [6, 10]); stage 1 busy 4 s, P2P-idle 1 s, bubble 5 s (gaps
     [0, 4] and [8, 10])."""
-    from pipesim.measure.record import Interval, Recorder
+    from pipesim.measure.record import freeze
+    from pipesim.measure.rows import Interval, Recorder
     from pipesim.measure.tally import busy_in
 
     r = Recorder(2)
@@ -254,7 +255,8 @@ def test_idle_breakdown_of_a_hand_built_record():
     r.hops[0].append(Interval(3, 4))  # stage0 -> stage1
     r.hops[1].append(Interval(8, 8.5))  # tokens back to stage 0, after its work
     r.cpu.append(Interval(3, 4))
-    rec = r.freeze(
+    rec = freeze(
+        r,
         stage_gpus=((0,), (1,)),
         layers_per_stage=(2, 2),
         slots=2,

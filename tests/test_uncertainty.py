@@ -92,7 +92,7 @@ def test_frontend_cost_is_spread_when_the_profile_has_one():
 
 
 def test_parts_combine_in_quadrature_and_the_band_holds_the_value():
-    from pipesim.api import run
+    from pipesim.sim.runner import run
 
     sc = build_scenario(tp=1, pp=1, concurrency=4, **FAST)
     r = U.attach(run(sc), sc, workload="ensemble", runs=3)
@@ -194,7 +194,7 @@ def test_open_loops_take_the_ensemble(monkeypatch):
     monkeypatch.setattr(
         U, "ensemble_spread", lambda sc, runs: calls.append(runs) or dict.fromkeys(U.HEADLINE, 0.0)
     )
-    from pipesim.api import run
+    from pipesim.sim.runner import run
 
     sc = build_scenario(tp=1, pp=1, rate_rps=5.0, num_requests=20, **FAST)
     U.attach(run(sc), sc)
@@ -266,7 +266,7 @@ def test_residual_fit_weights_each_run_once_per_group():
 
 
 def test_the_unmeasured_provenances_are_costs_own():
-    from pipesim.costs.stage import PROVENANCE
+    from pipesim.costs.provenance import PROVENANCE
 
     # every provenance but the measured tables' (costs.TABLE_PROVENANCE) carries the corpus band
     assert set(U.UNMEASURED) <= set(PROVENANCE) and "measured" not in U.UNMEASURED

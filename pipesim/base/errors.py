@@ -1,8 +1,10 @@
-"""The one error type users see.
+"""The one error type users see, and the one warning.
 
 A `UserError` is bad input: the CLI prints its message as one line on stderr and
 exits with code 2. Anything else that escapes is an internal bug and keeps its
-traceback.
+traceback. A `PipesimWarning` is a caveat of an answer that is still given (a
+borrowed profile, say): raised through `warnings`, so that Python code decides what to
+do with it, and printed by the CLI as one line.
 """
 
 
@@ -17,3 +19,7 @@ def require(condition: bool, message: str) -> None:
     """Raise `UserError(message)` unless `condition` holds."""
     if not condition:
         raise UserError(message)
+
+
+class PipesimWarning(UserWarning):
+    """A caveat of an answer pipesim still gives; the CLI prints it as one line."""

@@ -204,7 +204,8 @@ def profile_for(box: str, engine: str, model: str) -> Profile:
     the row's engine first; else the engine's scheduling with the roofline alone."""
     from ..base.errors import UserError
     from ..inputs.box import load_box
-    from ..profiles.profile import Params, Tables, load_profile, profile_names
+    from ..profiles.profile import Params, load_profile, profile_names
+    from ..profiles.tables import Tables
 
     gpu = load_box(box).gpu.name
     fits = []
@@ -321,8 +322,8 @@ def summary(corpus: pd.DataFrame) -> dict:
 
 def _compare(item: tuple) -> tuple[list, dict | None]:
     """One corpus run: (compared rows, None) or ([], the skipped run)."""
-    from ..api import run as simulate
     from ..report.uncertainty import intervals
+    from ..sim.runner import run as simulate
 
     run_id, part = item
     first = part.iloc[0].to_dict()

@@ -16,13 +16,14 @@ from pathlib import Path
 
 from scipy.optimize import brentq
 
-from ..costs.stage import ACT_BYTES, CostModel
+from ..costs.primitives import ACT_BYTES
+from ..costs.stage import CostModel
 from ..inputs.box import load_box
 from ..inputs.model import load_model
 from ..inputs.plan import make_plan
 from ..profiles.measured import Point
-from ..profiles.profile import Profile, load_profile
-from .fit import FITTABLE, fit, predict_point
+from ..profiles.profile import FITTABLE, Profile, load_profile
+from .fit import fit, predict_point
 
 NEUTRAL = {
     "cpu_iteration_ms": 0.0,

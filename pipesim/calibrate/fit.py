@@ -20,20 +20,7 @@ from scipy.optimize import least_squares
 
 from ..base.errors import require
 from ..profiles.measured import Point
-from ..profiles.profile import Profile
-
-# name -> (lower bound, upper bound, unit of the optimizer's variable)
-FITTABLE = {
-    "cpu_iteration_ms": (0.0, 200.0, 1.0),
-    "cpu_hop_ms": (0.0, 50.0, 0.1),
-    "allreduce_scale": (0.05, 200.0, 1.0),
-    "allreduce_offset_us": (0.0, 10000.0, 100.0),
-    "eager_launch_us_per_layer": (0.0, 20000.0, 100.0),
-    "kernel_scale": (0.2, 10.0, 1.0),
-    "frontend_ms": (0.0, 50.0, 0.1),
-    "detokenize_step_us": (0.0, 50000.0, 100.0),
-    "detokenize_token_us": (0.0, 5000.0, 10.0),
-}
+from ..profiles.profile import FITTABLE, Profile
 
 
 def predict_point(profile: Profile, point: Point) -> float:

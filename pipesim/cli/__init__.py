@@ -5,10 +5,11 @@ exit code 2."""
 from __future__ import annotations
 
 import sys
+import warnings
 
 import click
 
-from ..base.errors import UserError
+from ..base.errors import PipesimWarning, UserError
 from .calibration import calibrate, diagnose, validate
 from .explore import plot, search, sweep
 from .presets import boxes, profiles
@@ -29,7 +30,22 @@ for _command in (predict, trace, sweep, search, plot, calibrate, validate, diagn
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: user errors become one line and exit code 2; bugs keep their traceback."""
+    """Entry point: user errors become one line and exit code 2; bugs keep their
+    traceback; pipesim's warnings (PipesimWarning) are one line on stderr."""
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None) -> None:
+            if issubclass(category, PipesimWarning):
+                click.echo(f"pipesim: warning: {message}", err=True)
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         cli.main(args=argv, prog_name="pipesim", standalone_mode=False)
     except UserError as exc:

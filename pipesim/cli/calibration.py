@@ -232,7 +232,7 @@ def calibrate_live(
 ) -> None:
     """Measure MODEL's operation costs on this machine's NVIDIA GPUs into a profile
     that `pipesim predict --profile OUT --model MODEL` uses (needs pipesim[live])."""
-    from ..calibrate.live import run_live
+    from ..calibrate.live.run import run_live
 
     path = run_live(
         model_arg,

@@ -24,9 +24,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .moe import A2A_OPS, dp_gather_scatter
-from .stage import CONTEXT_BUCKET, CostModel, Op, Shape
+from .primitives import Op, Shape
+from .provenance import summed
+from .stage import CostModel, bucketed
 
-# The MLP-block operations of a MoE layer, as costs.py names them.
+# The MLP-block operations of a MoE layer, as stage.py names them.
 MOE_OPS = frozenset(
     ("router gate", "routed experts", "shared expert gate_up", "shared expert act", "shared expert down")
 )
@@ -55,28 +57,16 @@ class DPStepCosts:
 
     def _sum(self, key: tuple, ops: list[Op]) -> tuple[float, float]:
         """(compute, comm) of `ops`, the compute scaled by the profile's kernel_scale,
-        and their provenance recorded under `key` (as `CostModel.stage_time` does)."""
-        scale = self.costs.params.kernel_scale
-        compute = sum(o.seconds * o.count for o in ops if o.kind == "compute") * scale
-        comm = sum(o.seconds * o.count for o in ops if o.kind != "compute")
-        by_source: dict = {}
-        for o in ops:
-            by_source[o.source] = by_source.get(o.source, 0.0) + o.seconds * o.count * (
-                scale if o.kind == "compute" else 1.0
-            )
-        self.costs._stage_sources[key] = by_source
+        and their provenance entered under `key` in the cost model's ledger (as
+        `CostModel.stage_time` does)."""
+        compute, comm, by_source = summed(ops, self.costs.params.kernel_scale)
+        self.costs.ledger.enter(key, by_source)
         return compute, comm
-
-    def _use(self, key: tuple) -> None:
-        uses = self.costs._stage_uses
-        uses[key] = uses.get(key, 0) + 1
 
     def rank_part(self, shape: Shape) -> tuple[float, float]:
         """(compute, comm) of one rank's batch without the MoE layers' MLP block: its
         attention TP collectives, and the MLP all-reduce of its dense layers only."""
-        ctx = shape.decode_ctx
-        if ctx > CONTEXT_BUCKET:
-            ctx = (ctx + CONTEXT_BUCKET // 2) // CONTEXT_BUCKET * CONTEXT_BUCKET
+        ctx = bucketed(shape.decode_ctx)
         key = ("dp-rank", shape.decode, ctx, shape.prefill)
         hit = self._rank_cache.get(key)
         if hit is None:
@@ -90,7 +80,7 @@ class DPStepCosts:
                     o = o._replace(count=self.n_dense)
                 ops.append(o)
             hit = self._rank_cache[key] = self._sum(key, ops)
-        self._use(key)
+        self.costs.ledger.use(key)
         return hit
 
     def moe_part(self, tokens: int, largest: int) -> tuple[float, float]:
@@ -109,11 +99,11 @@ class DPStepCosts:
                     dp_gather_scatter(self.costs, (largest,) * self.dp),
                     strict=True,
                 ):
-                    if self.costs._foreign and source != "roofline":
+                    if self.costs.foreign and source != "roofline":
                         source = "borrowed"
                     ops.append(Op(name, seconds, self.n_moe, source, "tp_comm"))
             hit = self._moe_cache[key] = self._sum(key, ops)
-        self._use(key)
+        self.costs.ledger.use(key)
         return hit
 
     def step(

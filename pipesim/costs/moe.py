@@ -38,17 +38,15 @@ Token traffic. Dispatch and combine, per MoE layer:
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-PLACEMENTS = 32  # random expert orders averaged for a skewed distribution's busiest rank
-ACT_BYTES = 2  # bf16 activations
+from .primitives import ACT_BYTES, Primitives
 
-if TYPE_CHECKING:  # costs.py imports this module: the cost model is only a type here
-    from .stage import CostModel
+PLACEMENTS = 32  # random expert orders averaged for a skewed distribution's busiest rank
+
 A2A_MODES = ("none", "alltoall")
-A2A_OPS = ("ep dispatch all-to-all", "ep combine all-to-all")  # per MoE layer, as costs.py names them
+A2A_OPS = ("ep dispatch all-to-all", "ep combine all-to-all")  # per MoE layer, as stage.py names them
 
 
 def alltoall_offrank_bytes(rows: float, hidden: int, ep: int, act_bytes: int = ACT_BYTES) -> float:
@@ -118,9 +116,9 @@ def busiest_rank(
     return slots, distinct
 
 
-def ep_moe_time(cm: CostModel, tokens: int) -> tuple[float, str]:
+def ep_moe_time(cm: Primitives, tokens: int) -> tuple[float, str]:
     """Routed experts of one MoE layer under expert parallel, on the slowest EP rank of
-    `cm.plan` (a costs.CostModel): the measured `moe_ep` table at (moe_tp, ep), else the
+    `cm.plan` (the primitive costs, primitives.py): the measured `moe_ep` table at (moe_tp, ep), else the
     roofline of the busiest rank (module docstring)."""
     m, mo, plan, params = cm.model, cm.model.moe, cm.plan, cm.params
     dist = params.moe_distribution
@@ -154,7 +152,7 @@ def _known(distribution: str) -> str:
     return distribution
 
 
-def alltoall_ops(cm: CostModel, tokens: int, gpus: tuple[int, ...]) -> list[tuple[str, tuple[float, str]]]:
+def alltoall_ops(cm: Primitives, tokens: int, gpus: tuple[int, ...]) -> list[tuple[str, tuple[float, str]]]:
     """The token traffic of one MoE layer in `alltoall` mode with attention TP: each of
     the `w` ranks of the MoE group dispatches its 1/w share of the (replicated) tokens,
     tokens k / w rows, to the experts' ranks, the outputs come back the same way, and an
@@ -173,7 +171,7 @@ def alltoall_ops(cm: CostModel, tokens: int, gpus: tuple[int, ...]) -> list[tupl
 
 
 def dp_gather_scatter(
-    cm: CostModel, tokens_per_rank: tuple[int, ...]
+    cm: Primitives, tokens_per_rank: tuple[int, ...]
 ) -> tuple[tuple[float, str], tuple[float, str]]:
     """Data-parallel attention's token traffic around one MoE layer (`none` mode): the DP
     ranks' tokens all-gathered over the MoE group before it, its output reduce-scattered

@@ -1,291 +1,47 @@
-"""The cost model: pure functions from (scenario, profile) to seconds. No SimPy here.
+"""A stage's cost: every operation a micro-batch runs on one pipeline stage, in seconds.
 
-A micro-batch's time on a stage is composed from per-operation latencies of the
-stage's layers. Each operation is read from the profile's measured table
-(interpolated, see interp.py) when it has one, else estimated by a roofline:
-
-    t = max(bytes / memory_bandwidth, flops / tensor_rate) + kernel_floor
-
-(kernel_floor: the profile's shortest measured kernel). On a GPU whose profile has no
-measured kernel at all, the roofline is calibrated instead: per operation class an
-efficiency curve fitted on the GPUs that were measured (roofline.py, docs/roofline.md),
-tagged "roofline (fitted)".
-For MoE the bytes read grow with the expected number of distinct experts the batch
-touches, E * (1 - (1 - k/E)^T) under uniform routing. TP collectives come from the
-measured collective table by (group size, bytes), else from NCCL's ring model
-(base + 2(n-1) steps of latency, bytes over the ring's narrowest link); a PP hop is
-link latency + bytes / bandwidth along the box's PCIe path. Across the nodes of a
-cluster a hop pays the NIC path and a TP group that spans nodes runs NCCL's ring over
-the network (`cross_node_collective`).
-
-Every operation time carries its provenance (`PROVENANCE`): read at a measured point,
-interpolated between points, extrapolated outside the table's range, estimated by the
-roofline, or borrowed (read from a profile measured on another box, GPU or engine,
-run with --allow-foreign-profile). `provenance_shares` weighs them by stage time over
-every micro-batch the run computed.
+A micro-batch's time on a stage is composed from the per-operation latencies of the
+stage's layers (primitives.py: measured tables, else the roofline), counted per TP rank:
+embedding and its all-reduce on the first stage, attention (MLA or GQA) and its
+projections, the dense MLP or the MoE block (expert parallel: moe.py), the TP
+all-reduces, and on the last stage the final norm, lm_head, logits all-gather and
+sampling. Without a CUDA graph the CPU launches every kernel, and the stage waits for
+it where that takes longer than the GPU (`launch_wait`). Stage times are cached by
+what they depend on, and each use is entered in the provenance ledger (provenance.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
-
 from ..inputs.box import Box
 from ..inputs.model import Model
 from ..inputs.plan import Plan
-from ..inputs.quantization import BF16, WeightFormat, as_format
-from ..profiles.curves import TABLE_PROVENANCE, bracket, grid_provenance, weakest
+from ..inputs.quantization import BF16
 from ..profiles.profile import Profile
 from .moe import alltoall_ops, ep_moe_time
-from .roofline import PROVENANCE_FITTED, shipped_fit
+from .primitives import ACT_BYTES, Op, Primitives, Shape
+from .provenance import Ledger, summed
 
-ACT_BYTES = 2  # activations are bf16
-# NCCL's own latency model for a ring with the LL protocol (physics.md §4):
-# 6.6 us base + 1.0 us per step, 2(n-1) steps for an all-reduce.
-NCCL_BASE_S, NCCL_STEP_S = 6.6e-6, 1.0e-6
 # Attention cost is smooth in context: decode contexts are bucketed to this many
 # tokens for the stage-time cache (relative error < 1% above ~3k tokens of context).
 CONTEXT_BUCKET = 32
-PROVENANCE = TABLE_PROVENANCE + ("roofline", PROVENANCE_FITTED, "borrowed")
-# A profile with none of these measured has never timed a kernel on its GPU: its
-# roofline uses the efficiency curves fitted on measured GPUs (roofline.py).
-KERNEL_TABLES = ("gemm", "moe", "gqa_decode", "gqa_prefill", "mla_decode", "mla_prefill")
 
 
-class Op(NamedTuple):
-    name: str
-    seconds: float  # for one layer / one occurrence
-    count: int  # occurrences in the stage
-    source: str  # its provenance, one of PROVENANCE
-    kind: str  # "compute" or "tp_comm"
+def bucketed(context: int) -> int:
+    """A decode batch's mean context as the stage-time cache keys it (CONTEXT_BUCKET)."""
+    if context > CONTEXT_BUCKET:
+        return (context + CONTEXT_BUCKET // 2) // CONTEXT_BUCKET * CONTEXT_BUCKET
+    return context
 
 
-@dataclass(frozen=True)
-class Shape:
-    """What a micro-batch asks of a stage."""
-
-    decode: int = 0  # decode tokens (one per request)
-    decode_ctx: int = 0  # mean context of the decode requests
-    prefill: tuple[tuple[int, int], ...] = ()  # (chunk tokens, prefix tokens) per request
-    graphed: bool = True  # replayed from a CUDA graph (else launched eagerly)
-
-    @property
-    def tokens(self) -> int:
-        return self.decode + sum(c for c, _ in self.prefill)
-
-
-def distinct_experts(tokens: float, experts: int, topk: int) -> float:
-    """Expected number of distinct experts `tokens` tokens touch under uniform top-k routing."""
-    return experts * (1.0 - (1.0 - topk / experts) ** tokens)
-
-
-class CostModel:
+class CostModel(Primitives):
     """Stage, collective and hop costs for one (box, model, plan, profile)."""
 
     def __init__(self, box: Box, model: Model, plan: Plan, profile: Profile):
-        self.box, self.model, self.plan, self.profile = box, model, plan, profile
-        self.params = profile.params
-        self.floor_s = self.params.kernel_floor_us * 1e-6
+        super().__init__(box, model, plan, profile)
         self._stage_cache: dict = {}
-        self._stage_sources: dict = {}  # stage-time cache key -> {provenance: seconds}
-        self._stage_uses: dict = {}  # stage-time cache key -> micro-batches computed
-        self._foreign = bool(getattr(profile, "foreign", ""))
-        self._hop_cache: dict = {}
-        self._hop_time_cache: dict = {}
+        self.ledger = Ledger()  # provenance of every stage time the run used
         self._kinds = tuple(self._stage_kind(s) for s in range(plan.pp))
-        measured = any(t in profile.tables for t in KERNEL_TABLES)
-        self.fitted = None if measured else shipped_fit()
-        self.roofline_source = PROVENANCE_FITTED if self.fitted else "roofline"
 
-    # ---- primitive operations (per GPU) -------------------------------------------
-    def roofline(self, nbytes: float, flops: float, dtype: str = "bf16", op: str = "memory") -> float:
-        """A kernel's time from its bytes and flops: on a GPU with no measured kernel,
-        the fitted efficiency curve of its operation class (roofline.py, docs/roofline.md),
-        else the datasheet rates plus the profile's measured kernel floor."""
-        gpu = self.box.gpu
-        if self.fitted is not None:
-            return self.fitted.seconds(op, nbytes, flops, gpu.mem_bw_bytes_s, gpu.flops(dtype))
-        return max(nbytes / gpu.mem_bw_bytes_s, flops / gpu.flops(dtype)) + self.floor_s
-
-    def gemm(self, m: int, n: int, k: int, dtype: WeightFormat | str) -> tuple[float, str]:
-        """One GEMM [m x k] @ [k x n] with weights stored as `dtype`: the measured table
-        of its kernel family, else the roofline at its bytes and tensor rate."""
-        dtype = as_format(dtype)
-        table = self.profile.gemm.get(dtype.kernel)
-        if table is not None and m >= 1:
-            ns, ks, curves = table
-            total, ok, tags = 0.0, True, [grid_provenance(ns, n), grid_provenance(ks, k)]
-            for i, wn in bracket(ns, n):
-                for j, wk in bracket(ks, k):
-                    curve = curves.get((ns[i], ks[j]))
-                    if curve is None:
-                        ok = False
-                        break
-                    total += wn * wk * curve(m) * 1e-3
-                    tags.append(curve.provenance(m))
-            if ok:
-                return total, weakest(*tags)
-        nbytes = n * k * dtype.bytes_per_param + ACT_BYTES * (m * k + m * n)
-        return self.roofline(
-            nbytes, 2.0 * m * n * k, dtype.compute, f"gemm_{dtype.compute}"
-        ), self.roofline_source
-
-    def moe(self, tokens: int, tp: int) -> tuple[float, str]:
-        """Routed experts of one MoE layer for `tokens` tokens, split over `tp` ranks."""
-        mo, m = self.model.moe, self.model
-        base = (m.expert_dtype.kernel, m.hidden, mo.moe_intermediate, mo.topk, mo.n_routed_experts, tp)
-        for dist in (self.params.moe_distribution, "balanced"):
-            curve = self.profile.moe.get(base + (dist,))
-            if curve is not None:
-                return curve(tokens) * 1e-3, curve.provenance(tokens)
-        touched = distinct_experts(tokens, mo.n_routed_experts, mo.topk)
-        nbytes = (
-            touched * m.expert_params() * m.expert_dtype.bytes_per_param / tp
-            + ACT_BYTES * tokens * m.hidden * 2
-        )
-        flops = 2.0 * tokens * mo.topk * m.expert_params() / tp
-        op = f"moe_{m.expert_dtype.kernel}"
-        return self.roofline(nbytes, flops, m.expert_dtype.compute, op), self.roofline_source
-
-    def attention_decode(self, batch: int, context: int, tp: int) -> tuple[float, str]:
-        m = self.model
-        if batch == 0:
-            return 0.0, "measured"
-        heads = m.heads // tp
-        if m.mla:
-            surface = self.profile.mla_decode.get((heads,))
-            kv_elems = m.mla.kv_lora_rank + m.mla.qk_rope_head_dim
-            flops = 2.0 * batch * heads * context * (kv_elems + m.mla.kv_lora_rank)
-        else:
-            surface = self.profile.gqa_decode.get((heads, max(m.kv_heads // tp, 1), m.head_dim))
-            kv_elems = 2 * max(m.kv_heads // tp, 1) * m.head_dim
-            flops = 4.0 * batch * heads * context * m.head_dim
-        if surface is not None and m.kv_cache_dtype == "bf16":  # the tables hold a bf16 KV cache
-            return surface(batch, max(context, 1)) * 1e-3, surface.provenance(batch, max(context, 1))
-        nbytes = batch * context * kv_elems * m.kv_bytes_per_element
-        return self.roofline(nbytes, flops, op="attention_decode"), self.roofline_source
-
-    def attention_prefill(self, chunk: int, prefix: int, tp: int) -> tuple[float, str]:
-        """Causal attention of a `chunk`-token chunk after `prefix` cached tokens.
-
-        The table holds whole prompts (prefix 0); causal work grows as
-        chunk * (prefix + chunk / 2), so a prefix scales it by (chunk + 2 prefix) / chunk.
-        """
-        m = self.model
-        heads = m.heads // tp
-        scale = (chunk + 2.0 * prefix) / chunk
-        surface = (
-            self.profile.mla_prefill.get((heads,))
-            if m.mla
-            else self.profile.gqa_prefill.get((heads, max(m.kv_heads // tp, 1), m.head_dim))
-        )
-        if surface is not None:
-            return surface(1, chunk) * 1e-3 * scale, surface.provenance(1, chunk)
-        qk = (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim) if m.mla else 2 * m.head_dim
-        flops = 2.0 * heads * chunk * (prefix + chunk / 2.0) * qk
-        nbytes = ACT_BYTES * chunk * m.hidden * 3 / tp
-        return self.roofline(nbytes, flops, op="attention_prefill"), self.roofline_source
-
-    def elementwise(self, tokens: int, width: int, passes: float = 2.0) -> tuple[float, str]:
-        """A norm / activation / rope kernel: reads and writes `passes` x tokens x width."""
-        return self.roofline(passes * tokens * width * ACT_BYTES, 0.0), self.roofline_source
-
-    # ---- collectives and hops --------------------------------------------------------
-    def collective(self, op: str, gpus: tuple[int, ...], nbytes: float) -> tuple[float, str]:
-        n = len(gpus)
-        if n < 2 or nbytes <= 0:
-            return 0.0, "measured"
-        p = self.params
-        if self.box.spans_nodes(gpus):
-            return self.cross_node_collective(op, gpus, nbytes), "roofline"
-        impls = ("custom", "nccl") if (op == "all_reduce" and n <= p.custom_allreduce_max_gpus) else ("nccl",)
-        for impl in impls:
-            curve = self.profile.collectives.get((op, impl, n))
-            if curve is not None:
-                t, source = curve(nbytes) * 1e-3, curve.provenance(nbytes)
-                break
-        else:
-            bw = self.ring_bw(gpus)
-            steps, frac = (2 * (n - 1), 2.0 * (n - 1) / n) if op == "all_reduce" else (n - 1, (n - 1) / n)
-            t, source = NCCL_BASE_S + steps * NCCL_STEP_S + frac * nbytes / bw, "roofline"
-        if op == "all_reduce":
-            t = t * p.allreduce_scale + p.allreduce_offset_us * 1e-6
-        return t, source
-
-    def cross_node_collective(self, op: str, gpus: tuple[int, ...], nbytes: float) -> float:
-        """A collective whose group spans nodes: NCCL's ring over the slowest link.
-
-        Tables measured inside one box do not apply, nor does the custom all-reduce
-        (one node only). The ring has 2(n-1) steps for an all-reduce, n-1 for an
-        all-gather; each step waits the slowest hop's latency (the network's, at
-        least NCCL's per-step latency) and moves nbytes/n over the narrowest link:
-            t = base + steps x max(step latency, network latency) + frac x nbytes / min bandwidth
-        with frac = 2(n-1)/n for an all-reduce, (n-1)/n for an all-gather."""
-        n = len(gpus)
-        bw, hop_latency = self.ring_bw(gpus), self.ring_hop_latency_s(gpus)
-        steps, frac = (2 * (n - 1), 2.0 * (n - 1) / n) if op == "all_reduce" else (n - 1, (n - 1) / n)
-        # the profile's allreduce_scale/offset calibrate one box's own path, not the network's
-        return NCCL_BASE_S + steps * max(NCCL_STEP_S, hop_latency) + frac * nbytes / bw
-
-    def ring_bw(self, gpus: tuple[int, ...]) -> float:
-        """Bytes/s of the narrowest link of the TP ring over `gpus`: what the roofline
-        collective depends on besides the group size (one GPU: its memory)."""
-        ring = self.box.ring_links(gpus)
-        return min(self.box.link(d).bw_bytes_s for d in ring) if ring else self.box.gpu.mem_bw_bytes_s
-
-    def ring_hop_latency_s(self, gpus: tuple[int, ...]) -> float:
-        """The slowest neighbour-to-neighbour latency of the ring over `gpus`."""
-        box = self.box
-        return max(
-            sum(box.link(d).latency_s for d in box.path(a, b)) for a, b in zip(gpus, gpus[1:] + gpus[:1])
-        )
-
-    def allreduce_time(self, gpus: tuple[int, ...], nbytes: float) -> float:
-        return self.collective("all_reduce", gpus, nbytes)[0]
-
-    def hop_time(self, src_stage: int, dst_stage: int, nbytes: float) -> float:
-        """Send `nbytes` of activations from one stage to another: each of the tp ranks
-        sends 1/tp to its peer (transfers that share a link share its bandwidth), then
-        the receiving ranks all-gather the pieces."""
-        key = (src_stage, dst_stage, nbytes)
-        hit = self._hop_time_cache.get(key)
-        if hit is None:
-            latency_s, s_per_byte = self._hop_path(src_stage, dst_stage)
-            gather = (
-                self.collective("all_gather", self.plan.stage_gpus(dst_stage), nbytes)[0]
-                if self.plan.tp > 1
-                else 0.0
-            )
-            hit = self._hop_time_cache[key] = (
-                latency_s + nbytes * s_per_byte + gather + self.params.cpu_hop_ms * 1e-3
-            )
-        return hit
-
-    def _hop_path(self, src_stage: int, dst_stage: int) -> tuple[float, float]:
-        """(latency, seconds per byte of the whole hop) for a stage-to-stage hop: the
-        slowest pair's latency, and the most loaded link's load / bandwidth."""
-        key = (src_stage, dst_stage)
-        hit = self._hop_cache.get(key)
-        if hit is None:
-            box, plan = self.box, self.plan
-            load: dict = {}
-            latency = 0.0
-            for a, b in zip(plan.stage_gpus(src_stage), plan.stage_gpus(dst_stage)):
-                path = box.path(a, b)
-                latency = max(latency, sum(box.link(d).latency_s for d in path))
-                for d in path:
-                    load[d] = load.get(d, 0.0) + 1.0 / plan.tp
-            per_byte = max((v / box.link(d).bw_bytes_s for d, v in load.items()), default=0.0)
-            hit = self._hop_cache[key] = (latency, per_byte)
-        return hit
-
-    def hop_links(self, src_stage: int, dst_stage: int) -> tuple:
-        links = set()
-        for a, b in zip(self.plan.stage_gpus(src_stage), self.plan.stage_gpus(dst_stage)):
-            links.update(self.box.path(a, b))
-        return tuple(sorted(links))
-
-    # ---- a stage -----------------------------------------------------------------------
     def stage_ops(self, stage: int, shape: Shape) -> list[Op]:
         """Every operation a micro-batch of `shape` runs on `stage`, per TP rank."""
         m, tp = self.model, self.plan.tp
@@ -297,7 +53,7 @@ class CostModel:
         h, dt = m.hidden, m.attn_dtype
         ops: list[Op] = []
 
-        foreign = self._foreign
+        foreign = self.foreign
 
         def add(name, result, count, kind="compute"):
             if count:
@@ -386,37 +142,23 @@ class CostModel:
 
     def stage_time(self, stage: int, shape: Shape) -> tuple[float, float]:
         """(compute seconds, TP-collective seconds) of one micro-batch on one stage."""
-        ctx = shape.decode_ctx
-        if ctx > CONTEXT_BUCKET:
-            ctx = (ctx + CONTEXT_BUCKET // 2) // CONTEXT_BUCKET * CONTEXT_BUCKET
+        ctx = bucketed(shape.decode_ctx)
         key = (self._kinds[stage], shape.decode, ctx, shape.prefill, shape.graphed)
         hit = self._stage_cache.get(key)
         if hit is None:
             ops = self.stage_ops(stage, Shape(shape.decode, ctx, shape.prefill))
-            scale = self.params.kernel_scale
-            compute = sum(o.seconds * o.count for o in ops if o.kind == "compute") * scale
-            comm = sum(o.seconds * o.count for o in ops if o.kind == "tp_comm")
-            by_source: dict = {}
-            for o in ops:
-                by_source[o.source] = by_source.get(o.source, 0.0) + o.seconds * o.count * (
-                    scale if o.kind == "compute" else 1.0
-                )
-            self._stage_sources[key] = by_source
+            compute, comm, by_source = summed(ops, self.params.kernel_scale)
+            self.ledger.enter(key, by_source)
             compute += self.launch_wait(stage, compute + comm, shape.graphed)
             hit = self._stage_cache[key] = (compute, comm)
-        self._stage_uses[key] = self._stage_uses.get(key, 0) + 1
+        self.ledger.use(key)
         return hit
 
     def provenance_shares(self) -> dict[str, float]:
         """Share of the operation time of every micro-batch computed so far, by
         provenance (the CPU launch wait of eager batches is not an operation and is
         left out); all zeros before any."""
-        total = dict.fromkeys(PROVENANCE, 0.0)
-        for key, uses in self._stage_uses.items():
-            for source, seconds in self._stage_sources[key].items():
-                total[source] += seconds * uses
-        whole = sum(total.values())
-        return {k: (v / whole if whole else 0.0) for k, v in total.items()}
+        return self.ledger.shares()
 
     def launch_wait(self, stage: int, gpu_s: float, graphed: bool) -> float:
         """GPU time lost waiting for the CPU to launch kernels one by one.

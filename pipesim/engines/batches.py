@@ -10,7 +10,7 @@ from collections import deque
 
 import simpy
 
-from ..costs.stage import Shape
+from ..costs.primitives import Shape
 
 
 class Request:

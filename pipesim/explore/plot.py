@@ -179,7 +179,7 @@ def pareto(result: Search | Searches) -> Figure:
     frontier of the qualifying points (none is better on both axes); the constraint
     lines; the winner starred. A search of several conditions (`Searches`): one panel
     per condition, titled with it."""
-    from .search import CONSTRAINTS
+    from .objectives import CONSTRAINTS
 
     results = getattr(result, "results", (result,))
     cols = min(2, len(results))
@@ -204,7 +204,7 @@ def pareto(result: Search | Searches) -> Figure:
 
 def _pareto_axes(ax, result: Search) -> None:
     """One search's points, frontier, constraint lines and winner on `ax`."""
-    from .search import CONSTRAINTS, load_text
+    from .objectives import CONSTRAINTS, load_text
     from .sweep import load_column
 
     df = result.table

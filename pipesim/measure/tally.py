@@ -35,12 +35,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .rows import Recorder, upto
 from .steady import TimeHistogram
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
-
-    from .record import Recorder
 
 # Gaps shorter than this are float noise between touching intervals, not bubbles.
 BUBBLE_MIN_S = 1e-9
@@ -178,38 +177,24 @@ class StepTally:
         self.evictions = self.evictions_total = 0
         self.visits = 0  # stage visits (compute rows) of the whole run
 
-    def fold(
-        self,
-        rec: Recorder,
-        now_s: float,
-        window_start_s: float | None,
-        final: bool = False,
-        drop: bool = True,
-    ) -> None:
+    def fold(self, rows: Recorder, now_s: float, window_start_s: float | None, final: bool = False) -> None:
         """Fold the rows of [cut, now_s) into the figures; with `final`, of [cut, now_s]
         (the run stops at now_s). `window_start_s` is the window's start, None while the
         warm-up runs (it then lies at or after now_s: this stretch is outside the window).
-        `drop` lets go of the rows no later stretch needs; a run that keeps every row
-        folds once, with `final`, and drops none."""
-        if not (final or drop):
-            raise ValueError("a fold that keeps its rows must be the run's last")
+        The rows are only read: record.fold lets go of them after (Recorder.drop_before),
+        so every stage visit is counted once, when its row ends by the cut."""
         a, b, t0 = self.cut_s, now_s, window_start_s
         lo = b if t0 is None else max(a, t0)  # the part of [a, b) inside the window
         if lo < b:
-            self._intervals(rec, lo, b, final)
+            self._intervals(rows, lo, b, final)
         elif final:
             self._close_idle()
-        self._points(rec, b, t0, final, drop)
+        self._points(rows, b, t0, final)
         if final:
-            self.visits += sum(len(rows) for rows in rec.compute)
+            self.visits += sum(len(r) for r in rows.compute)
             self.window_s = (b if t0 is None else t0, b)
-        if drop:  # rows that end by b are done with (the lists are the recorder's own)
-            for rows in rec.compute:
-                keep = [r for r in rows if r[1] > b] if not final else []
-                self.visits += 0 if final else len(rows) - len(keep)
-                rows[:] = keep
-            for rows in (*rec.comm, *rec.hops, rec.cpu, rec.link_wait):
-                rows[:] = [r for r in rows if r[1] > b] if not final else []
+        else:
+            self.visits += sum(1 for stage in rows.compute for r in stage if r[1] <= b)
         self.cut_s = b
 
     def _intervals(self, rec: Recorder, lo: float, hi: float, final: bool) -> None:
@@ -262,11 +247,11 @@ class StepTally:
                 self.bubbles[s] += 1
                 self.bubble_s[s] += x
 
-    def _points(self, rec: Recorder, b: float, t0: float | None, final: bool, drop: bool) -> None:
+    def _points(self, rec: Recorder, b: float, t0: float | None, final: bool) -> None:
         """Token returns, launched batches and evictions before `b` (all if final):
         tokens and evictions count in the window (t0, stop], batches in [t0, stop]."""
         groups = self.groups
-        tokens = _upto(rec.tokens, b, final)
+        tokens = upto(rec.tokens, b, final)
         for t, produced in tokens:
             if t0 is not None and t > t0:
                 self.tokens += produced
@@ -274,7 +259,7 @@ class StepTally:
                     self.token_times.add(t, produced)
             if groups is not None:
                 groups.returned(t)
-        batches = _upto(rec.batches, b, final)
+        batches = upto(rec.batches, b, final)
         for bt in batches:
             inside = t0 is not None and bt.launch_s >= t0
             if groups is not None:
@@ -289,20 +274,6 @@ class StepTally:
                 if bt.slot < self.slots:
                     self.slot_decode[bt.slot] += bt.requests
                     self.slot_decode_batches[bt.slot] += 1
-        evictions = _upto(rec.evictions, b, final)
+        evictions = upto(rec.evictions, b, final)
         self.evictions_total += len(evictions)
         self.evictions += sum(1 for t, _ in evictions if t0 is not None and t > t0)
-        if drop:
-            for rows, done in ((rec.tokens, tokens), (rec.batches, batches), (rec.evictions, evictions)):
-                del rows[: len(done)]
-            del rec.kv_free[: len(_upto(rec.kv_free, b, final))]
-
-
-def _upto(points: list, b: float, final: bool) -> list:
-    """The leading points (time first, appended in time order) before `b`; all if final."""
-    if final:
-        return points
-    k = len(points)
-    while k and points[k - 1][0] >= b:
-        k -= 1
-    return points[:k]

@@ -88,8 +88,10 @@ def profile_for_box(box: Box, engine: str, model: str, version: str | None = Non
 
 @lru_cache(maxsize=8)
 def _catalogue_profile(folder: str, engine: str, version: str | None):
-    from .importers.aiconfigurator import build_tables, kernel_floor_us, version_key
-    from .profile import Params, Profile, Tables
+    from .importers.aiconfigurator import build_tables, kernel_floor_us
+    from .importers.aiconfigurator_layout import version_key
+    from .profile import Params, Profile
+    from .tables import Tables
 
     versions: dict = {}
     tables = build_tables(Path(folder), kernel_set=engine, version=version, versions=versions)
@@ -126,7 +128,8 @@ def first_principles_profile(box: Box, engine: str) -> Profile:
     """No table for this GPU: every cost from the roofline (costs.py) on the box's
     datasheet rates, kernels through the efficiency curves fitted on measured GPUs
     (roofline.py, docs/roofline.md)."""
-    from .profile import Params, Profile, Tables
+    from .profile import Params, Profile
+    from .tables import Tables
 
     meta = {
         "name": f"first-principles-{box.name}",

@@ -5,7 +5,7 @@ workload assumption is moved down and up by a relative step (default 20%) with
 everything else, the seed included, held fixed (common random numbers), and every
 headline number is re-predicted. The swing is high minus low of output throughput, in
 % of the baseline. A parameter at zero cannot go down and 20% of zero is zero: it is
-moved up only, by the fit's unit step for it (pipesim.calibrate.fit.FITTABLE), stated
+moved up only, by the fit's unit step for it (pipesim.profiles.profile.FITTABLE), stated
 in the table. Runs are short and fixed-length (C warm-up, max(2C, 16) measured), so a
 swing is the model's response, not run-to-run noise.
 """
@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from ..base.errors import require
+from ..profiles.profile import FITTABLE
 
 if TYPE_CHECKING:
     from ..scenario.build import Scenario
@@ -115,8 +116,6 @@ def _fmt(v: float) -> str:
 
 
 def _param_items(scenario, step: float) -> list[Item]:
-    from ..calibrate.fit import FITTABLE
-
     prof = scenario.profile
     items = []
     for f in fields(prof.params):

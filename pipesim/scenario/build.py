@@ -17,7 +17,7 @@ costs are reported as borrowed.
 from __future__ import annotations
 
 import math
-import sys
+import warnings
 from dataclasses import dataclass, field, fields, replace
 from os import PathLike
 from typing import TYPE_CHECKING
@@ -35,7 +35,7 @@ from ..base.checks import (
     is_number,
     whole,
 )
-from ..base.errors import UserError, require
+from ..base.errors import PipesimWarning, UserError, require
 from ..costs.moe import is_power_law
 from ..engines import ENGINES
 from ..inputs.box import Box, cluster, load_box, load_network
@@ -228,8 +228,10 @@ def build_scenario(
             f"{engine_name} ({'; '.join(differs)}); leave out --profile to use this box's own tables, "
             "or pass --allow-foreign-profile to borrow them",
         )
-        sys.stderr.write(
-            f"warning: borrowing profile {prof.name} ({'; '.join(differs)}): its costs are reported as borrowed\n"
+        warnings.warn(
+            f"borrowing profile {prof.name} ({'; '.join(differs)}): its costs are reported as borrowed",
+            PipesimWarning,
+            stacklevel=2,
         )
         prof = replace(prof, foreign="; ".join(differs))
     if model is None:

@@ -27,7 +27,8 @@ import simpy
 from ..costs.dp import DPStepCosts
 from ..engines.batches import MicroBatch, Request
 from ..engines.protocol import EngineScheduler, EngineSimulation
-from ..measure.record import Record, Recorder
+from ..measure.record import Record
+from ..measure.rows import Recorder
 from .simulation import Channel, Simulation
 
 # vLLM's DPCoordinator republishes the engines' [waiting, running] counts to the front

@@ -33,13 +33,13 @@ from typing import TYPE_CHECKING
 import simpy
 from simpy.events import NORMAL
 
+from ..costs.primitives import ACT_BYTES
 from ..costs.stage import CostModel
-from ..measure.record import Recorder
+from ..measure.rows import Recorder
 
 if TYPE_CHECKING:
     from ..engines.batches import MicroBatch
 
-ACT_BYTES = 2
 TOKEN_ID_BYTES = 4
 
 

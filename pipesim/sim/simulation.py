@@ -28,10 +28,12 @@ from ..costs.stage import CostModel
 from ..engines.batches import MicroBatch, Request
 from ..engines.protocol import EngineScheduler, EngineSettings, EngineSimulation
 from ..inputs.workload import ArrivalPlan, Workload
-from ..measure.record import Batch, CountingEnvironment, Record, Recorder, TokenReturn
+from ..measure.record import Record, fold, freeze
 from ..measure.request_tally import RequestTally
+from ..measure.rows import Batch, Recorder, TokenReturn
 from ..measure.steady import closed_loop_ci, period
 from ..measure.tally import FOLD_RETURNS, StepTally
+from .env import CountingEnvironment
 from .pipeline import Pipeline
 
 RECORD_MODES = ("summary", "full")
@@ -251,7 +253,7 @@ class Simulation:
         triggers it at the return (its value is this return's), a DP rank here."""
         now = self.env.now
         if not self.full and len(self.rec.tokens) >= FOLD_RETURNS:
-            self.tally.fold(self.rec, now, self.window_start_s)
+            fold(self.rec, self.tally, now, self.window_start_s)
         produced = 0
         finished = []
         for r, chunk, _ in mb.prefill:
@@ -409,7 +411,8 @@ class Simulation:
         stretch of rows is folded (tally.py); a full record keeps its rows, cut at the
         stop."""
         plan = self.costs.plan
-        return self.rec.freeze(
+        return freeze(
+            self.rec,
             stage_gpus=tuple(tuple(plan.stage_gpus(s)) for s in range(plan.pp)),
             layers_per_stage=tuple(plan.layers_per_stage),
             slots=self.settings.slots,

@@ -81,7 +81,8 @@ def gemm_shapes(model: Model, tp: int) -> list[tuple[int, int]]:
     """The (n, k) of every GEMM the cost model asks for on one GPU at tensor
     parallelism `tp` (attention projections, dense MLP, router, shared expert,
     lm_head), read off `CostModel.stage_ops` itself so the two cannot drift apart."""
-    from ...costs.stage import CostModel, Shape
+    from ...costs.primitives import Shape
+    from ...costs.stage import CostModel
     from ...inputs.plan import Plan
 
     empty = Profile("probe", "probe", "sglang", "", Params(), {}, Tables())

@@ -38,7 +38,6 @@ The two layouts of a system folder (flat and nested) are read by
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -368,28 +367,3 @@ def import_profile(
     }
     write_profile(out, meta, tables)
     return tables
-
-
-def _main(argv: list[str]) -> int:
-    """Self-check: print each table's size, columns and a few rows."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m pipesim.profiles.importers.aiconfigurator", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("src_dir", type=Path, help="AIConfigurator system folder")
-    parser.add_argument("--kernel-set", choices=KERNEL_SETS, default="sglang")
-    args = parser.parse_args(argv)
-    try:
-        tables = build_tables(args.src_dir, kernel_set=args.kernel_set)
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    for name, df in tables.items():
-        print(f"== {name}: {len(df)} rows; {', '.join(df.columns)}")
-        print(df.iloc[:: max(1, len(df) // 3)].head(4).to_string(index=False))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
