@@ -41,6 +41,8 @@ class StubSettings:
     kv_tokens: int = 100_000
     slots: int = 1
     running_cap: int = 1
+    async_depth: int = 0
+    inflight_groups: int = 0
 
     def describe(self) -> dict:
         return {"engine": "stub"}

@@ -27,6 +27,9 @@ class EngineSimulation(Protocol):
     running: int  # admitted, not finished
     kv_free: int  # KV-cache tokens no request holds (engines take them as batches form)
     cpu_iteration_s: float  # scheduler CPU time per formed batch (profile)
+    pp: int  # pipeline stages the batches run through (1 for a DP rank)
+
+    def next_iteration(self) -> None: ...  # the first rank starts its next slot iteration (SGLang PP)
 
     def admit(self, req: Request) -> None: ...
 
@@ -58,6 +61,12 @@ class EngineSettings(Protocol):
 
     @property
     def running_cap(self) -> int: ...  # the most requests admitted at once
+
+    @property
+    def async_depth(self) -> int: ...  # iterations the last PP rank holds a batch's outputs (SGLang)
+
+    @property
+    def inflight_groups(self) -> int: ...  # batches in flight whose requests form groups (vLLM); 0: slots
 
     def describe(self) -> dict: ...
 

@@ -178,6 +178,17 @@ class SGLangSettings:
         """`max_running_requests` caps the running requests (EngineSettings)."""
         return self.max_running_requests
 
+    @property
+    def async_depth(self) -> int:
+        """`pp_async_batch_depth`: the last PP rank holds a batch's outputs this many
+        slot iterations (EngineSettings; docs/engines.md §3)."""
+        return self.pp_async_batch_depth
+
+    @property
+    def inflight_groups(self) -> int:
+        """SGLang has micro-batch slots, not implicit groups (EngineSettings)."""
+        return 0
+
     def describe(self) -> dict:
         """The resolved knobs for the scenario description (`scenario.engine`)."""
         return {"engine": "sglang", **asdict(self)}

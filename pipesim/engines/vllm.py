@@ -134,6 +134,17 @@ class VLLMSettings:
         return self.max_num_seqs
 
     @property
+    def async_depth(self) -> int:
+        """vLLM sends a batch's outputs back as soon as they are sampled (EngineSettings)."""
+        return 0
+
+    @property
+    def inflight_groups(self) -> int:
+        """The batches in flight, whose requests form vLLM's implicit groups
+        (`max_concurrent_batches`; EngineSettings)."""
+        return self.max_concurrent_batches
+
+    @property
     def slots(self) -> int:
         """vLLM has no micro-batch slots: every batch launches as slot 0 and groups
         form implicitly (see the module docstring)."""

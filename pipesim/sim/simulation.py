@@ -135,7 +135,7 @@ class Simulation:
             env,
             costs,
             self.rec,
-            depth=getattr(settings, "pp_async_batch_depth", 0),
+            depth=settings.async_depth,
             cpu_iteration_s=self.cpu_iteration_s,
             cpu_hop_s=params.cpu_hop_ms * 1e-3,
             complete=lambda mb: self._complete(mb),  # looked up per call: tests wrap it
@@ -148,7 +148,7 @@ class Simulation:
         self.tally = StepTally(
             len(self.rec.compute),
             settings.slots,
-            getattr(settings, "max_concurrent_batches", 0) if self.inbox is None else 0,
+            settings.inflight_groups if self.inbox is None else 0,
             open_loop=not closed,
         )
         env.process(self._arrivals())
@@ -416,7 +416,7 @@ class Simulation:
             stage_gpus=tuple(tuple(plan.stage_gpus(s)) for s in range(plan.pp)),
             layers_per_stage=tuple(plan.layers_per_stage),
             slots=self.settings.slots,
-            groups=getattr(self.settings, "max_concurrent_batches", 0),
+            groups=self.settings.inflight_groups,
             clients=self.workload.concurrency if self.workload.kind == "closed" else None,
             window_start_s=self.window_start_s,
             end_s=self.env.now,
