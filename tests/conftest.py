@@ -110,7 +110,7 @@ def simulate(
     Simulation itself so a test can read the recorder and the requests. `setup(sim)`
     runs after construction and before the first event (to wrap methods). `settings`
     (with its scheduler) replaces the scenario's engine settings; `cls` builds the
-    simulation (a DPSimulation partial, say); `options` go to it (record=...)."""
+    simulation; `options` go to it (record=..., ranked=...)."""
     settings = scenario.settings if settings is None else settings
     costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
     sim = cls(
@@ -158,17 +158,18 @@ def small_kv_scenario(engine: str, tokens_wanted: int = 1500, **workload):
 
 
 def record_launches(sim) -> list:
-    """Wrap sim.launch; returns a list that fills with
+    """Wrap the engine instance's launch; returns a list that fills with
     (time, slot, [decode requests], [(request, chunk, prefix)], micro-batch)."""
     log = []
-    orig = sim.launch
+    engine = sim.instances[0]
+    orig = engine.launch
 
     def launch(slot, decode, prefill):
         mb = orig(slot, decode, prefill)
         log.append((sim.env.now, slot, list(decode), list(prefill), mb))
         return mb
 
-    sim.launch = launch
+    engine.launch = launch
     return log
 
 

@@ -3,39 +3,47 @@ steps with dummy batches on idle ranks, independent dense replicas, dp = 1 uncha
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
-from functools import partial
 
 import pytest
 from conftest import finished, profile_for
 from conftest import simulate as simulate_by_hand
 
 import pipesim
-from pipesim.costs.stage import CostModel
 from pipesim.engines.batches import Request
-from pipesim.sim.dataparallel import LB_REFRESH_S, DPSimulation
-from pipesim.sim.simulation import Simulation
+from pipesim.engines.routing import LB_REFRESH_S, LeastLoaded, RoundRobin
+from pipesim.sim.dataparallel import LockStep, Replicas
+from pipesim.sim.pipeline import Pipeline
 
 QWEN_MOE = "qwen3-30b-a3b"
 LLAMA = "llama-3.1-8b"
 
 
-def _scenario(engine: str, model: str, rows=None, **kw):
+def _scenario(engine: str, model: str, rows=None, lockstep: bool | None = None, **kw):
     """A scenario of `engine` on the reference box; with `rows`, a trace of those
-    (arrival_s, input, output) rows."""
+    (arrival_s, input, output) rows; `lockstep` overrides whether the DP ranks step
+    together (the plan's `moe_spans_dp`: a MoE model's under vLLM)."""
     kw.setdefault("profile", profile_for(engine))
     if rows is None:
-        return pipesim.build_scenario(engine=engine, model=model, **kw)
-    sc = pipesim.build_scenario(
-        engine=engine, model=model, rate_rps=1.0, num_requests=1, input_len=16, output_len=4, **kw
-    )
-    return replace(sc, workload=replace(sc.workload, kind="trace", trace=tuple(rows), num_requests=len(rows)))
+        sc = pipesim.build_scenario(engine=engine, model=model, **kw)
+    else:
+        sc = pipesim.build_scenario(
+            engine=engine, model=model, rate_rps=1.0, num_requests=1, input_len=16, output_len=4, **kw
+        )
+        sc = replace(
+            sc, workload=replace(sc.workload, kind="trace", trace=tuple(rows), num_requests=len(rows))
+        )
+    if lockstep is not None:
+        sc = replace(sc, plan=replace(sc.plan, moe_spans_dp=lockstep))
+    return sc
 
 
-def _run(sc, dp: int, lockstep: bool, warm: int = 0, measure: int | None = None, cls=DPSimulation):
-    """Build and run the simulation as api.simulate does (dp = 0: the plain one)."""
-    make = Simulation if dp == 0 else partial(cls, dp=dp, lockstep=lockstep, engine=sc.engine.name)
-    return simulate_by_hand(sc, warm, sc.workload.num_requests if measure is None else measure, cls=make)
+def _run(sc, warm: int = 0, measure: int | None = None, setup=None, ranked: bool | None = None):
+    """Build and run the simulation as api.simulate does; `ranked=True` runs even one
+    rank on the DP machinery."""
+    n = sc.workload.num_requests if measure is None else measure
+    return simulate_by_hand(sc, warm, n, setup=setup, ranked=ranked)
 
 
 # ---- routing ----------------------------------------------------------------------------
@@ -43,40 +51,45 @@ def _run(sc, dp: int, lockstep: bool, warm: int = 0, measure: int | None = None,
 
 def test_sglang_round_robin_in_arrival_order():
     """DataParallelController.round_robin_scheduler: ranks in turn, one counter."""
-    sc = _scenario("sglang", LLAMA, rate_rps=50.0, num_requests=10, input_len=32, output_len=4)
-    sim = _run(sc, dp=3, lockstep=False)
-    assert sim.routed == [i % 3 for i in range(10)]
+    sc = _scenario("sglang", LLAMA, dp=3, rate_rps=50.0, num_requests=10, input_len=32, output_len=4)
+    sim = _run(sc)
+    assert isinstance(sim.backend, Replicas) and isinstance(sim.frontend.router, RoundRobin)
+    assert sim.frontend.routed == [i % 3 for i in range(10)]
     assert len(finished(sim)) == 10
 
 
-def _vllm_sim(dp=2):
-    sc = _scenario("vllm", LLAMA, rate_rps=1.0, num_requests=1, input_len=32, output_len=4)
-    costs = CostModel(sc.box, sc.model, sc.plan, sc.profile)
-    return DPSimulation(
-        costs, sc.workload, sc.settings.scheduler, sc.settings, 0, 1, dp=dp, lockstep=False, engine="vllm"
-    )
+class _Rank:
+    def __init__(self, waiting: int = 0, running: int = 0):
+        self.waiting = deque(Request(i, 0.0, 8, 8) for i in range(waiting))
+        self.running = running
 
 
 def test_vllm_routes_to_lowest_waiting_x4_plus_running():
     """DPLBAsyncMPClient.get_core_engine_for_request: score = waiting * 4 + running,
     the pick gets one more waiting until the coordinator's next update."""
-    sim = _vllm_sim()
-    a, b = sim.ranks
-    a.running = 3  # score 3
-    b.waiting.append(Request(99, 0.0, 8, 8))  # score 4
+    router = LeastLoaded(2)
+    ranks = [_Rank(running=3), _Rank(waiting=1)]  # scores 3 and 4
     # 3 < 4: rank 0, now 3 + 4 = 7; then 7 > 4: rank 1, now 8; then 7 < 8: rank 0
-    assert [sim.route() for _ in range(3)] == [0, 1, 0]
-    assert sim._lb == [[2, 3], [2, 0]]
+    assert [router.route(0.0, ranks) for _ in range(3)] == [0, 1, 0]
+    assert router.counts == [[2, 3], [2, 0]]
 
 
 def test_vllm_tie_goes_to_first_engine_and_counts_refresh():
     """Strict < over the engines from index 0: a tie goes to the first; once the counts
     are LB_REFRESH_S old they are read afresh (here: nothing waits or runs)."""
-    sim = _vllm_sim(dp=3)
-    assert [sim.route() for _ in range(3)] == [0, 1, 2]
-    assert sim._lb == [[1, 0], [1, 0], [1, 0]]
-    sim._lb_s -= LB_REFRESH_S  # the coordinator's next update is due
-    assert sim.route() == 0 and sim._lb == [[1, 0], [0, 0], [0, 0]]
+    router, ranks = LeastLoaded(3), [_Rank(), _Rank(), _Rank()]
+    assert [router.route(0.0, ranks) for _ in range(3)] == [0, 1, 2]
+    assert router.counts == [[1, 0], [1, 0], [1, 0]]
+    assert router.route(LB_REFRESH_S * 0.99, ranks) == 0  # not yet republished
+    assert router.counts == [[2, 0], [1, 0], [1, 0]]
+    assert router.route(LB_REFRESH_S, ranks) == 0 and router.counts == [[1, 0], [0, 0], [0, 0]]
+
+
+def test_each_engine_hands_out_its_router():
+    vllm = _scenario("vllm", LLAMA, dp=2, concurrency=1)
+    sglang = _scenario("sglang", LLAMA, dp=2, concurrency=1)
+    assert isinstance(vllm.settings.router(2), LeastLoaded)
+    assert isinstance(sglang.settings.router(2), RoundRobin)
 
 
 # ---- lock step and replicas ---------------------------------------------------------------
@@ -86,17 +99,22 @@ def test_vllm_tie_goes_to_first_engine_and_counts_refresh():
 A_LATE = [(0.0, 16, 60), (0.05, 1800, 2)]
 
 
-def _gaps(engine, model, dp, lockstep, rows):
+def _gaps(engine, model, rows, **kw):
     """The simulation, and the gaps between request B's (rid 0) decode returns."""
     times: list = []
 
-    class Logged(DPSimulation):
-        def _complete(self, mb):
-            super()._complete(mb)
-            if any(r.rid == 0 for r in mb.decode):
-                times.append(self.env.now)
+    def setup(sim):
+        complete = sim.complete
 
-    sim = _run(_scenario(engine, model, rows), dp, lockstep, cls=Logged)
+        def logged(mb):
+            out = complete(mb)
+            if any(r.rid == 0 for r in mb.decode):
+                times.append(sim.env.now)
+            return out
+
+        sim.complete = logged
+
+    sim = _run(_scenario(engine, model, rows, **kw), setup=setup)
     return sim, [b - a for a, b in zip(times, times[1:])]
 
 
@@ -104,17 +122,18 @@ def test_moe_step_waits_for_the_slowest_rank():
     """vLLM DPEngineCoreProc / SGLang prepare_mlp_sync_batch: the MoE layers run in lock
     step, so the decoding rank's step lasts as long as the other rank's prefill; once A
     is done its rank runs dummy batches while B decodes."""
-    sim, gaps = _gaps("vllm", QWEN_MOE, 2, True, A_LATE)
-    assert sim.routed == [0, 1]
+    sim, gaps = _gaps("vllm", QWEN_MOE, A_LATE, dp=2)
+    assert isinstance(sim.backend, LockStep)
+    assert sim.frontend.routed == [0, 1]
     a = sim.requests[1]
-    prefill_part = sum(sim.step_costs.rank_part(_prefill_shape(a)))
+    prefill_part = sum(sim.backend.step_costs.rank_part(_prefill_shape(a)))
     assert max(gaps) >= prefill_part
     steady = sorted(gaps)[len(gaps) // 2]
     assert max(gaps) > 3 * steady
     # B's rank always had a batch; A's rank had one in two of B's ~60 steps (prefill,
     # one decode) and ran a dummy batch in the others
-    assert sim.dummy_steps[0] == 0
-    assert sim.dummy_steps[1] >= 60 - 1 - 2
+    assert sim.backend.dummy_steps[0] == 0
+    assert sim.backend.dummy_steps[1] >= 60 - 1 - 2
     assert len(finished(sim)) == 2
 
 
@@ -127,11 +146,11 @@ def _prefill_shape(req):
 def test_independent_replicas_do_not_wait():
     """A dense model's DP ranks are independent replicas (vLLM: 'Non-MoE DP ranks are
     completely independent'): A's prefill on rank 1 leaves B's decode steps alone."""
-    sim, gaps = _gaps("vllm", LLAMA, 2, False, A_LATE)
-    assert sim.routed == [0, 1]
+    sim, gaps = _gaps("vllm", LLAMA, A_LATE, dp=2)
+    assert isinstance(sim.backend, Replicas)
+    assert sim.frontend.routed == [0, 1]
     steady = sorted(gaps)[len(gaps) // 2]
     assert max(gaps) < 1.5 * steady
-    assert sim.dummy_steps == [0, 0]
     assert len(finished(sim)) == 2
 
 
@@ -149,20 +168,21 @@ def _finish_times(sim):
 def test_one_rank_is_the_plain_simulation(engine, lockstep):
     """dp = 1: the DP machinery (a rank, its routing, a lock-step step split into the
     rank's part and the MoE part) gives the plain simulation's timings."""
-    sc = _scenario(engine, QWEN_MOE, ROWS)
-    plain = _run(sc, dp=0, lockstep=False)
-    one = _run(sc, dp=1, lockstep=lockstep)
-    assert one.routed == [0] * len(ROWS)
+    plain = _run(_scenario(engine, QWEN_MOE, ROWS))
+    one = _run(_scenario(engine, QWEN_MOE, ROWS, lockstep=lockstep), ranked=True)
+    assert isinstance(plain.backend, Pipeline)
+    assert isinstance(one.backend, LockStep if lockstep else Replicas)
+    assert one.frontend.routed == [0] * len(ROWS)
     assert _finish_times(one) == pytest.approx(_finish_times(plain), rel=1e-9)
 
 
 @pytest.mark.parametrize("lockstep", [False, True])
 def test_every_request_completes(lockstep):
-    sc = _scenario("vllm", QWEN_MOE, ROWS)
-    sim = _run(sc, dp=3, lockstep=lockstep)
+    sc = _scenario("vllm", QWEN_MOE, ROWS, dp=3, lockstep=lockstep)
+    sim = _run(sc)
     assert len(finished(sim)) == len(ROWS)
     assert all(r.generated == r.output_len and r.prefilled == r.input_len for r in sim.requests)
-    assert all(rank.running == 0 and rank.kv_free == sc.settings.kv_tokens for rank in sim.ranks)
+    assert all(rank.running == 0 and rank.kv_free == sc.settings.kv_tokens for rank in sim.instances)
     assert sum(n for _, n in sim.record().tokens) == sum(o for _, _, o in ROWS)
 
 
@@ -172,11 +192,11 @@ def test_dense_replicas_double_throughput_under_ample_load():
     from pipesim.measure.metrics import collect
 
     def tok_s(dp, conc):
-        sc = _scenario("vllm", LLAMA, concurrency=conc, input_len=128, output_len=64)
-        sim = _run(sc, dp=dp, lockstep=False, warm=conc, measure=6 * conc)
+        sc = _scenario("vllm", LLAMA, dp=dp, concurrency=conc, input_len=128, output_len=64)
+        sim = _run(sc, warm=conc, measure=6 * conc)
         return collect(sim.record(), {}, 0.0).output_throughput_tok_s
 
-    one, two = tok_s(0, 32), tok_s(2, 64)
+    one, two = tok_s(1, 32), tok_s(2, 64)
     assert two / one == pytest.approx(2.0, rel=0.05)
 
 

@@ -81,13 +81,13 @@ def test_closed_loop_client_waits_for_the_output_path_and_the_front_end(profile)
 
 
 def _record_enqueue(sim, enq):
-    orig = sim._enqueue
+    orig = sim.frontend.enqueue
 
     def enqueue(req):
         enq[req.rid] = sim.env.now
         orig(req)
 
-    sim._enqueue = enqueue
+    sim.frontend.enqueue = enqueue
 
 
 def test_front_end_serves_one_request_at_a_time(profile):

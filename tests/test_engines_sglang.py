@@ -71,33 +71,34 @@ def run_checked(scenario, warm, measure):
     launches = []
 
     def setup(sim):
-        sched = sim.scheduler
+        eng = sim.instances[0]  # the engine instance its scheduler drives
+        sched = eng.scheduler
         st = sched.s
         log = record_launches(sim)
         launches.append(log)
-        orig_launch = sim.launch
+        orig_launch = eng.launch
 
         def launch(slot, decode, prefill):
             # state the engine launched from: the slot's running requests, total running
-            launch.snap.append((slot, len(sched.slot_running[slot]), sim.running, len(decode), len(prefill)))
+            launch.snap.append((slot, len(sched.slot_running[slot]), eng.running, len(decode), len(prefill)))
             return orig_launch(slot, decode, prefill)
 
         launch.snap = []
-        sim.launch = launch
+        eng.launch = launch
         launches.append(launch.snap)
         orig_form = sched.form
 
         def form(slot):
-            head = sim.waiting[0] if sim.waiting else None
+            head = eng.waiting[0] if eng.waiting else None
             admissible = getattr(sched, "chunked", None) is not None or (
                 head is not None
-                and sim.running < st.max_running_requests
-                and sim.kv_free >= head.input_len + head.output_len
+                and eng.running < st.max_running_requests
+                and eng.kv_free >= head.input_len + head.output_len
                 and len(sched.slot_running[slot]) < st.pp_max_micro_batch_size
             )
             out = orig_form(slot)
             if out is not None and out[0]:
-                turns.append((slot, admissible, bool(sim.waiting)))
+                turns.append((slot, admissible, bool(eng.waiting)))
             return out
 
         sched.form = form
@@ -184,7 +185,8 @@ def test_pp1_runs_one_batch_at_a_time(profile):
     peak = [0]
 
     def setup(sim):
-        orig_launch, orig_complete = sim.launch, sim._complete
+        eng = sim.instances[0]  # the engine instance its scheduler drives
+        orig_launch, orig_complete = eng.launch, sim.complete
 
         def launch(slot, decode, prefill):
             inflight.append(1)
@@ -195,7 +197,7 @@ def test_pp1_runs_one_batch_at_a_time(profile):
             inflight.pop()
             return orig_complete(mb)
 
-        sim.launch, sim._complete = launch, complete
+        eng.launch, sim.complete = launch, complete
 
     sim = simulate(sc, 8, 8, setup)
     assert sim.completed >= 16

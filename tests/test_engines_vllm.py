@@ -49,8 +49,9 @@ def run_tracked(sc, warm, measure):
     inflight = {}  # micro-batch seq -> decode request ids
 
     def setup(sim):
-        sched = sim.scheduler
-        orig_launch, orig_complete = sim.launch, sim._complete
+        eng = sim.instances[0]  # the engine instance its scheduler drives
+        sched = eng.scheduler
+        orig_launch, orig_complete = eng.launch, sim.complete
 
         def launch(slot, decode, prefill):
             # without async scheduling a decode request is in one batch in flight; with it
@@ -71,14 +72,14 @@ def run_tracked(sc, warm, measure):
             inflight[mb.seq] = {r.rid for r in decode}
             events["launches"] += 1
             events["peak_batches"] = max(events["peak_batches"], len(inflight))
-            events["peak_running"] = max(events["peak_running"], sim.running, len(sched.active))
+            events["peak_running"] = max(events["peak_running"], eng.running, len(sched.active))
             return mb
 
         def complete(mb):
             inflight.pop(mb.seq)
             return orig_complete(mb)
 
-        sim.launch, sim._complete = launch, complete
+        eng.launch, sim.complete = launch, complete
 
     sim = simulate(sc, warm, measure, setup)
     return sim, events
@@ -126,7 +127,8 @@ def test_chunked_prefill_mixed_and_conserved(vllm_profile):
     budget_ok = []
 
     def setup(sim):
-        orig = sim.launch
+        eng = sim.instances[0]  # the engine instance its scheduler drives
+        orig = eng.launch
 
         def launch(slot, decode, prefill):
             budget_ok.append(len(decode) + sum(c for _, c, _ in prefill) <= 64)
@@ -134,7 +136,7 @@ def test_chunked_prefill_mixed_and_conserved(vllm_profile):
                 chunks[r.rid].append((p, c))
             return orig(slot, decode, prefill)
 
-        sim.launch = launch
+        eng.launch = launch
 
     sim = simulate(sc, 6, 12, setup)
     assert sim.completed >= 18

@@ -233,7 +233,7 @@ def test_vllm_request_that_preempts_itself_is_not_scheduled():
 def open_loop_done(sim, n: int) -> None:
     assert sim.completed == n
     assert all(r.finish_s > 0 and r.generated == r.output_len for r in sim.requests)
-    assert sim.kv_free == sim.settings.kv_tokens  # every token given back
+    assert sim.instances[0].kv_free == sim.settings.kv_tokens  # every token given back
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
@@ -265,7 +265,8 @@ def test_vllm_blocks_held_follow_computed_tokens():
     bad = []
 
     def setup(sim):
-        orig = sim.launch
+        eng = sim.instances[0]
+        orig = eng.launch
 
         def launch(slot, decode, prefill):
             for r in decode:
@@ -273,7 +274,7 @@ def test_vllm_blocks_held_follow_computed_tokens():
                     bad.append((r.rid, r.kv_reserved, r.input_len + r.generated))
             return orig(slot, decode, prefill)
 
-        sim.launch = launch
+        eng.launch = launch
 
     simulate(sc, 8, 16, setup)
     assert not bad
@@ -372,4 +373,4 @@ def test_vllm_prompts_too_long_for_two_are_preempted_once_with_prefix_caching(ca
     assert any(r.evicted for r in sim.requests)
     assert all(r.evicted <= 1 for r in sim.requests) == at_most_once
     if caching:
-        assert sim.scheduler.free_queue.tokens == sim.kv_free
+        assert sim.instances[0].scheduler.free_queue.tokens == sim.instances[0].kv_free

@@ -41,7 +41,7 @@ def test_no_two_transfers_share_a_link_at_once(profile, tp, pp):
     # every directed link carries one transfer at a time, whichever user booked it
     # and whether it was booked at its own time or ahead of it
     sim, rec = _run(profile, tp, pp)
-    users = sim.pipe._users
+    users = sim.backend._users
     rows = {}
     for s in range(pp):
         rows[("ar", s)] = rec.comm[s]
@@ -61,7 +61,7 @@ def test_each_link_serves_transfers_in_the_order_they_became_ready(profile, tp, 
     # the end of its visit to the stage it leaves: the collective's end, or with none
     # the compute's; async depth 0, so the last stage's outputs are not held)
     sim, rec = _run(profile, tp, pp, conc=32, input_len="4000")
-    users = sim.pipe._users
+    users = sim.backend._users
     ready_start = {}
     for s in range(pp):
         ready_start[("ar", s)] = [(c[1], a[0]) for c, a in zip(rec.compute[s], rec.comm[s])]
@@ -92,7 +92,7 @@ def test_links_no_other_user_crosses_are_booked_without_events(profile):
     # and the requests' own (arrivals, front end, detokenizer): below one per visit
     sc = pipesim.build_scenario(tp=1, pp=8, concurrency=16, input_len="300", output_len="40", profile=profile)
     sim = simulate(sc, 16, 32)
-    assert all(sim.pipe._hop_own) and all(sim.pipe._ring_own)
+    assert all(sim.backend._hop_own) and all(sim.backend._ring_own)
     visits = sum(len(c) for c in sim.rec.compute)
     assert sim.env.scheduled < visits
 

@@ -50,7 +50,7 @@ def test_every_token_requested_is_produced_once(kw):
     assert all(r.generated == r.output_len for r in sim.requests)  # each exactly its length
     assert all(r.prefilled == r.input_len for r in sim.requests)  # every prompt token once
     assert sum(n for _, n in sim.record().tokens) == sum(r.output_len for r in sim.requests)
-    assert sim.kv_free == sc.settings.kv_tokens  # all KV returned
+    assert sim.instances[0].kv_free == sc.settings.kv_tokens  # all KV returned
 
 
 @SETTINGS

@@ -42,7 +42,8 @@ def test_tokens_conserved_open_loop(profile, cfg):
     # causality
     assert all(r.arrival_s <= r.first_token_s <= r.finish_s for r in reqs)
     # everything admitted was released
-    assert sim.running == 0 and sim.kv_free == sc.settings.kv_tokens
+    eng = sim.instances[0]
+    assert sim.running == eng.running == 0 and eng.kv_free == sc.settings.kv_tokens
 
 
 def test_result_counts_every_token_open_loop(profile):
@@ -227,18 +228,19 @@ def test_kv_pool_never_overcommits(engine):
     peak = {"alive": 0}
 
     def setup(sim):
-        orig = sim.launch
+        eng = sim.instances[0]
+        orig = eng.launch
 
         def launch(slot, decode, prefill):
             mb = orig(slot, decode, prefill)
             held = sum(r.kv_reserved for r in sim.requests if r.finish_s < 0)  # counted by hand
-            assert 0 <= sim.kv_free and held == kv - sim.kv_free, (held, kv, sim.kv_free)
+            assert 0 <= eng.kv_free and held == kv - eng.kv_free, (held, kv, eng.kv_free)
             peak["alive"] = max(
                 peak["alive"], sum(1 for r in sim.requests if r.kv_reserved and r.finish_s < 0)
             )
             return mb
 
-        sim.launch = launch
+        eng.launch = launch
 
     sim = simulate(sc, 16, 32, setup)
     assert sim.completed >= 48

@@ -127,14 +127,14 @@ def test_a_summary_run_holds_a_bounded_number_of_rows(monkeypatch):
     peak = {"tokens": 0, "compute": 0}
 
     def watch_rows(sim):
-        complete = sim._complete
+        complete = sim.complete
 
         def watch(mb):
             peak["tokens"] = max(peak["tokens"], len(sim.rec.tokens))
             peak["compute"] = max(peak["compute"], len(sim.rec.compute[0]))
             return complete(mb)
 
-        sim._complete = watch
+        sim.complete = watch
 
     sim = simulate_by_hand(sc, 0, 400, setup=watch_rows, record="summary")
     assert sim.completed == 400 and sim.requests is None
@@ -411,7 +411,7 @@ def test_poisson_arrivals_drawn_in_chunks_are_the_one_draw(monkeypatch):
     want = np.cumsum(np.random.default_rng(5).exponential(1 / 50.0, size=40))
     got = np.array([r.arrival_s for r in sorted(sim.requests, key=lambda r: r.rid)])
     assert got == pytest.approx(want, rel=1e-12)
-    assert sim.arrivals.span_s == (got[0], got[-1])
+    assert sim.frontend.plan.span_s == (got[0], got[-1])
 
 
 def test_sketched_percentiles_say_so(monkeypatch, capsys):

@@ -11,13 +11,14 @@ same questions under its own knob names.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import simpy
 
 if TYPE_CHECKING:
     from .batches import MicroBatch, Request
+    from .routing import RankLoad
 
 
 class EngineSimulation(Protocol):
@@ -75,3 +76,11 @@ class EngineSettings(Protocol):
     def graph_tokens(self, decode: int, prefill_tokens: int) -> int: ...  # padded size; 0: eager
 
     def scheduler(self, sim: EngineSimulation) -> EngineScheduler: ...
+
+    def router(self, dp: int) -> DPRouter: ...  # the front end's rule over dp ranks (routing.py)
+
+
+class DPRouter(Protocol):
+    """Which data-parallel rank an arriving request goes to (routing.py)."""
+
+    def route(self, now_s: float, ranks: Sequence[RankLoad]) -> int: ...

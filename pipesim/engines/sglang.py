@@ -30,6 +30,7 @@ import simpy
 from ..base.errors import require
 from .kv import CLIP_MAX_NEW_TOKENS, NewTokenRatio, retract_estimate, take
 from .protocol import EngineSimulation
+from .routing import RoundRobin
 
 if TYPE_CHECKING:
     from ..inputs.model import Model
@@ -207,6 +208,10 @@ class SGLangSettings:
 
     def scheduler(self, sim: EngineSimulation) -> SGLangScheduler:
         return SGLangScheduler(sim, self)
+
+    def router(self, dp: int) -> RoundRobin:
+        """The data-parallel controller's default rule (routing.py)."""
+        return RoundRobin(dp)
 
 
 class SGLangScheduler:

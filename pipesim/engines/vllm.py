@@ -29,6 +29,7 @@ import simpy
 from ..base.errors import require
 from .kv import VLLM_BLOCK_SIZE, FreeBlockQueue, blocks_for, take
 from .protocol import EngineSimulation
+from .routing import LeastLoaded
 
 if TYPE_CHECKING:
     from ..inputs.model import Model
@@ -156,6 +157,10 @@ class VLLMSettings:
 
     def scheduler(self, sim: EngineSimulation) -> VLLMScheduler:
         return VLLMScheduler(sim, self)
+
+    def router(self, dp: int) -> LeastLoaded:
+        """The load-balancing front end over the coordinator's counts (routing.py)."""
+        return LeastLoaded(dp)
 
 
 class VLLMScheduler:

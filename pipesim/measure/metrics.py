@@ -74,11 +74,12 @@ def idle_breakdown(rec: Record) -> list[StageIdle]:
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Result:
-    """One prediction. Scalars for reports; `requests` and `stages` as DataFrames,
-    built on first use from numpy columns (pandas is imported only then: a prediction
-    needs none)."""
+    """One prediction, a value: built whole by `collect` (its intervals added as a
+    changed copy, report/uncertainty.py `attach`). Scalars for reports; `requests` and
+    `stages` as DataFrames, built on first use from numpy columns (pandas is imported
+    only then: a prediction needs none)."""
 
     scenario: dict
     window_s: tuple[float, float]
@@ -187,10 +188,19 @@ def inflight_groups(rec: Record) -> list[tuple[float, list[int]]]:
     return out
 
 
-def collect(rec: Record, scenario: dict, wall_s: float) -> Result:
-    """The Result of a finished run from its Record: the rows' figures (`rec.steps`)
-    and the finished requests' (`rec.requests`: a closed loop's rows, read in
-    completion order for its confidence interval; an open loop's running figures)."""
+def collect(
+    rec: Record,
+    scenario: dict,
+    wall_s: float,
+    *,
+    provenance_shares: dict | None = None,
+    data_parallel: dict | None = None,
+) -> Result:
+    """The Result of a finished run from its Record, built whole: the rows' figures
+    (`rec.steps`), the finished requests' (`rec.requests`: a closed loop's rows, read
+    in completion order; an open loop's running figures), the throughput's confidence
+    interval as the stopping rule measured it (`rec.verdict`), and what the run knows
+    beside its record (the cost model's provenance shares, the DP ranks' summary)."""
     t0, t1 = rec.window_s
     span = max(t1 - t0, 1e-12)
     st, done = rec.steps, rec.requests
@@ -201,7 +211,13 @@ def collect(rec: Record, scenario: dict, wall_s: float) -> Result:
     period_requests, shift = rec.period or (0, 0)  # a run that repeats: whole periods (steady.py)
     if rec.clients is not None:  # a closed loop: its measured requests in completion order
         out, latency_s = done.closed_loop_sample(queued)
-        ci = closed_loop_ci(rec.engine_load if queued else rec.clients, out, latency_s, period_requests)
+        # its throughput's CI as the stopping rule measured it (a record built by hand
+        # carries none: then from its requests)
+        ci = (
+            rec.verdict[:2]
+            if rec.verdict is not None
+            else closed_loop_ci(rec.engine_load if queued else rec.clients, out, latency_s, period_requests)
+        )
         # more clients than admitted: the run is too short for the queue to reach its
         # steady wait, which Little's law gives exactly in mean (steady.py)
         if queued and len(out):
@@ -298,4 +314,6 @@ def collect(rec: Record, scenario: dict, wall_s: float) -> Result:
         percentile_rel_error=rel_error,
         request_columns=cols,
         stage_columns=stages,
+        provenance_shares=dict(provenance_shares or {}),
+        data_parallel=dict(data_parallel or {}),
     )

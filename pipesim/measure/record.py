@@ -51,6 +51,7 @@ def freeze(
     requests: RequestTally | None = None,
     keep_rows: bool = True,
     period: tuple[int, int] | None = None,
+    verdict: tuple[float, float, tuple[int, int]] | None = None,
 ) -> Record:
     """The finished run as a value. The rows not yet folded into `steps` (all of
     them, for a record built by hand) are folded now, over the window
@@ -90,6 +91,7 @@ def freeze(
         requests=requests if requests is not None else RequestTally(closed=clients is not None),
         kept=keep_rows,
         period=period,
+        verdict=verdict,
     )
 
 
@@ -130,6 +132,9 @@ class Record:
     # (P, shift): the window is whole periods of P requests of a run that repeats, its
     # slot labels moved on by `shift` each period (steady.period; None: no period seen)
     period: tuple[int, int] | None = None
+    # a closed loop's throughput as its stopping rule measured it: (mean tok/s, 95%
+    # half-width, (P, shift)) (sim/stopping.py Verdict; None: an open loop, or built by hand)
+    verdict: tuple[float, float, tuple[int, int]] | None = None
 
     @property
     def pp(self) -> int:

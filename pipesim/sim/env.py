@@ -7,6 +7,7 @@ pyproject.toml to the versions these are written against and tested with.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from heapq import heappush
 
@@ -39,3 +40,40 @@ class CountingEnvironment(simpy.Environment):
         ev.env, ev.callbacks, ev._value, ev._ok = self, [callback], None, True
         self.scheduled = n = self.scheduled + 1
         heappush(self._queue, (self._now + (t - self._now), NORMAL, n, ev))
+
+    def succeed_at(self, event: simpy.Event, t: float, value: Callable[[], object]) -> None:
+        """Trigger `event` at simulated time `t` (one event) with the value `value()`
+        computes then, before any process waiting on it resumes: `Event.succeed` with a
+        delay (simpy 4, events.py `Event.succeed`: set the outcome, then schedule), the
+        value filled in by the event's first callback."""
+
+        def fill(ev: simpy.Event) -> None:
+            ev._value = value()
+
+        event.callbacks.insert(0, fill)
+        event._ok, event._value = True, None
+        self.schedule(event, NORMAL, t - self._now)
+
+
+class Channel:
+    """A FIFO hand-off between processes (a data-parallel rank's batches,
+    dataparallel.py). Cheaper than `simpy.Store`: a put costs no event, a take costs
+    one only when the taker has to wait (physics.md §8: events per simulated step
+    decide the simulator's speed)."""
+
+    __slots__ = ("env", "items", "waiter")
+
+    def __init__(self, env: simpy.Environment):
+        self.env: simpy.Environment = env
+        self.items: deque = deque()
+        self.waiter: simpy.Event | None = None
+
+    def put(self, item: object) -> None:
+        self.items.append(item)
+        if self.waiter is not None:
+            waiter, self.waiter = self.waiter, None
+            waiter.succeed()
+
+    def wait(self) -> simpy.Event:
+        self.waiter = self.env.event()
+        return self.waiter

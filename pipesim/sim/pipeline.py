@@ -9,7 +9,7 @@ last stage the sampled tokens travel back to the first stage, where the engine's
 scheduler processes them (`MicroBatch.returned`).
 
 Every directed PCIe link is a first-come-first-served server too: a TP collective or
-a PP hop occupies every link it crosses for its duration (`Pipeline._book`).
+a PP hop occupies every link it crosses for its duration (links.py).
 
 Events. A visit's times follow from what is already known: its arrival, the stage's
 free-at time, the rank's launch and the stage time. Only a transfer on a link that
@@ -30,12 +30,11 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import simpy
-from simpy.events import NORMAL
-
 from ..costs.primitives import ACT_BYTES
 from ..costs.stage import CostModel
 from ..measure.rows import Recorder
+from .env import CountingEnvironment
+from .links import Links
 
 if TYPE_CHECKING:
     from ..engines.batches import MicroBatch
@@ -48,16 +47,17 @@ class Pipeline:
 
     def __init__(
         self,
-        env: simpy.Environment,
+        env: CountingEnvironment,
         costs: CostModel,
         rec: Recorder,
+        links: Links,
         *,
         depth: int,
         cpu_iteration_s: float,
         cpu_hop_s: float,
         complete: Callable[[MicroBatch], list],
     ):
-        self.env, self.costs, self.rec = env, costs, rec
+        self.env, self.costs, self.rec, self.links = env, costs, rec, links
         self.pp = pp = costs.plan.pp
         self._complete = complete  # outputs back on the first stage -> finished requests
         # async depth (docs/engines.md §3): the last rank holds a batch's outputs until
@@ -73,7 +73,8 @@ class Pipeline:
         self._rank_free_s = [0.0] * pp
         self._rank_it = [-1] * pp
         self._users = self._link_users()
-        self._free_at = {d: 0.0 for links in self._users.values() for d in links}
+        for used in self._users.values():
+            links.add(used)
         uses = Counter(d for links in self._users.values() for d in links)
         own = {u: all(uses[d] == 1 for d in links) for u, links in self._users.items()}
         # per stage, read on every visit: its ring's links, and whether only the ring (the
@@ -95,23 +96,6 @@ class Pipeline:
             users[("ar", s)] = box.ring_links(plan.stage_gpus(s)) if plan.tp > 1 else ()
             users[("hop", s)] = costs.hop_links(s, (s + 1) % plan.pp) if plan.pp > 1 else ()
         return users
-
-    def _book(self, links: tuple, ready_s: float, seconds: float) -> tuple[float, float]:
-        """Occupy `links` for `seconds` from `ready_s` on, first come first served: the
-        transfer starts when every link it crosses is free. This is a SimPy Resource of
-        capacity one per link, acquired for all links at once in request order, kept as
-        each link's free-at time so that it costs no event."""
-        free = self._free_at
-        start = ready_s
-        for d in links:
-            if free[d] > start:
-                start = free[d]
-        end = start + seconds
-        for d in links:
-            free[d] = end
-        if start > ready_s:
-            self.rec.link_wait.append((ready_s, start))
-        return start, end
 
     # ---- stages ----------------------------------------------------------------------
     def launch(self, mb: MicroBatch) -> None:
@@ -145,14 +129,14 @@ class Pipeline:
                         end, lambda _ev, s=s, mb=mb, comm_s=comm_s: self._collective(s, mb, comm_s)
                     )
                     return
-                c0, end = self._book(self._ring[s], end, comm_s)
+                c0, end = self.links.book(self._ring[s], end, comm_s)
                 self.rec.comm[s].append((c0, end))
             free_s[s] = end
             self._leave(s, mb, end)
 
     def _collective(self, s: int, mb: MicroBatch, comm_s: float) -> None:
         """A TP collective on links other users share, booked at its start (now)."""
-        c0, end = self._book(self._ring[s], self.env.now, comm_s)
+        c0, end = self.links.book(self._ring[s], self.env.now, comm_s)
         self.rec.comm[s].append((c0, end))
         self._free_s[s], self._held[s] = end, False
         self._leave(s, mb, end)
@@ -193,7 +177,7 @@ class Pipeline:
             seconds = self.costs.hop_time(s, 0, mb.size * TOKEN_ID_BYTES)
         else:
             seconds = self.costs.hop_time(s, s + 1, mb.shape.tokens * self._hop_bytes)
-        start, end = self._book(self._users[("hop", s)], ready_s, seconds)
+        start, end = self.links.book(self._users[("hop", s)], ready_s, seconds)
         self.rec.hops[s].append((start, end))
         if s == self.pp - 1:
             self._return_at(mb, end)
@@ -220,11 +204,17 @@ class Pipeline:
             self._hop(self.pp - 1, parked.popleft(), self.env.now)
 
     def _return_at(self, mb: MicroBatch, t: float) -> None:
-        """Trigger `mb.returned` at `t` (one event), the request bookkeeping its first
-        callback so that the engine, waiting on it, resumes with the finished requests.
-        This is `Event.succeed` with a delay (simpy 4, events.py: set `_ok` and
-        `_value`, then `env.schedule`)."""
-        ev = mb.returned
-        ev.callbacks.insert(0, lambda ev, mb=mb: setattr(ev, "_value", self._complete(mb)))
-        ev._ok, ev._value = True, None
-        self.env.schedule(ev, NORMAL, t - self.env.now)
+        """Trigger `mb.returned` at `t` (one event), the request bookkeeping first, so
+        that the engine, waiting on it, resumes with the finished requests."""
+        self.env.succeed_at(mb.returned, t, lambda mb=mb: self._complete(mb))
+
+    # ---- what the record says of the stages --------------------------------------------
+    @property
+    def stage_gpus(self) -> tuple[tuple[int, ...], ...]:
+        """Each stage's TP group."""
+        plan = self.costs.plan
+        return tuple(tuple(plan.stage_gpus(s)) for s in range(plan.pp))
+
+    @property
+    def layers_per_stage(self) -> tuple[int, ...]:
+        return tuple(self.costs.plan.layers_per_stage)

@@ -82,7 +82,7 @@ def simulate(
         warm, measure, cap, ci_target = 0, w.num_requests, w.num_requests, None
     t = time.perf_counter()
     costs = CostModel(scenario.box, scenario.model, scenario.plan, scenario.profile)
-    sim = _simulation(scenario)(
+    sim = Simulation(
         costs,
         w,
         scenario.settings.scheduler,
@@ -96,25 +96,15 @@ def simulate(
     )
     sim.run(MAX_SIM_S)
     rec = sim.record()
-    result = collect(rec, scenario.describe(), time.perf_counter() - t)
-    result.provenance_shares = costs.provenance_shares()
-    if plan.dp > 1:
-        result.data_parallel = sim.summary()
+    result = collect(
+        rec,
+        scenario.describe(),
+        time.perf_counter() - t,
+        provenance_shares=costs.provenance_shares(),
+        data_parallel=sim.summary(),
+    )
     _check_completed(result, rec.requests.finished, rec.end_s, scenario)
     return rec, result
-
-
-def _simulation(scenario: Scenario):
-    """The Simulation class for the plan: with DP ranks, dataparallel.py's (in lock step
-    when the MoE layers span the ranks, `Plan.moe_spans_dp`)."""
-    plan = scenario.plan
-    if plan.dp == 1:
-        return Simulation
-    from functools import partial
-
-    from .dataparallel import DPSimulation
-
-    return partial(DPSimulation, dp=plan.dp, lockstep=plan.moe_spans_dp, engine=scenario.engine.name)
 
 
 def _check_completed(result: Result, finished: int, end_s: float, scenario: Scenario) -> None:

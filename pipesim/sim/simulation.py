@@ -1,72 +1,55 @@
-"""The discrete-event simulation (SimPy): requests, micro-batches, the engine's loop.
+"""The discrete-event simulation (SimPy): one run, composed of its parts.
 
-The engine's scheduler (engines/) runs as a SimPy process on the first stage: it
-admits requests, forms micro-batches and hands them to the pipeline (pipeline.py:
-stages, links and hops, booked as free-at clocks), then waits for their outputs to
-come back (`MicroBatch.returned`) and updates the requests. Data parallelism
-(dataparallel.py) runs its ranks in place of the pipeline. `Request` and `MicroBatch`
-themselves are batches.py's.
+- the front end (frontend.py): arrivals, the tokenizer, routing over DP ranks, the
+  detokenizer;
+- the engine instances (instance.py): the engine's scheduler (engines/) runs as a
+  SimPy process per instance, reads its queue, running count and KV pool, and forms
+  micro-batches; one instance, or one per DP rank;
+- the back end where their batches run: the pipeline (pipeline.py: stages, hops and
+  links, booked as free-at clocks) or the DP ranks (dataparallel.py: independent
+  replicas or lock-step steps), booking shared links on one `Links` (links.py);
+- the request lifecycle (here): admission and eviction counts, the outputs coming back
+  (`complete`), KV given back, the run's load;
+- the stopping rule (stopping.py), which owns the closed loop's sample, its confidence
+  interval and the period it stops at.
 
-Every busy interval is recorded once in a `Recorder` (record.py), and every finished
-request in a `RequestTally` (request_tally.py). With `record="summary"` (what a
-prediction needs) the rows are folded into running figures as the run goes
-(tally.py) and let go, and an open loop keeps no request, so memory stays flat in the
-run's length; `record="full"` keeps every row and request (the trace, tests).
-`Simulation.record()` hands the finished run to metrics.py and trace.py as a frozen
-`Record`.
+Every busy interval is recorded once in a `Recorder` (measure/rows.py), and every
+finished request in a `RequestTally` (measure/request_tally.py). With
+`record="summary"` (what a prediction needs) the rows are folded into running figures
+as the run goes (measure/tally.py) and let go, and an open loop keeps no request, so
+memory stays flat in the run's length; `record="full"` keeps every row and request
+(the trace, tests). `Simulation.record()` hands the finished run to the metrics and the
+trace as a frozen `Record`.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Generator
 
-import numpy as np
 import simpy
 
 from ..costs.stage import CostModel
 from ..engines.batches import MicroBatch, Request
 from ..engines.protocol import EngineScheduler, EngineSettings, EngineSimulation
-from ..inputs.workload import ArrivalPlan, Workload
+from ..inputs.workload import Workload
 from ..measure.record import Record, fold, freeze
 from ..measure.request_tally import RequestTally
 from ..measure.rows import Batch, Recorder, TokenReturn
-from ..measure.steady import closed_loop_ci, period
 from ..measure.tally import FOLD_RETURNS, StepTally
+from .dataparallel import LockStep, Replicas
 from .env import CountingEnvironment
+from .frontend import FrontEnd
+from .instance import EngineInstance
+from .links import Links
 from .pipeline import Pipeline
+from .stopping import StoppingRule
 
 RECORD_MODES = ("summary", "full")
 
 
-class Channel:
-    """A FIFO hand-off between processes (data parallelism's ranks, dataparallel.py).
-    Cheaper than `simpy.Store`: a put costs no event, a take costs one only when the
-    taker has to wait (physics.md §8: events per simulated step decide the
-    simulator's speed)."""
-
-    __slots__ = ("env", "items", "waiter")
-
-    def __init__(self, env: simpy.Environment):
-        self.env, self.items, self.waiter = env, deque(), None
-
-    def put(self, item: object) -> None:
-        self.items.append(item)
-        if self.waiter is not None:
-            waiter, self.waiter = self.waiter, None
-            waiter.succeed()
-
-    def wait(self) -> simpy.Event:
-        self.waiter = self.env.event()
-        return self.waiter
-
-
 class Simulation:
-    """The request bookkeeping an engine scheduler drives, and its pipeline (pipeline.py)."""
-
-    # a repeating closed loop stops at a whole period (_steady): its rows say every label
-    # a figure is kept by (the slot); data parallelism's ranks are not in them
-    stops_at_periods = True
+    """One run: its front end, engine instances, back end, request lifecycle and
+    stopping rule (module docstring)."""
 
     def __init__(
         self,
@@ -80,97 +63,107 @@ class Simulation:
         ci_target: float | None = None,
         queued: bool = False,
         record: str = "full",
+        ranked: bool | None = None,
     ):
         if record not in RECORD_MODES:
             raise ValueError(f"record must be one of {', '.join(RECORD_MODES)}, got {record!r}")
         self.env = env = CountingEnvironment()
         self.costs, self.workload, self.settings = costs, workload, settings
         plan = costs.plan
-        self.pp = plan.pp
-        self.rec = Recorder(plan.pp)
-        self.rng = np.random.default_rng(workload.seed)
-        self.waiting: deque[Request] = deque()
+        self.dp = plan.dp
+        # DP ranks, each an engine instance of its own (dataparallel.py); `ranked=True`
+        # runs one rank that way too (a test of the DP machinery against the pipeline)
+        self.ranked = plan.dp > 1 if ranked is None else ranked
+        if self.ranked and plan.pp != 1:
+            raise ValueError("data parallelism is simulated with pp = 1")
         self.full = record == "full"
-        self.requests: list[Request] | None = [] if self.full else None  # kept by a full record only
-        self.arrived = 0
         closed = workload.kind == "closed"
-        # an open loop's arrival times, drawn before any request length (workload.py)
-        self.arrivals = None if closed else ArrivalPlan(workload, self.rng)
-        self.done = RequestTally(
-            closed=closed, keep_rows=self.full, arrivals_s=None if closed else self.arrivals.span_s
-        )
-        self.kv_free = settings.kv_tokens
-        self.running = 0  # admitted, not finished
-        self.completed = 0
-        # Stop after warm-up + measure_requests completions if no CI target is set;
-        # with one, keep measuring until the throughput's 95% half-width is within
-        # ci_target of its mean, or max_measure_requests have completed.
-        self.target = warmup_requests + measure_requests
-        self.cap = warmup_requests + max(max_measure_requests or measure_requests, measure_requests)
-        self.ci_target = ci_target
-        # A closed loop with more clients than the engine admits keeps a queue: its
-        # throughput is then estimated on the admitted requests (steady.py).
-        self.queued = queued and workload.kind == "closed"
-        self._load_s = self._load_t = self._load_warm_s = 0.0  # integral of `running` over time
-        self._check_every = max(1, measure_requests // 8)
-        self._stop_measured: int | None = None  # a repeating run's whole periods (_steady)
-        # (P, slot shift): the run stopped at whole periods of P requests (_steady)
-        self.period: tuple[int, int] | None = None
-        self.warmup_requests = warmup_requests
-        # the measurement window's start: the warm-up's end (None until then)
-        self.window_start_s = None if closed and warmup_requests > 0 else 0.0
-        self.stop = env.event()
-        self._arrival = env.event()
         params = costs.params
         self.cpu_iteration_s = params.cpu_iteration_ms * 1e-3
-        self._frontend_s = params.frontend_ms * 1e-3
-        self._frontend_free_s = 0.0
-        # the output path (detokenizer, one process): per returned step and per token in it
-        self._detok_step_s, self._detok_token_s = (
-            params.detokenize_step_us * 1e-6,
-            params.detokenize_token_us * 1e-6,
+        self.stop = env.event()
+        self.frontend = FrontEnd(env, workload, params, self.stop)
+        plan_s = self.frontend.plan
+        self.done = RequestTally(
+            closed=closed, keep_rows=self.full, arrivals_s=None if closed else plan_s.span_s
         )
-        self._detok_free_s = 0.0
-        self.pipe = Pipeline(
-            env,
-            costs,
-            self.rec,
-            depth=settings.async_depth,
-            cpu_iteration_s=self.cpu_iteration_s,
-            cpu_hop_s=params.cpu_hop_ms * 1e-3,
-            complete=lambda mb: self._complete(mb),  # looked up per call: tests wrap it
+        self.running = 0  # admitted, not finished, over every instance
+        self.completed = 0
+        self.warmup_requests = warmup_requests
+        # A closed loop with more clients than the engine admits keeps a queue: its
+        # throughput is then estimated on the admitted requests (steady.py).
+        queued = queued and closed
+        self._load_s = self._load_t = self._load_warm_s = 0.0  # integral of `running` over time
+        self.stopping = StoppingRule(
+            warmup=warmup_requests,
+            measure=measure_requests,
+            max_measure=max_measure_requests,
+            ci_target=ci_target,
+            concurrency=workload.concurrency,
+            queued=queued,
+            slots=settings.slots,
+            periodic=not self.ranked,
+            load=self.engine_load,
         )
-        self._free_at = self.pipe._free_at  # the links' free-at times (DP replicas add theirs)
-        self.inbox: list[Channel] | None = None  # data parallelism's rank inboxes
+        self.queued = queued
+        # the measurement window's start: the warm-up's end (None until then)
+        self.window_start_s = None if closed and warmup_requests > 0 else 0.0
+        # rows per pipeline stage, or per DP rank
+        self.rec = Recorder(self.dp if self.ranked else plan.pp)
+        self.links = Links(self.rec)
+        self.instances = [EngineInstance(self, r, settings.kv_tokens, plan.pp) for r in range(self.dp)]
         self._seq = 0
-        self._start(engine_factory)
-        self.pipe.rec = self.rec  # the recorder _start settled on (DP: a row per rank)
+        complete = lambda mb: self.complete(mb)  # noqa: E731 (looked up per call: tests wrap it)
+        if not self.ranked:
+            self.backend = Pipeline(
+                env,
+                costs,
+                self.rec,
+                self.links,
+                depth=settings.async_depth,
+                cpu_iteration_s=self.cpu_iteration_s,
+                cpu_hop_s=params.cpu_hop_ms * 1e-3,
+                complete=complete,
+            )
+        elif plan.moe_spans_dp:  # a MoE layer spans the ranks: they step together
+            self.backend = LockStep(env, costs, self.rec, self.instances, complete)
+        else:
+            self.backend = Replicas(env, costs, self.rec, self.links, complete)
+        for inst in self.instances:
+            inst.scheduler = engine_factory(inst)
+            env.process(inst.scheduler.run())
         self.tally = StepTally(
             len(self.rec.compute),
             settings.slots,
-            settings.inflight_groups if self.inbox is None else 0,
+            0 if self.ranked else settings.inflight_groups,
             open_loop=not closed,
         )
-        env.process(self._arrivals())
+        router = settings.router(self.dp) if self.ranked else None
+        self.frontend.start(self.instances, router, self.done.arrival, keep=self.full)
 
-    def _start(self, engine_factory: Callable[[EngineSimulation], EngineScheduler]) -> None:
-        """The engine's scheduler on the pipeline (data parallelism starts its ranks
-        instead: dataparallel.py)."""
-        self.scheduler = engine_factory(self)
-        self.env.process(self.scheduler.run())
+    @property
+    def requests(self) -> list[Request] | None:
+        """Every request of the run, by id (a full record only)."""
+        return self.frontend.requests
 
-    def _book(self, links: tuple, seconds: float) -> tuple[float, float]:
-        """Occupy `links` for `seconds` from now, first come first served
-        (`Pipeline._book`; data parallelism's replicas book their rings here)."""
-        return self.pipe._book(links, self.env.now, seconds)
+    # ---- the request lifecycle --------------------------------------------------------
+    def admit(self, req: Request) -> None:
+        """An instance's engine takes a waiting request (EngineInstance.admit)."""
+        req.queued = None
+        req.prefilled = req.scheduled = 0
+        req.prefill_len = req.input_len + req.generated
+        self._count_load()
+        self.running += 1
+        if req.admit_s < 0:
+            req.admit_s = self.env.now
 
-    def next_iteration(self) -> None:
-        """The first rank starts its next slot iteration (SGLang PP; pipeline.py)."""
-        self.pipe.next_iteration()
+    def evicted(self, req: Request) -> None:
+        """An instance's engine evicted a running request for KV (EngineInstance.requeue)."""
+        self._count_load()
+        self.running -= 1
+        self.rec.evictions.append((self.env.now, req.rid))
 
-    # ---- requests ---------------------------------------------------------------------
-    def launch(self, slot: int, decode: list, prefill: list, rank: int = 0) -> MicroBatch:
-        """The engine hands a formed micro-batch to the first stage (of its DP rank)."""
+    def launch(self, slot: int, decode: list, prefill: list, inst: EngineInstance) -> MicroBatch:
+        """An instance hands a formed micro-batch to the back end."""
         prefill_tokens = sum(c for _, c, _ in prefill)
         graphed = self.settings.graphed(len(decode), prefill_tokens)
         pad = (
@@ -192,13 +185,10 @@ class Simulation:
                 "decode" if not prefill else ("prefill" if not decode else "mixed"),
             )
         )
-        if self.inbox is None:  # one KV pool (DP ranks keep their own)
-            self.rec.kv_free.append((self.env.now, self.kv_free))
-        mb.it, mb.rank = self.pipe.iteration, rank
-        if self.inbox is None:
-            self.pipe.launch(mb)
-        else:
-            self.inbox[rank].put(mb)
+        if not self.ranked:  # one KV pool (DP ranks keep their own)
+            self.rec.kv_free.append((self.env.now, inst.kv_free))
+        mb.it, mb.rank = self.backend.iteration, inst.index
+        self.backend.launch(mb)
         return mb
 
     def cpu(self, seconds: float) -> Generator[simpy.Event, None, None]:
@@ -209,49 +199,18 @@ class Simulation:
             self.rec.cpu.append((t0, t0 + seconds))
             yield self.env.timeout(seconds)
 
-    def admit(self, req: Request) -> None:
-        """The engine takes a waiting request; it schedules the KV memory itself as it
-        forms batches (engines/kv.py). An evicted request prefills its prompt and the
-        outputs it had (recompute)."""
-        req.queued = None
-        req.prefilled = req.scheduled = 0
-        req.prefill_len = req.input_len + req.generated
-        self._count_load()
-        self.running += 1
-        if req.admit_s < 0:
-            req.admit_s = self.env.now
-
-    def requeue(self, req: Request, front: bool, pool: EngineSimulation | None = None) -> None:
-        """The engine evicts a running request to free KV (SGLang retract_decode, vLLM
-        recompute preemption; docs/engines.md §4): its memory goes back to the pool and
-        it waits again, at the front (vLLM) or the back (SGLang) of the queue. `pool`:
-        the engine's view when it is not this simulation (a DP rank)."""
-        pool = self if pool is None else pool
-        pool.kv_free += req.kv_reserved
-        req.kv_reserved = 0
-        req.evicted += 1
-        req.queued = pool.waiting
-        self._count_load()
-        self.running -= 1
-        if pool is not self:
-            pool.running -= 1
-        self.rec.evictions.append((self.env.now, req.rid))
-        if front:
-            pool.waiting.appendleft(req)
-        else:
-            pool.waiting.append(req)
-
     def _count_load(self) -> None:
         """Add the running count's time since its last change (the engine's load)."""
         now = self.env.now
         self._load_s += self.running * (now - self._load_t)
         self._load_t = now
 
-    def _complete(self, mb: MicroBatch) -> list[Request]:
+    def complete(self, mb: MicroBatch) -> list[Request]:
         """Sampled tokens are back on the first stage: update requests, free finished
         ones; returns them. `mb.returned` carries them to the engine: the pipeline
-        triggers it at the return (its value is this return's), a DP rank here."""
+        triggers it at the return (its value is this return's), the DP ranks here."""
         now = self.env.now
+        inst = self.instances[mb.rank]
         if not self.full and len(self.rec.tokens) >= FOLD_RETURNS:
             fold(self.rec, self.tally, now, self.window_start_s)
         produced = 0
@@ -274,81 +233,36 @@ class Simulation:
             if r.generated == r.output_len:
                 finished.append(r)
         self.rec.tokens.append(TokenReturn(now, produced))
+        freed_kv = left = 0  # what the finished requests give back to their instance
         for r in finished:
             r.finish_s = now
             self.done.finish(r, self.window_start_s is not None and now > self.window_start_s)
-            self.kv_free += r.kv_reserved
+            freed_kv += r.kv_reserved
             self._count_load()
             if r.queued is not None:  # evicted while a batch carried it (vLLM): it leaves the queue
                 r.queued.remove(r)
                 r.queued = None
             else:
                 self.running -= 1
+                left += 1
             self.completed += 1
             if self.completed == self.warmup_requests:
                 self.window_start_s = now
                 self._load_warm_s = self._load_s
-            if self.completed >= self.target and not self.stop.triggered and self._steady():
+            if not self.stop.triggered and self.stopping.done(self.completed, self.done):
                 self.stop.succeed()
-        self.scheduler.on_return(mb, finished)
+        if not self.ranked:
+            inst.kv_free += freed_kv
+            inst.running -= left
+        inst.scheduler.on_return(mb, finished)
         if not mb.returned.triggered:
             mb.returned.succeed(finished)
-        if self.workload.kind != "closed" or self.stop.triggered or not finished:
-            return finished
-        # a client sends its next request once its response has fully arrived: after the
-        # detokenizer has handled this step's outputs (one process, serial; docs/engines.md §1)
-        if self._detok_step_s or self._detok_token_s:
-            done = self._detok_free_s = (
-                max(now, self._detok_free_s) + self._detok_step_s + self._detok_token_s * produced
-            )
-            self.env.call_at(done, lambda _ev, clients=[r.client for r in finished]: self._resend(clients))
-            return finished
-        for r in finished:
-            self._arrive(r.client)
+        if self.workload.kind == "closed" and not self.stop.triggered and finished:
+            self.frontend.respond(finished, produced)
+        if self.ranked:  # a DP rank's counts, after the clients' next requests were routed
+            inst.kv_free += freed_kv
+            inst.running -= left
         return finished
-
-    def _resend(self, clients: list) -> None:
-        if not self.stop.triggered:
-            for c in clients:
-                self._arrive(c)
-
-    def _steady(self) -> bool:
-        """Enough measured: no CI target, the cap reached, or the CI within target. A
-        run whose requests repeat (steady.period) stops at the end of a whole period,
-        so that every figure of its window, not only the throughput, is the long
-        run's (a figure per slot once averaged over the slots' rotation, if any)."""
-        if self.ci_target is None or self.completed >= self.cap:
-            return True
-        at_period = self._stop_measured is not None and self.done.measured >= self._stop_measured
-        if not at_period and (self.completed - self.target) % self._check_every:
-            return False
-        self._stop_measured = None
-        out, latency_s = self.done.closed_loop_sample(self.queued)
-        per = self._period() if self.stops_at_periods else None
-        mean, half = self._ci(out, latency_s, per[0] if per else 0)
-        if not (mean > 0 and half <= self.ci_target * mean):
-            return False
-        if per is None:
-            return True
-        if len(out) % per[0] == 0:
-            self.period = per
-            return True
-        self._stop_measured = (len(out) // per[0] + 1) * per[0]
-        return False
-
-    def _period(self) -> tuple[int, int] | None:
-        """The measured requests' period and slot rotation (steady.period), on every
-        time a request's figures read, its slot and its output."""
-        rows = self.done.rows()
-        start = rows["arrival_s"]
-        times = np.column_stack([rows[c] - start for c in ("admit_s", "first_token_s", "finish_s")])
-        return period(rows["output_len"], times, rows["slot"], self.settings.slots)
-
-    def _ci(self, out: np.ndarray, latency_s: np.ndarray, period_requests: int) -> tuple[float, float]:
-        """Closed-loop output rate and its 95% half-width from the measured requests."""
-        return closed_loop_ci(
-            self.engine_load() if self.queued else self.workload.concurrency, out, latency_s, period_requests
-        )
 
     def engine_load(self) -> float:
         """Mean number of admitted requests over the measurement window so far."""
@@ -356,74 +270,45 @@ class Simulation:
         span = self.env.now - (self.window_start_s or 0.0)
         return (self._load_s - self._load_warm_s) / span if span > 0 else float("nan")
 
-    def _arrive(self, client: int = -1, input_len: int | None = None, output_len: int | None = None) -> None:
-        w = self.workload
-        if input_len is None:
-            input_len = int(w.input_len.sample(self.rng, 1)[0])
-            output_len = int(w.output_len.sample(self.rng, 1)[0])
-        req = Request(self.arrived, self.env.now, input_len, output_len, client)
-        self.arrived += 1
-        if self.requests is not None:
-            self.requests.append(req)
-        self.done.arrival(req.arrival_s)
-        if self._frontend_s <= 0:
-            self._enqueue(req)
-            return
-        # the engine's front end (tokenizer, IPC) handles requests one at a time
-        done = self._frontend_free_s = max(self.env.now, self._frontend_free_s) + self._frontend_s
-        self.env.call_at(done, lambda _ev, req=req: self._enqueue(req))
-
-    def _enqueue(self, req: Request) -> None:
-        """The request reaches the scheduler's waiting queue."""
-        self.waiting.append(req)
-        if not self._arrival.triggered:
-            self._arrival.succeed()
-
-    def wait_arrival(self) -> simpy.Event:
-        """An event that fires at the next arrival (the engine's idle wait)."""
-        if self._arrival.triggered:
-            self._arrival = self.env.event()
-        return self._arrival
-
-    def _arrivals(self) -> Generator[simpy.Event, None, None]:
-        w, env = self.workload, self.env
-        if w.kind == "closed":
-            for c in range(w.concurrency):
-                self._arrive(c)
-            return
-        if w.kind == "poisson":
-            for gap in self.arrivals.gaps():
-                yield env.timeout(gap)
-                self._arrive()
-            return
-        for arrival_s, n_in, n_out in w.trace:
-            if arrival_s > env.now:  # ArrivalPlan adds the times up the same way
-                yield env.timeout(arrival_s - env.now)
-            self._arrive(-1, n_in, n_out)
-
+    # ---- running and the record ------------------------------------------------------
     def run(self, max_sim_s: float) -> None:
         """Run until the stopping rule fires (or `max_sim_s`, a guard against a
         scenario that cannot make progress)."""
         self.env.run(until=simpy.AnyOf(self.env, [self.stop, self.env.timeout(max_sim_s)]))
 
     def record(self) -> Record:
-        """The finished run as a value: what metrics.py and trace.py read. The last
+        """The finished run as a value: what the metrics and the trace read. The last
         stretch of rows is folded (tally.py); a full record keeps its rows, cut at the
         stop."""
-        plan = self.costs.plan
+        closed = self.workload.kind == "closed"
+        load = self.engine_load() if self.queued else None
         return freeze(
             self.rec,
-            stage_gpus=tuple(tuple(plan.stage_gpus(s)) for s in range(plan.pp)),
-            layers_per_stage=tuple(plan.layers_per_stage),
+            stage_gpus=self.backend.stage_gpus,
+            layers_per_stage=self.backend.layers_per_stage,
             slots=self.settings.slots,
             groups=self.settings.inflight_groups,
-            clients=self.workload.concurrency if self.workload.kind == "closed" else None,
+            clients=self.workload.concurrency if closed else None,
             window_start_s=self.window_start_s,
             end_s=self.env.now,
             events=self.env.scheduled,
-            engine_load=self.engine_load() if self.queued else None,
+            engine_load=load,
+            dp=self.dp,
             steps=self.tally,
             requests=self.done,
             keep_rows=self.full,
-            period=self.period,
+            period=self.stopping.period,
+            verdict=self.stopping.verdict(self.done) if closed else None,
         )
+
+    def summary(self) -> dict:
+        """What the DP ranks did (Result.data_parallel): requests routed to each, and in
+        lock step the share of steps each rank ran a dummy batch in; empty with one."""
+        if not self.ranked:
+            return {}
+        return {
+            "ranks": self.dp,
+            "lock_step": isinstance(self.backend, LockStep),
+            "requests_per_rank": list(self.frontend.per_rank),
+            **self.backend.summary(),
+        }

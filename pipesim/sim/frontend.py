@@ -1,0 +1,133 @@
+"""The engine's front end: where requests come from, which instance takes them, and
+when a client hears back.
+
+- Arrivals: a closed loop's C clients send their first requests at once and each its
+  next one once its response has fully arrived; an open loop's arrivals come from its
+  `ArrivalPlan` (drawn before any request length, workload.py); a trace's at its times.
+- The tokenizer (SGLang's TokenizerManager, vLLM's API server: one process) handles
+  requests one at a time, `frontend_ms` each (docs/engines.md §1).
+- With data-parallel ranks the engine's router picks the rank (engines/routing.py).
+- The detokenizer (one process, serial) handles each returned step's outputs,
+  `detokenize_step_us` + `detokenize_token_us` per token, before a finished request's
+  response reaches its client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+
+import numpy as np
+import simpy
+
+from ..engines.batches import Request
+from ..engines.protocol import DPRouter
+from ..inputs.workload import ArrivalPlan, Workload
+from ..profiles.profile import Params
+from .instance import EngineInstance
+
+
+class FrontEnd:
+    """Arrivals, the tokenizer, routing and the detokenizer of one run."""
+
+    def __init__(self, env: simpy.Environment, workload: Workload, params: Params, stop: simpy.Event) -> None:
+        self.env, self.workload, self.stop = env, workload, stop
+        self.rng = np.random.default_rng(workload.seed)
+        # an open loop's arrival times, drawn before any request length (workload.py)
+        self.plan = None if workload.kind == "closed" else ArrivalPlan(workload, self.rng)
+        self.arrived = 0
+        self.requests: list[Request] | None = None  # every request, when the run keeps them
+        self._tokenize_s = params.frontend_ms * 1e-3
+        self._tokenizer_free_s = 0.0
+        self._detok_step_s = params.detokenize_step_us * 1e-6
+        self._detok_token_s = params.detokenize_token_us * 1e-6
+        self._detok_free_s = 0.0
+        self.instances: Sequence[EngineInstance] = ()
+        self.router: DPRouter | None = None
+        self.per_rank: list[int] = []  # requests routed to each DP rank
+        self.routed: list[int] | None = None  # the rank of each request, by id (kept runs)
+        self._note: Callable[[float], None] = _ignore
+
+    def start(
+        self,
+        instances: Sequence[EngineInstance],
+        router: DPRouter | None,
+        note_arrival: Callable[[float], None],
+        keep: bool,
+    ) -> None:
+        """Serve `instances` (through `router` when there are several), tell
+        `note_arrival` each arrival time, keep every request if `keep`, and start the
+        arrivals."""
+        self.instances, self.router, self._note = instances, router, note_arrival
+        self.per_rank = [0] * len(instances)
+        if keep:
+            self.requests = []
+            self.routed = [] if router is not None else None
+        self.env.process(self._arrivals())
+
+    def _arrivals(self) -> Generator[simpy.Event, None, None]:
+        w, env = self.workload, self.env
+        if w.kind == "closed":
+            for c in range(w.concurrency):
+                self.arrive(c)
+            return
+        if w.kind == "poisson":
+            for gap in self.plan.gaps():
+                yield env.timeout(gap)
+                self.arrive()
+            return
+        for arrival_s, n_in, n_out in w.trace:
+            if arrival_s > env.now:  # ArrivalPlan adds the times up the same way
+                yield env.timeout(arrival_s - env.now)
+            self.arrive(-1, n_in, n_out)
+
+    def arrive(self, client: int = -1, input_len: int | None = None, output_len: int | None = None) -> None:
+        """A request arrives now: lengths drawn (or given, a trace's), then tokenized."""
+        w = self.workload
+        if input_len is None:
+            input_len = int(w.input_len.sample(self.rng, 1)[0])
+            output_len = int(w.output_len.sample(self.rng, 1)[0])
+        req = Request(self.arrived, self.env.now, input_len, output_len, client)
+        self.arrived += 1
+        if self.requests is not None:
+            self.requests.append(req)
+        self._note(req.arrival_s)
+        if self._tokenize_s <= 0:
+            self.enqueue(req)
+            return
+        # the tokenizer handles requests one at a time
+        done = self._tokenizer_free_s = max(self.env.now, self._tokenizer_free_s) + self._tokenize_s
+        self.env.call_at(done, lambda _ev, req=req: self.enqueue(req))
+
+    def enqueue(self, req: Request) -> None:
+        """The request reaches an instance's waiting queue (the router's pick)."""
+        if self.router is None:
+            self.instances[0].enqueue(req)
+            return
+        r = self.router.route(self.env.now, self.instances)
+        self.per_rank[r] += 1
+        if self.routed is not None:
+            self.routed.append(r)
+        self.instances[r].enqueue(req)
+
+    def respond(self, finished: list[Request], produced: int) -> None:
+        """A closed loop's clients whose requests finished send their next ones once
+        the detokenizer has handled this step's `produced` outputs (one process, serial;
+        docs/engines.md §1)."""
+        if self._detok_step_s or self._detok_token_s:
+            now = self.env.now
+            done = self._detok_free_s = (
+                max(now, self._detok_free_s) + self._detok_step_s + self._detok_token_s * produced
+            )
+            self.env.call_at(done, lambda _ev, clients=[r.client for r in finished]: self._resend(clients))
+            return
+        for r in finished:
+            self.arrive(r.client)
+
+    def _resend(self, clients: list[int]) -> None:
+        if not self.stop.triggered:
+            for c in clients:
+                self.arrive(c)
+
+
+def _ignore(_t: float) -> None:
+    pass
