@@ -259,7 +259,13 @@ class Simulation:
             mb.returned.succeed(finished)
         if self.workload.kind == "closed" and not self.stop.triggered and finished:
             self.frontend.respond(finished, produced)
-        if self.ranked:  # a DP rank's counts, after the clients' next requests were routed
+        # A DP rank's counts change after a closed loop's next requests were routed on
+        # them, its finished requests still counted at that instant. vLLM's engines
+        # publish their counts after update_from_output drops finished requests, but
+        # every 100 ms at most, and a client's next request arrives after its response
+        # did: which instant the router sees is not settled; moving this changes the
+        # balance (vLLM DP2 Qwen3-30B-A3B C=64: -7%), so it waits for a measurement.
+        if self.ranked:
             inst.kv_free += freed_kv
             inst.running -= left
         return finished
