@@ -30,7 +30,6 @@ if TYPE_CHECKING:  # pandas is imported where a table is built, so the CLI can r
     from ..scenario.build import Scenario
 
 DEFAULT_CONC = (1, 2, 4, 8, 16, 32, 64, 128)
-RUN_KEYS = ("warmup_requests", "measure_requests", "max_measure_requests", "ci_target")
 WALL_COLUMNS = ("sim_wall_s",)  # the only columns that differ between identical runs
 
 
@@ -94,25 +93,24 @@ def run_point(
     `open_loop` the Poisson arrival rate (req/s); `combo` the box, engine and lengths
     of this scenario (beside `kwargs`, which all share). Module-level so that worker
     processes (local or Dask) can unpickle it."""
+    from .. import api
     from ..measure.metrics import idle_breakdown
-    from ..report.uncertainty import HEADLINE, intervals
-    from ..sim.runner import simulate
 
     kwargs = {**kwargs, **(combo or {})}
 
     load_kw = dict(rate_rps=float(load)) if open_loop else dict(concurrency=int(load))
     scenario = build_scenario(tp=tp, pp=pp, **load_kw, **kwargs)
     plan = scenario.plan
-    rec, r = simulate(scenario, **run_kwargs)
+    # the band without an extra run (docs/uncertainty.md): a closed loop's workload part
+    # from the run itself, an open loop's left out (it would take the ensemble's runs)
+    how = "run" if scenario.workload.kind == "closed" else "none"
+    rec, r = api.simulate(scenario, intervals=how, **run_kwargs)
     idle = idle_breakdown(rec)
     sc = r.scenario
     eng = sc["engine"]
     n = len(idle)
     sat = r.saturation or {}
-    # the band without an extra run (docs/uncertainty.md): a closed loop's workload part
-    # from the run itself, an open loop's left out (it would take the ensemble's runs)
-    iv, _basis = intervals(r, scenario, workload="run" if scenario.workload.kind == "closed" else "none")
-    bands = {f"{m}{end}": v for m in HEADLINE for end, v in zip(("_lo", "_hi"), iv[m])}
+    bands = {f"{m}{end}": v for m, band in r.intervals.items() for end, v in zip(("_lo", "_hi"), band)}
     return {
         "box": sc["box"],
         "gpu": sc["gpu"],
@@ -256,6 +254,8 @@ def sweep(
     require(not resume or out is not None, "--resume continues the sweep in --out: give --out")
     if out is not None:
         check_out_path(out, TABLE_SUFFIXES, "output")
+    from ..api import RUN_KEYS
+
     run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
     lists = dict(
         box=choices(box, "box"),
