@@ -236,7 +236,7 @@ def ensemble_spread(scenario: Scenario, runs: int = ENSEMBLE_RUNS) -> dict:
 
 def member_requests(scenario: Scenario) -> int:
     """Measured requests of one ensemble member: a closed loop's short run measures
-    max(2A, 16), A the requests the engine admits at once (api.simulate); an open loop
+    max(2A, 16), A the requests the engine admits at once (scenario/admission.py); an open loop
     or a trace is measured whole."""
     from ..scenario.admission import admission
 
