@@ -181,8 +181,8 @@ def memory_open(reps: int, rate_rps: float = 8.0) -> dict:
 def events(reps: int) -> dict:
     """Events per stage visit, and the simulation's wall time against a bare SimPy
     loop of one event per stage visit, both measured in this process."""
+    from pipesim.api import simulate
     from pipesim.scenario.build import build_scenario
-    from pipesim.sim.runner import simulate
 
     out = {}
     for name, tp, pp, conc in (("pp8_c256", 1, 8, 256), ("tp2pp4_c64", 2, 4, 64)):

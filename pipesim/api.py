@@ -1,15 +1,74 @@
-"""The Python API: `predict(...)` runs one scenario and returns its `Result`;
-`whatif(...)` predicts a scenario and its changed copy. `run` and `simulate` (a built
-scenario) are runner.py's."""
+"""The Python API, and the one place a prediction is put together: the scenario built
+(scenario/build.py), run (sim/runner.py), its intervals added (report/uncertainty.py).
+The command line, explore and calibrate reach the simulation only through here, so a
+prediction is the same whoever asks for it.
+
+`predict(...)` builds and runs one scenario from keywords; `run(scenario)` runs a built
+one, and `simulate(scenario)` hands back what the run recorded too; `trace(...)` keeps
+every row for the Perfetto trace; `sensitivity(scenario)` is the tornado; `whatif(...)`
+predicts a scenario and its changed copy.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .base.errors import require
 from .measure.metrics import Result
+from .report import sensitivity as tornado
+from .report.uncertainty import WORKLOAD_METHODS, attach
 from .scenario.build import build_scenario
 from .scenario.whatif import check
-from .sim.runner import CI_TARGET, admitted_concurrency, run, simulate
+from .sim.runner import CI_TARGET
+from .sim.runner import simulate as run_scenario
 
-__all__ = ["CI_TARGET", "admitted_concurrency", "predict", "run", "simulate", "whatif"]
+if TYPE_CHECKING:
+    from .measure.record import Record
+    from .scenario.build import Scenario
+
+__all__ = ["CI_TARGET", "RUN_KEYS", "predict", "run", "sensitivity", "simulate", "trace", "whatif"]
+
+# the keywords that set a closed loop's run length (simulate), beside a scenario's own
+RUN_KEYS = ("warmup_requests", "measure_requests", "max_measure_requests", "ci_target")
+# intervals: None (none), else how their workload part is estimated
+INTERVALS = (None, *WORKLOAD_METHODS)
+
+
+def simulate(
+    scenario: Scenario,
+    *,
+    intervals: str | None = None,
+    record: str = "summary",
+    warmup_requests: int | None = None,
+    measure_requests: int | None = None,
+    max_measure_requests: int | None = None,
+    ci_target: float | None = CI_TARGET,
+) -> tuple[Record, Result]:
+    """Run a built scenario: what the run recorded (its rows too with `record="full"`)
+    and its Result. `intervals` adds prediction intervals, their workload part from the
+    run itself ("run"; an open loop's takes the ensemble), from a few short runs more
+    ("ensemble"), or left out ("none"): docs/uncertainty.md. The run-length keywords
+    are sim.runner.simulate's (warm-up, measured requests, the stopping rule)."""
+    require(
+        intervals in INTERVALS,
+        f"intervals {intervals!r} is not one of None, {', '.join(map(repr, INTERVALS[1:]))}",
+    )
+    rec, result = run_scenario(
+        scenario,
+        warmup_requests=warmup_requests,
+        measure_requests=measure_requests,
+        max_measure_requests=max_measure_requests,
+        ci_target=ci_target,
+        record=record,
+    )
+    if intervals is not None:
+        result = attach(result, scenario, intervals)
+    return rec, result
+
+
+def run(scenario: Scenario, **kwargs: object) -> Result:
+    """Run a built scenario and return its Result (the keywords of `simulate`)."""
+    return simulate(scenario, **kwargs)[1]
 
 
 def predict(
@@ -34,19 +93,33 @@ def predict(
     `record="full"` keeps an open loop's requests (`Result.requests`; a closed loop's
     are always kept) at memory that grows with them (runner.simulate)."""
     scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
-    result = run(
+    return run(
         scenario,
+        intervals=("ensemble" if ensemble else "run") if intervals else None,
+        record=record,
         warmup_requests=warmup_requests,
         measure_requests=measure_requests,
         max_measure_requests=max_measure_requests,
         ci_target=ci_target,
-        record=record,
     )
-    if intervals:
-        from .report.uncertainty import attach
 
-        result = attach(result, scenario, "ensemble" if ensemble else "run")
-    return result
+
+def trace(tp: int = 1, pp: int = 1, conc: int | None = None, **kwargs: object) -> tuple[dict, Result]:
+    """Simulate one scenario (the keywords of `predict`, intervals aside) keeping every
+    row, and return its Chrome / Perfetto trace object (report/trace.py) and Result."""
+    from .report.trace import build_trace
+
+    run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
+    scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
+    rec, result = simulate(scenario, record="full", **run_kwargs)
+    return build_trace(rec, result), result
+
+
+def sensitivity(scenario: Scenario, step: float = tornado.DEFAULT_STEP) -> tornado.Sensitivity:
+    """The tornado of a built scenario: which parameters and workload assumptions move
+    its answer, each `step` (a fraction) either way; about 2 short runs per item
+    (report/sensitivity.py)."""
+    return tornado.sensitivity(scenario, step)
 
 
 def whatif(base: dict, **changes: float) -> tuple[Result, Result]:

@@ -41,6 +41,7 @@ class StubSettings:
     kv_tokens: int = 100_000
     slots: int = 1
     running_cap: int = 1
+    slot_cap: int = 0
     async_depth: int = 0
     inflight_groups: int = 0
 

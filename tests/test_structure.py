@@ -1,6 +1,7 @@
 """The package's shape is checked, not hoped for (docs/architecture.md): its layers
-import only downwards, no import cycles, nothing below the API prints, no module above
-the hard limit on length, type hints on every public function.
+import only downwards, no import cycles, the floors above the API reach the simulation
+only through it, nothing below the API prints, no module above the hard limit on
+length, type hints on every public function.
 
 Read from the source with `ast` (nothing is imported): an import counts wherever it is
 written, inside a function and under `if TYPE_CHECKING:` too (a type is a dependency
@@ -165,6 +166,37 @@ def test_the_layer_check_sees_an_upward_import():
 def test_layers_import_only_downwards():
     bad = upward_imports(GRAPH)
     assert not bad, f"{len(bad)} import(s) against the layer order:\n" + "\n".join(bad)
+
+
+# The floors above the API reach the simulation only through api.py, so one prediction
+# is put together in one place (build, run, intervals) whoever asks for it.
+THROUGH_THE_API = ("explore", "calibrate", "cli")
+
+
+def around_the_api(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of the simulation (pipesim.sim) from a floor that must go through api.py."""
+    return sorted(
+        f"{name} imports {dep}"
+        for name, deps in graph.items()
+        if layer_of(name) in THROUGH_THE_API
+        for dep in deps
+        if layer_of(dep) == "sim"
+    )
+
+
+def test_the_api_check_sees_a_way_around_it():
+    graph = {
+        "pipesim.explore.sweep": {"pipesim.sim.runner", "pipesim.api"},
+        "pipesim.cli.single": {"pipesim.api"},
+        "pipesim.report.trace": {"pipesim.sim.runner"},  # below the API: its own business
+    }
+    assert around_the_api(graph) == ["pipesim.explore.sweep imports pipesim.sim.runner"]
+
+
+def test_explore_calibrate_and_the_cli_reach_the_simulation_through_the_api():
+    assert "pipesim.api" in GRAPH["pipesim.cli.single"] and "pipesim.api" in GRAPH["pipesim.explore.sweep"]
+    bad = around_the_api(GRAPH)
+    assert not bad, "the simulation reached around api.py:\n" + "\n".join(bad)
 
 
 def writes_output(tree: ast.AST) -> list[int]:

@@ -322,8 +322,7 @@ def summary(corpus: pd.DataFrame) -> dict:
 
 def _compare(item: tuple) -> tuple[list, dict | None]:
     """One corpus run: (compared rows, None) or ([], the skipped run)."""
-    from ..report.uncertainty import intervals
-    from ..sim.runner import run as simulate
+    from .. import api
 
     run_id, part = item
     first = part.iloc[0].to_dict()
@@ -331,8 +330,8 @@ def _compare(item: tuple) -> tuple[list, dict | None]:
         sc = scenario_for(first, dict(zip(part.metric, part.value)))
     except Skip as exc:
         return [], {"run_id": run_id, "source_id": first["source_id"], "rows": len(part), "reason": str(exc)}
-    result = simulate(sc)
-    _iv, basis = intervals(result, sc, workload="none")
+    result = api.run(sc, intervals="none")  # the cheap band: calibration and the run's CI
+    basis = result.interval_basis
     pred = _predicted(result, str(sc.workload.input_len), str(sc.workload.output_len))
     rows = []
     for r in part.itertuples():

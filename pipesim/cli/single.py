@@ -146,18 +146,13 @@ def predict(
         import json
 
         from ..report.sensitivity import plot
-        from ..report.sensitivity import sensitivity as tornado
 
-        sens = tornado(scenario, step)
+        sens = api.sensitivity(scenario, step)
         if plot_file:
             plot(sens, plot_file)
         click.echo(json.dumps(sens.to_dict(), indent=2) if as_json else sens.table())
         return
-    result = api.run(scenario)
-    if intervals:
-        from ..report.uncertainty import attach
-
-        result = attach(result, scenario, "ensemble" if ensemble else "run")
+    result = api.run(scenario, intervals=("ensemble" if ensemble else "run") if intervals else None)
     click.echo(report.to_json(result) if as_json else report.table(result))
 
 
@@ -172,12 +167,13 @@ def predict(
 @click.option("--out", default="trace.json", show_default=True, help="the Chrome trace event file (.json)")
 def trace(tp: int, pp: int, conc: int | None, out: str, **opts: object) -> None:
     """A Chrome / Perfetto trace of one run: a track per GPU and per PP hop."""
+    from .. import api
     from ..base.files import check_out_path
-    from ..report import trace as tr
+    from ..report.trace import write_trace
 
     check_out_path(out, (".json",), "trace")
-    obj, result = tr.trace(tp, pp, conc, **scenario_keywords(opts))
-    tr.write_trace(out, obj)
+    obj, result = api.trace(tp, pp, conc, **scenario_keywords(opts))
+    write_trace(out, obj)
     meta = obj["otherData"]
     slices = sum(1 for e in obj["traceEvents"] if e["ph"] == "X")
     click.echo(

@@ -64,6 +64,9 @@ class EngineSettings(Protocol):
     def running_cap(self) -> int: ...  # the most requests admitted at once
 
     @property
+    def slot_cap(self) -> int: ...  # the most requests one micro-batch slot runs (0: no per-slot cap)
+
+    @property
     def async_depth(self) -> int: ...  # iterations the last PP rank holds a batch's outputs (SGLang)
 
     @property

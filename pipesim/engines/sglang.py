@@ -180,6 +180,11 @@ class SGLangSettings:
         return self.max_running_requests
 
     @property
+    def slot_cap(self) -> int:
+        """`pp_max_micro_batch_size` caps each slot's running requests (EngineSettings)."""
+        return self.pp_max_micro_batch_size
+
+    @property
     def async_depth(self) -> int:
         """`pp_async_batch_depth`: the last PP rank holds a batch's outputs this many
         slot iterations (EngineSettings; docs/engines.md §3)."""

@@ -135,6 +135,11 @@ class VLLMSettings:
         return self.max_num_seqs
 
     @property
+    def slot_cap(self) -> int:
+        """vLLM has no per-slot cap: `max_num_seqs` caps the total, not each group (EngineSettings)."""
+        return 0
+
+    @property
     def async_depth(self) -> int:
         """vLLM sends a batch's outputs back as soon as they are sampled (EngineSettings)."""
         return 0

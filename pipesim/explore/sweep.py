@@ -20,14 +20,16 @@ from ..base.errors import require
 from ..base.files import TABLE_SUFFIXES
 from ..base.progress import bar as progress_bar
 from ..inputs.workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
+from ..scenario.admission import admission
 from ..scenario.build import build_scenario
 from .grid import KEY_COLUMNS, build_grid, choices, row_key, split_name, splits_of
 
 if TYPE_CHECKING:  # pandas is imported where a table is built, so the CLI can read DEFAULT_CONC cheaply
     import pandas as pd
 
+    from ..scenario.build import Scenario
+
 DEFAULT_CONC = (1, 2, 4, 8, 16, 32, 64, 128)
-RUN_KEYS = ("warmup_requests", "measure_requests", "max_measure_requests", "ci_target")
 WALL_COLUMNS = ("sim_wall_s",)  # the only columns that differ between identical runs
 
 
@@ -91,25 +93,24 @@ def run_point(
     `open_loop` the Poisson arrival rate (req/s); `combo` the box, engine and lengths
     of this scenario (beside `kwargs`, which all share). Module-level so that worker
     processes (local or Dask) can unpickle it."""
+    from .. import api
     from ..measure.metrics import idle_breakdown
-    from ..report.uncertainty import HEADLINE, intervals
-    from ..sim.runner import simulate
 
     kwargs = {**kwargs, **(combo or {})}
 
     load_kw = dict(rate_rps=float(load)) if open_loop else dict(concurrency=int(load))
     scenario = build_scenario(tp=tp, pp=pp, **load_kw, **kwargs)
     plan = scenario.plan
-    rec, r = simulate(scenario, **run_kwargs)
+    # the band without an extra run (docs/uncertainty.md): a closed loop's workload part
+    # from the run itself, an open loop's left out (it would take the ensemble's runs)
+    how = "run" if scenario.workload.kind == "closed" else "none"
+    rec, r = api.simulate(scenario, intervals=how, **run_kwargs)
     idle = idle_breakdown(rec)
     sc = r.scenario
     eng = sc["engine"]
     n = len(idle)
     sat = r.saturation or {}
-    # the band without an extra run (docs/uncertainty.md): a closed loop's workload part
-    # from the run itself, an open loop's left out (it would take the ensemble's runs)
-    iv, _basis = intervals(r, scenario, workload="run" if scenario.workload.kind == "closed" else "none")
-    bands = {f"{m}{end}": v for m in HEADLINE for end, v in zip(("_lo", "_hi"), iv[m])}
+    bands = {f"{m}{end}": v for m, band in r.intervals.items() for end, v in zip(("_lo", "_hi"), band)}
     return {
         "box": sc["box"],
         "gpu": sc["gpu"],
@@ -154,7 +155,7 @@ def run_point(
         # vLLM's in-flight groups (plot.bubble_cause reads them where present); SGLang: none
         "group_sizes": ";".join(f"{b:.3f}" for b in r.group_sizes) if r.group_sizes else float("nan"),
         "preemptions": r.preemptions,
-        **caps(sc),
+        **caps(scenario),
         "overloaded": bool(sat.get("overloaded", False)),
         "served_req_s": sat.get("served_rate_req_s", float("nan")),
         "queue_growth_req_s": sat.get("queue_growth_req_s", float("nan")),
@@ -164,40 +165,25 @@ def run_point(
     }
 
 
-def caps(sc: dict) -> dict:
-    """What bounds the requests running at once in a scenario (`Result.scenario`):
-    the engine's running cap (SGLang max_running_requests, vLLM max_num_seqs),
-    SGLang's per-slot cap times its slots, and the KV cache (the requests of the
-    workload's largest size it holds whole, as they are when they finish). `effective_cap` is the smallest: a closed loop with
-    more clients than that only queues, so throughput flattens there; `cap_reason`
-    names the bound. With DP ranks each has its own caps and KV pool: the bounds are
-    theirs times dp (the KV tokens column stays one rank's pool)."""
-    eng, w = sc["engine"], sc["workload"]
-    dp = sc.get("dp", 1)
-    running = eng.get("max_running_requests", eng.get("max_num_seqs")) * dp
-    slot_cap, slots = eng.get("pp_max_micro_batch_size"), eng.get("slots", 1)
-    kv = sc["kv_cache_tokens"]
-    size = (_hi(w.get("input_len")) + _hi(w.get("output_len"))) if "input_len" in w else None
-    bounds = {"running cap": running}
-    if slot_cap is not None:
-        bounds["per-slot cap x slots"] = slot_cap * slots * dp
-    if size:
-        bounds["KV cache"] = kv // size * dp
-    reason = min(bounds, key=lambda k: bounds[k])
+def caps(scenario: Scenario) -> dict:
+    """What bounds the requests running at once in a scenario (scenario/admission.py,
+    every request at its largest, as it is when it finishes): the engine's running cap
+    (SGLang max_running_requests, vLLM max_num_seqs), SGLang's per-slot cap times its
+    slots, and the KV cache. `effective_cap` is the smallest: a closed loop with more
+    clients than that only queues, so throughput flattens there; `cap_reason` names the
+    bound. With DP ranks each has its own caps and KV pool: the bounds are theirs times
+    dp (the per-slot cap and KV tokens columns stay one rank's)."""
+    s = scenario.settings
+    a = admission(scenario.workload, s, scenario.plan.dp, "max")
     return {
-        "running_cap": running,
-        "slot_cap": slot_cap if slot_cap is not None else 0,
-        "slots": slots,
-        "kv_cache_tokens": kv,
-        "kv_request_cap": bounds.get("KV cache", 0),
-        "effective_cap": bounds[reason],
-        "cap_reason": reason,
+        "running_cap": a.running_cap,
+        "slot_cap": s.slot_cap,
+        "slots": s.slots,
+        "kv_cache_tokens": a.kv_tokens,
+        "kv_request_cap": a.kv_requests,
+        "effective_cap": a.cap,
+        "cap_reason": a.reason,
     }
-
-
-def _hi(spec) -> int:
-    """The largest length of a spec: '300' -> 300, '100:500' -> 500."""
-    return int(str(spec).split(":")[-1])
 
 
 # ---- the sweep ---------------------------------------------------------------------------
@@ -268,6 +254,8 @@ def sweep(
     require(not resume or out is not None, "--resume continues the sweep in --out: give --out")
     if out is not None:
         check_out_path(out, TABLE_SUFFIXES, "output")
+    from ..api import RUN_KEYS
+
     run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
     lists = dict(
         box=choices(box, "box"),

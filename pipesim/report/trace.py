@@ -23,7 +23,6 @@ import numpy as np
 
 from ..measure.metrics import Result, idle_breakdown, inflight_groups
 from ..measure.record import Record
-from ..sim.runner import simulate
 
 TRACK_GPUS, TRACK_HOPS, TRACK_CPU, TRACK_WINDOW = 1, 2, 3, 4
 
@@ -271,18 +270,6 @@ def _jsonable(v: object) -> object:
     if isinstance(v, np.integer):
         return int(v)
     return v
-
-
-def trace(tp: int = 1, pp: int = 1, conc: int | None = None, **kwargs: object) -> tuple[dict, Result]:
-    """Simulate one scenario (the arguments of `pipesim.predict`) and return its trace
-    object and Result."""
-    from ..scenario.build import build_scenario
-
-    run_keys = ("warmup_requests", "measure_requests", "max_measure_requests", "ci_target")
-    run_kwargs = {k: kwargs.pop(k) for k in run_keys if k in kwargs}
-    scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
-    rec, result = simulate(scenario, **run_kwargs, record="full")
-    return build_trace(rec, result), result
 
 
 def write_trace(path: str | Path, trace_obj: dict) -> None:

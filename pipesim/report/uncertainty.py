@@ -236,14 +236,14 @@ def ensemble_spread(scenario: Scenario, runs: int = ENSEMBLE_RUNS) -> dict:
 
 def member_requests(scenario: Scenario) -> int:
     """Measured requests of one ensemble member: a closed loop's short run measures
-    max(2A, 16), A the requests the engine admits at once (api.simulate); an open loop
+    max(2A, 16), A the requests the engine admits at once (scenario/admission.py); an open loop
     or a trace is measured whole."""
-    from ..sim.runner import admitted_concurrency
+    from ..scenario.admission import admission
 
     w = scenario.workload
     if w.kind != "closed":
         return 0  # the whole run
-    return max(2 * admitted_concurrency(scenario), 16)
+    return max(2 * admission(w, scenario.settings, scenario.plan.dp).admitted, 16)
 
 
 def _stretch_values(cols: dict, idx: np.ndarray, throughput: float) -> dict:

@@ -301,9 +301,10 @@ def build_scenario(
 
 def scenario_steps(sc: Scenario) -> tuple[float, str]:
     """The decode batch steps of a scenario's run (`workload_steps`): a batch holds at most
-    the engine's running cap of requests, and only as many as the KV cache fits."""
-    need = sc.workload.max_request_tokens
-    return workload_steps(sc.workload, min(sc.settings.running_cap, max(1, sc.memory.kv_tokens // need)))
+    the engine's cap of requests, every request counted at its largest (admission.py)."""
+    from .admission import admission
+
+    return workload_steps(sc.workload, admission(sc.workload, sc.settings, sc.plan.dp, "max").cap)
 
 
 def workload_steps(w: Workload, running_cap: int) -> tuple[float, str]:

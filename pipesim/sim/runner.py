@@ -10,6 +10,7 @@ from ..base.errors import UserError, require
 from ..costs.stage import CostModel
 from ..measure.metrics import Result, collect
 from ..measure.record import Record
+from ..scenario.admission import admission
 from ..scenario.build import Scenario
 from .simulation import RECORD_MODES, Simulation
 
@@ -24,15 +25,9 @@ def run(scenario: Scenario, **kwargs: object) -> Result:
 
 
 def admitted_concurrency(scenario: Scenario) -> int:
-    """How many of a closed loop's C requests the engine runs at once: at most C, its
-    running cap, and the requests of mean length its KV cache holds whole (an
-    estimate: the engines take KV as requests grow and evict when it runs out,
-    docs/engines.md §4). Clients beyond it only queue. With DP ranks the running cap
-    and the KV pool are each rank's (docs/engines.md §8): the engine admits dp times
-    them."""
-    w, s, dp = scenario.workload, scenario.settings, scenario.plan.dp
-    per_request = max(1.0, w.input_len.mean + w.output_len.mean)
-    return max(1, min(w.concurrency, s.running_cap * dp, int(s.kv_tokens // per_request) * dp))
+    """How many of a closed loop's C requests the engine runs at once (the scenario
+    layer's one rule, scenario/admission.py)."""
+    return admission(scenario.workload, scenario.settings, scenario.plan.dp).admitted
 
 
 def simulate(
