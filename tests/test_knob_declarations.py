@@ -9,13 +9,16 @@ the declarations."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 
 import pytest
+from click.testing import CliRunner
 
 import pipesim
 from pipesim.base.errors import UserError
-from pipesim.cli import main
+from pipesim.base.files import read_table
+from pipesim.cli import cli, main
 from pipesim.engines import ENGINES
 from pipesim.engines.knobs import KEY, by_name, knob, knobs
 
@@ -76,10 +79,38 @@ def test_the_cases_cover_every_declared_knob_and_flag():
 
 
 @pytest.mark.parametrize("engine, argv, kwargs, knob_name, holds", CASES, ids=IDS)
+def test_each_flag_reaches_the_resolved_settings(capsys, engine, argv, kwargs, knob_name, holds):
+    main(["predict", *LLAMA_ARGS, "--engine", engine, "--json", "--no-intervals", *argv])
+    sc = json.loads(capsys.readouterr().out)["scenario"]
+    assert sc["knob_sources"][knob_name] == "user"
+    assert holds(sc["engine"]), sc["engine"]
+    assert [k for k, source in sc["knob_sources"].items() if source == "user"] == [knob_name]
+
+
+@pytest.mark.parametrize("engine, argv, kwargs, knob_name, holds", CASES, ids=IDS)
 def test_each_keyword_reaches_the_resolved_settings(engine, argv, kwargs, knob_name, holds):
     sc = pipesim.build_scenario(engine=engine, concurrency=1, **LLAMA, **kwargs)
     assert sc.knob_sources[knob_name] == "user"
     assert holds(sc.describe()["engine"])
+
+
+@pytest.mark.parametrize("command", ["predict", "trace", "sweep", "search"])
+def test_every_command_takes_every_flag_with_its_help(command):
+    text = " ".join(CliRunner().invoke(cli, [command, "--help"], terminal_width=200).output.split())
+    for cls in ENGINES.values():
+        for k in knobs(cls):
+            assert " / ".join(k.flags) in text
+            help_text = f"{cls.title}: {k.help}" + ("" if k.switch else f" [default: {k.default_text}]")
+            assert help_text in text
+
+
+def test_the_sweep_keeps_a_knob_among_its_options(tmp_path, capsys):
+    out = tmp_path / "r.csv"
+    main(["sweep", "--gpus", "1", *LLAMA_ARGS, "--engine", "vllm", "--workers", "1", "--out", str(out),
+          "--no-enable-prefix-caching"])  # fmt: skip
+    capsys.readouterr()
+    options = json.loads(read_table(out).sweep_options.iloc[0])
+    assert options["enable_prefix_caching"] is False
 
 
 # ---- the message that lists an engine's knobs ---------------------------------------------
@@ -108,6 +139,22 @@ def test_a_typo_on_the_command_line_is_one_line(capsys):
         "disable_cuda_graph, max_prefill_tokens, max_running_requests, mem_fraction_static, "
         "pp_async_batch_depth, pp_max_micro_batch_size"
     )
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--max-prefill-tokens", "0"], "--max-prefill-tokens must be a whole number >= 1, got 0"),
+        (["--cuda-graph-max-bs", "70000"], "--cuda-graph-max-bs 70000 is above the limit of 65536"),
+        (["--engine", "vllm", "--max-num-batched-tokens", "-3"], "--max-num-batched-tokens must be a whole"),
+    ],
+)
+def test_a_bad_value_of_a_new_flag_is_one_line(capsys, argv, says):
+    with pytest.raises(SystemExit) as exc:
+        main(["predict", *LLAMA_ARGS, *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
 
 
 def test_a_bad_value_through_the_api_names_the_flag():
