@@ -10,7 +10,9 @@ the declarations."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -20,8 +22,9 @@ from pipesim.base.errors import UserError
 from pipesim.base.files import read_table
 from pipesim.cli import cli, main
 from pipesim.engines import ENGINES
-from pipesim.engines.knobs import KEY, by_name, knob, knobs
+from pipesim.engines.knobs import KEY, by_name, knob, knobs, markdown
 
+DOC = Path(__file__).resolve().parent.parent / "docs" / "engines.md"
 LLAMA = dict(model="llama-3.1-8b", input_len="16", output_len="8")
 LLAMA_ARGS = ["--model", "llama-3.1-8b", "--conc", "1", "--input-len", "16", "--output-len", "8"]
 
@@ -218,3 +221,27 @@ def test_the_flags_are_the_engines():
     assert sglang["disable_cuda_graph"] == ("--disable-cuda-graph",)
     assert vllm["enable_prefix_caching"] == ("--enable-prefix-caching", "--no-enable-prefix-caching")
     assert vllm["enforce_eager"] == ("--enforce-eager", "--no-enforce-eager")
+
+
+# ---- the table of docs/engines.md ---------------------------------------------------------
+
+BEGIN = "<!-- knob table: generated from pipesim/engines/knobs.py, do not edit by hand -->\n"
+END = "\n<!-- end of knob table -->"
+
+
+def doc_table(text: str) -> str:
+    m = re.search(re.escape(BEGIN) + "(.*?)" + re.escape(END), text, re.DOTALL)
+    assert m, "docs/engines.md has no knob table between its markers"
+    return m.group(1)
+
+
+def test_the_docs_table_matches_the_declarations():
+    want = markdown(ENGINES.values())
+    assert doc_table(DOC.read_text()) == want, (
+        "docs/engines.md's knob table is stale: run python tests/test_knob_declarations.py"
+    )
+
+
+if __name__ == "__main__":  # rewrite the table from the declarations
+    text = DOC.read_text()
+    DOC.write_text(text.replace(BEGIN + doc_table(text) + END, BEGIN + markdown(ENGINES.values()) + END))
