@@ -82,3 +82,88 @@ def test_stub_engine_runs_to_completion(profile):
     finishes = sorted(r.finish_s for r in finished(sim))
     assert all(f <= nxt for f, nxt in zip(finishes, firsts[1:]))  # never two running at once
     assert spans[0][0] <= spans[0][1]
+
+
+# ---- what each side declares, and uses ------------------------------------------------------
+
+
+def _members(protocol: type) -> set[str]:
+    """The names a Protocol declares: its annotations, properties and methods."""
+    own = {n for n in vars(protocol) if not n.startswith("_")}
+    return own | set(getattr(protocol, "__annotations__", {}))
+
+
+def test_every_engine_config_has_what_engine_config_declares():
+    from pipesim.engines import ENGINES
+    from pipesim.engines.knobs import knob_names
+    from pipesim.engines.protocol import EngineConfig
+
+    assert _members(EngineConfig) == {
+        "name",
+        "title",
+        "partition_rule",
+        "derived_from",
+        "validate",
+        "memory_fraction",
+        "resolve",
+    }
+    for name, cls in ENGINES.items():
+        assert all(hasattr(cls, m) for m in _members(EngineConfig)), cls
+        assert cls.name == name
+        # a derived knob and its source are both the engine's knobs
+        for source, derived in cls.derived_from.items():
+            assert {source, *derived} <= set(knob_names(cls))
+
+
+def test_every_engine_settings_has_what_engine_settings_declares():
+    from pipesim.engines.protocol import EngineSettings
+    from pipesim.engines.sglang import SGLangSettings
+    from pipesim.engines.vllm import VLLMSettings
+
+    fields_or_members = lambda cls: set(vars(cls)) | set(cls.__dataclass_fields__)  # noqa: E731
+    for cls in (SGLangSettings, VLLMSettings):
+        assert _members(EngineSettings) <= fields_or_members(cls), cls
+
+
+def _attributes_of(path, owner: str) -> set[str]:
+    """Attributes a module reads or writes on `owner`: a name, or any `x.<owner>`
+    (self.sim, scenario.settings)."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute):
+            v = node.value
+            if (isinstance(v, ast.Name) and v.id == owner) or (
+                isinstance(v, ast.Attribute) and v.attr == owner
+            ):
+                out.add(node.attr)
+    return out
+
+
+def test_the_schedulers_use_only_what_engine_simulation_declares():
+    from pathlib import Path
+
+    import pipesim.engines as engines
+    from pipesim.engines.protocol import EngineSimulation
+
+    declared = _members(EngineSimulation)
+    used = set()
+    for path in sorted(Path(engines.__file__).parent.glob("*.py")):
+        used |= _attributes_of(path, "sim")
+    assert used, "the check read no scheduler"
+    assert used <= declared, sorted(used - declared)
+    assert {"next_iteration", "pp", "kv_free", "launch"} <= used  # what the schedulers do use
+
+
+def test_the_simulation_asks_settings_only_what_engine_settings_declares():
+    from pathlib import Path
+
+    import pipesim.sim as sim
+    from pipesim.engines.protocol import EngineSettings
+
+    used = set()
+    for path in sorted(Path(sim.__file__).parent.glob("*.py")):
+        used |= _attributes_of(path, "settings")
+    assert used, "the check read no simulation module"
+    assert used <= _members(EngineSettings), sorted(used - _members(EngineSettings))

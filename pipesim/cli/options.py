@@ -11,6 +11,8 @@ import click
 
 from ..base.checks import MAX_GPUS, MAX_WORKERS, whole
 from ..base.errors import UserError, require
+from ..engines import ENGINES
+from ..engines.knobs import by_name
 from ..explore.sweep import DEFAULT_CONC
 from ..inputs.workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
 from ..profiles.profile import DEFAULT_PROFILE
@@ -172,47 +174,7 @@ def scenario_options(f: F, lists: bool = False) -> F:
         click.option(
             "--seed", type=int, default=0, show_default=True, help="random seed, a whole number >= 0"
         ),
-        click.option("--max-running-requests", type=int, default=None, help="SGLang: total running requests"),
-        click.option(
-            "--pp-max-micro-batch-size",
-            type=int,
-            default=None,
-            help="SGLang: per-slot cap [default: max-running-requests // pp]",
-        ),
-        click.option(
-            "--pp-async-batch-depth",
-            type=int,
-            default=None,
-            help="SGLang: extra micro-batch slots [default 0]",
-        ),
-        click.option(
-            "--chunked-prefill-size",
-            type=int,
-            default=None,
-            help="SGLang: prefill chunk tokens [default by GPU memory]",
-        ),
-        click.option(
-            "--disable-cuda-graph", is_flag=True, default=None, help="SGLang: launch every kernel eagerly"
-        ),
-        click.option(
-            "--mem-fraction-static",
-            type=float,
-            default=None,
-            help="SGLang: share of GPU memory for weights + KV cache, in (0, 1) [default by GPU memory, tp, pp]",
-        ),
-        click.option("--max-num-seqs", type=int, default=None, help="vLLM: total running requests"),
-        click.option("--max-num-batched-tokens", type=int, default=None, help="vLLM: token budget per batch"),
-        click.option(
-            "--gpu-memory-utilization",
-            type=float,
-            default=None,
-            help="vLLM: share of GPU memory for weights + KV cache, in (0, 1) [default 0.9]",
-        ),
-        click.option(
-            "--async-scheduling/--no-async-scheduling",
-            default=None,
-            help="vLLM: async scheduling (one more batch in flight)",
-        ),
+        *knob_options(),
         click.option(
             "--kernel-scale",
             type=float,
@@ -306,6 +268,26 @@ def parallel_kwargs(opts: dict) -> dict:
     return kw
 
 
+# every engine's knobs by name, with the engines that declare each (engines/knobs.py)
+KNOBS = by_name(ENGINES.values())
+
+
+def knob_options() -> list:
+    """One option per engine knob, generated from its declaration: the engine's own flag
+    (with the --no- form where the engine has one), its help and its default. Unset it is
+    None: the scenario takes the profile's deployment value or the engine's default."""
+    out = []
+    for name, (k, owners) in KNOBS.items():
+        text = f"{' and '.join(c.title for c in owners)}: {k.help}"
+        if not k.switch:
+            text += f" [default: {k.default_text}]"
+        if k.kind is bool:
+            out.append(click.option("/".join(k.flags), name, is_flag=True, default=None, help=text))
+        else:
+            out.append(click.option(*k.flags, name, type=k.kind, default=None, help=text))
+    return out
+
+
 SCENARIO_FLAGS = (
     "model",
     "profile",
@@ -319,16 +301,7 @@ SCENARIO_FLAGS = (
     "input_len",
     "output_len",
     "seed",
-    "max_running_requests",
-    "pp_max_micro_batch_size",
-    "pp_async_batch_depth",
-    "chunked_prefill_size",
-    "disable_cuda_graph",
-    "mem_fraction_static",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "gpu_memory_utilization",
-    "async_scheduling",
+    *KNOBS,
     "kernel_scale",
     "allreduce_scale",
     "pcie_bandwidth_scale",
@@ -341,7 +314,9 @@ SCENARIO_FLAGS = (
 def scenario_kwargs(opts: dict) -> dict:
     """The shared flags as `build_scenario` keyword arguments (unset ones left out)."""
     kw = {k: opts.pop(k) for k in SCENARIO_FLAGS}
-    kw["disable_cuda_graph"] = kw["disable_cuda_graph"] or None
+    for name, (k, _) in KNOBS.items():
+        if k.switch:  # a switch only turns a knob on; older click gives False when it is not given
+            kw[name] = kw[name] or None
     return kw
 
 

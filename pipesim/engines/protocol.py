@@ -1,6 +1,8 @@
 """What an engine and the simulation may ask of each other, declared.
 
-An engine's scheduler reads the waiting queue, the running count and the free KV
+An engine's launch flags as given are its `EngineConfig` (each field a knob declared in
+engines/knobs.py), which the scenario validates and resolves to `EngineSettings`. An
+engine's scheduler reads the waiting queue, the running count and the free KV
 tokens, and calls admit / launch / cpu / wait_arrival (`EngineSimulation`); the
 simulation drives the scheduler's `run()` process and reports each returned
 micro-batch with `on_return` (`EngineScheduler`); reports and the simulation ask
@@ -11,12 +13,14 @@ same questions under its own knob names.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Generator, Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import simpy
 
 if TYPE_CHECKING:
+    from ..inputs.model import Model
+    from ..inputs.plan import Plan
     from .batches import MicroBatch, Request
     from .routing import RankLoad
 
@@ -87,3 +91,23 @@ class DPRouter(Protocol):
     """Which data-parallel rank an arriving request goes to (routing.py)."""
 
     def route(self, now_s: float, ranks: Sequence[RankLoad]) -> int: ...
+
+
+class EngineConfig(Protocol):
+    """An engine's launch flags as given (its fields, each a knob: engines/knobs.py), and
+    the engine's rules that resolve them. The scenario asks nothing else of it."""
+
+    name: ClassVar[str]  # ENGINES key, the engine of a profile
+    title: ClassVar[str]  # the engine's own spelling, for help texts and docs
+    partition_rule: ClassVar[str]  # how it splits layers over PP stages (inputs/plan.py)
+    # knob -> the knobs the engine derives from it when they are not given: a profile's
+    # deployment value for them yields once the user gives the source knob
+    derived_from: ClassVar[Mapping[str, tuple[str, ...]]]
+
+    def validate(self) -> None: ...  # every knob within its declaration; UserError otherwise
+
+    def memory_fraction(self, gpu_memory_bytes: float, tp: int, pp: int) -> float: ...
+
+    def resolve(
+        self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int
+    ) -> EngineSettings: ...

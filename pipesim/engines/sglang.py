@@ -20,14 +20,16 @@ Source: sgl-project/sglang, python/sglang/srt/managers/scheduler_pp_mixin.py
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from types import MappingProxyType
+from typing import TYPE_CHECKING, ClassVar
 
 import simpy
 
-from ..base.errors import require
+from ..base.checks import MAX_ASYNC_DEPTH, MAX_BATCH_TOKENS, MAX_RUNNING
+from .knobs import check_values, knob
 from .kv import CLIP_MAX_NEW_TOKENS, NewTokenRatio, retract_estimate, take
 from .protocol import EngineSimulation
 from .routing import RoundRobin
@@ -60,43 +62,76 @@ def padded_size(sizes: tuple[int, ...], n: int) -> int:
 
 @dataclass(frozen=True)
 class SGLangConfig:
-    """SGLang launch flags pipesim models. None means SGLang's own default."""
+    """SGLang launch flags pipesim models, each declared once (engines/knobs.py; flags
+    and defaults as python/sglang/srt/server_args.py `ServerArgs` has them). None means
+    SGLang derives the value, as `resolve` does."""
 
-    max_running_requests: int | None = None
-    pp_max_micro_batch_size: int | None = None
-    pp_async_batch_depth: int = 0
-    chunked_prefill_size: int | None = None
-    max_prefill_tokens: int = 16384
-    mem_fraction_static: float | None = None
-    disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int | None = None
+    max_running_requests: int | None = knob(
+        None,
+        help="total running requests (with DP attention: split over the ranks)",
+        default_text="min(KV tokens // 2, request pool of 2048-4096)",
+        bounds=(1, MAX_RUNNING),
+        source="server_args.py `max_running_requests`; model_runner.py (request pool)",
+    )
+    pp_max_micro_batch_size: int | None = knob(
+        None,
+        help="per-slot cap of running requests",
+        default_text="max(max-running-requests // pp, 1)",
+        bounds=(1, MAX_RUNNING),
+        source="server_args.py `pp_max_micro_batch_size`; scheduler.py `Scheduler.__init__`",
+    )
+    pp_async_batch_depth: int = knob(
+        0,
+        help="extra micro-batch slots: the last PP rank holds a batch's outputs this many iterations",
+        bounds=(0, MAX_ASYNC_DEPTH),
+        source="server_args.py `pp_async_batch_depth`; scheduler_pp_mixin.py `event_loop_pp`",
+    )
+    chunked_prefill_size: int | None = knob(
+        None,
+        help="prefill chunk tokens (with DP attention: divided by dp)",
+        default_text="by GPU memory: 2048, 4096, 8192 or 16384",
+        bounds=(1, MAX_BATCH_TOKENS),
+        source="server_args.py `chunked_prefill_size` (its default by GPU memory)",
+    )
+    max_prefill_tokens: int = knob(
+        16384,
+        help="token budget of one prefill batch",
+        bounds=(1, MAX_BATCH_TOKENS),
+        source="server_args.py `max_prefill_tokens`; schedule_policy.py `PrefillAdder`",
+    )
+    mem_fraction_static: float | None = knob(
+        None,
+        help="share of GPU memory for weights + KV cache, in (0, 1)",
+        default_text="by GPU memory, tp and pp",
+        bounds=(0, 1),
+        source="server_args.py `_handle_gpu_memory_settings`",
+    )
+    disable_cuda_graph: bool = knob(
+        False,
+        help="launch every kernel eagerly: no CUDA graphs",
+        source="server_args.py `disable_cuda_graph` (store_true)",
+    )
+    cuda_graph_max_bs: int | None = knob(
+        None,
+        help="largest decode batch replayed as a CUDA graph",
+        default_text="by GPU memory and tp",
+        bounds=(1, MAX_RUNNING),
+        source="server_args.py `cuda_graph_max_bs`, `_generate_cuda_graph_batch_sizes`",
+    )
 
-    partition_rule = "sglang"
-    name = "sglang"
+    name: ClassVar[str] = "sglang"
+    title: ClassVar[str] = "SGLang"
+    partition_rule: ClassVar[str] = "sglang"
     # knobs the engine derives from another when not given (Scheduler.__init__:
     # pp_max_micro_batch_size = max(max_running_requests // pp_size, 1)): a profile's
     # deployment value for them does not apply once the user gives the source knob
-    derived_from = {"max_running_requests": ("pp_max_micro_batch_size",)}
+    derived_from: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+        {"max_running_requests": ("pp_max_micro_batch_size",)}
+    )
 
     def validate(self) -> None:
-        for k in (
-            "max_running_requests",
-            "pp_max_micro_batch_size",
-            "chunked_prefill_size",
-            "max_prefill_tokens",
-            "cuda_graph_max_bs",
-        ):
-            v = getattr(self, k)
-            require(
-                v is None or (isinstance(v, int) and v >= 1),
-                f"--{k.replace('_', '-')} must be a whole number >= 1, got {v}",
-            )
-        require(
-            isinstance(self.pp_async_batch_depth, int) and self.pp_async_batch_depth >= 0,
-            f"--pp-async-batch-depth must be a whole number >= 0, got {self.pp_async_batch_depth}",
-        )
-        f = self.mem_fraction_static
-        require(f is None or 0 < f < 1, f"--mem-fraction-static must be in (0, 1), got {f}")
+        """Every knob within its declaration (`knobs.check_values`)."""
+        check_values(SGLangConfig, asdict(self))
 
     def graph_max_bs(self, gpu_memory_bytes: float, tp: int) -> int:
         """`cuda_graph_max_bs` default by GPU memory and tp (server_args.py): decode

@@ -20,13 +20,15 @@ vllm/engine/arg_utils.py (`get_batch_defaults`).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from types import MappingProxyType
+from typing import TYPE_CHECKING, ClassVar
 
 import simpy
 
-from ..base.errors import require
+from ..base.checks import MAX_BATCH_TOKENS, MAX_RUNNING
+from .knobs import check_values, knob
 from .kv import VLLM_BLOCK_SIZE, FreeBlockQueue, blocks_for, take
 from .protocol import EngineSimulation
 from .routing import LeastLoaded
@@ -52,27 +54,59 @@ def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, 
 
 @dataclass(frozen=True)
 class VLLMConfig:
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    async_scheduling: bool | None = None  # None: vLLM's default (see `resolve`)
-    gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False
-    enable_prefix_caching: bool = True  # V1's default (--no-enable-prefix-caching turns it off)
+    """vLLM launch flags pipesim models, each declared once (engines/knobs.py; flags and
+    defaults as vllm/engine/arg_utils.py `EngineArgs` has them, every boolean with its
+    --no- form: `_compute_kwargs` gives it argparse's BooleanOptionalAction). None
+    means vLLM derives the value, as `resolve` does."""
 
-    partition_rule = "vllm"
-    name = "vllm"
+    max_num_seqs: int | None = knob(
+        None,
+        help="total running requests",
+        default_text="1024 on GPUs of 70 GiB or more, else 256",
+        bounds=(1, MAX_RUNNING),
+        source="arg_utils.py `get_batch_defaults`",
+    )
+    max_num_batched_tokens: int | None = knob(
+        None,
+        help="token budget per batch (prefill chunks and decodes together)",
+        default_text="8192 on GPUs of 70 GiB or more, else 2048",
+        bounds=(1, MAX_BATCH_TOKENS),
+        source="arg_utils.py `get_batch_defaults`",
+    )
+    async_scheduling: bool | None = knob(
+        None,
+        help="async scheduling: the next step is scheduled while this one runs (one more batch in flight)",
+        default_text="on at pp 1, off with pp > 1",
+        negatable=True,
+        source="config/vllm.py `VllmConfig.__post_init__`, `max_concurrent_batches` (PR #27614)",
+    )
+    gpu_memory_utilization: float = knob(
+        0.9,
+        help="share of GPU memory for weights + KV cache, in (0, 1)",
+        bounds=(0, 1),
+        source="config/cache.py `CacheConfig.gpu_memory_utilization`",
+    )
+    enforce_eager: bool = knob(
+        False,
+        help="launch every kernel eagerly: no CUDA graphs",
+        negatable=True,
+        source="config/model.py `ModelConfig.enforce_eager`",
+    )
+    enable_prefix_caching: bool = knob(
+        True,
+        help="a preempted request's KV blocks stay cached while free, so it resumes from them",
+        negatable=True,
+        source="config/cache.py `CacheConfig.enable_prefix_caching` (on in V1)",
+    )
+
+    name: ClassVar[str] = "vllm"
+    title: ClassVar[str] = "vLLM"
+    partition_rule: ClassVar[str] = "vllm"
+    derived_from: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})  # none of its knobs
 
     def validate(self) -> None:
-        for k in ("max_num_seqs", "max_num_batched_tokens"):
-            v = getattr(self, k)
-            require(
-                v is None or (isinstance(v, int) and v >= 1),
-                f"--{k.replace('_', '-')} must be a whole number >= 1, got {v}",
-            )
-        require(
-            0 < self.gpu_memory_utilization < 1,
-            f"--gpu-memory-utilization must be in (0, 1), got {self.gpu_memory_utilization}",
-        )
+        """Every knob within its declaration (`knobs.check_values`)."""
+        check_values(VLLMConfig, asdict(self))
 
     def memory_fraction(self, gpu_memory_bytes: float, tp: int, pp: int) -> float:
         return self.gpu_memory_utilization

@@ -29,7 +29,6 @@ from ..base.checks import (
     MAX_SEED,
     MAX_SIM_S,
     batch_steps,
-    check_knobs,
     check_work,
     is_int,
     is_number,
@@ -38,6 +37,7 @@ from ..base.checks import (
 from ..base.errors import PipesimWarning, UserError, require
 from ..costs.moe import is_power_law
 from ..engines import ENGINES
+from ..engines.knobs import check_values, knob_names
 from ..inputs.box import Box, cluster, load_box, load_network
 from ..inputs.memory import Memory, plan_memory
 from ..inputs.model import Model, load_model
@@ -53,6 +53,7 @@ from ..inputs.workload import (
 )
 
 if TYPE_CHECKING:  # profiles load pandas: imported where one is loaded, so the CLI starts without it
+    from ..engines.protocol import EngineConfig, EngineSettings
     from ..profiles.profile import Profile
 
 DEFAULT_MODEL = "kimi-k2.6"
@@ -63,8 +64,8 @@ class Scenario:
     box: Box
     model: Model
     plan: Plan
-    engine: object  # SGLangConfig | VLLMConfig, as given
-    settings: object  # SGLangSettings | VLLMSettings, resolved
+    engine: EngineConfig  # the knobs as given
+    settings: EngineSettings  # resolved to the values the engine would run with
     memory: Memory
     workload: Workload
     profile: Profile
@@ -172,6 +173,10 @@ def build_scenario(
     allow_foreign_profile: bool = False,
     **knobs: object,
 ) -> Scenario:
+    """Every input of one prediction, checked and resolved (one UserError line on bad
+    input). `knobs`: the engine's knobs by name, each declared on its config field
+    (engines/knobs.py; docs/engines.md §7); None or absent: the profile's deployment
+    value, else the engine's default."""
     from ..profiles.catalogue import profile_for_box
     from ..profiles.profile import DEFAULT_PROFILE, Profile, load_profile
     from .whatif import apply_box, apply_profile, check
@@ -237,24 +242,24 @@ def build_scenario(
     if model is None:
         model = str(prof.meta.get("model", DEFAULT_MODEL))
     config_cls = ENGINES[engine_name]
-    allowed = {f.name for f in fields(config_cls)}
+    allowed = knob_names(config_cls)  # its declared knobs (engines/knobs.py)
     unknown = sorted(k for k, v in knobs.items() if v is not None and k not in allowed)
     require(
         not unknown,
-        f"{', '.join(unknown)} is not a {engine_name} knob; {engine_name} knobs: {', '.join(sorted(allowed))}",
+        f"{', '.join(unknown)} is not a {engine_name} knob; {engine_name} knobs: {', '.join(allowed)}",
     )
     given = {k: v for k, v in knobs.items() if v is not None and k in allowed}
-    derived = {k for g in given for k in getattr(config_cls, "derived_from", {}).get(g, ())}
+    derived = {k for g in given for k in config_cls.derived_from.get(g, ())}
     deployed = (
         {k: v for k, v in prof.deployment.items() if k in allowed and k not in given and k not in derived}
         if engine_name == prof.engine
         else {}
     )
-    config = config_cls(**check_knobs({**deployed, **given}))
+    config = config_cls(**check_values(config_cls, {**deployed, **given}))
     config.validate()
     sources = {
         k: "user" if k in given else "profile deployment" if k in deployed else "engine default"
-        for k in sorted(allowed)
+        for k in allowed
     }
 
     if nodes != 1 or network is not None:  # a cluster of identical boxes (hardware.cluster)
