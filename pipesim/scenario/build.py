@@ -177,8 +177,6 @@ def build_scenario(
     input). `knobs`: the engine's knobs by name, each declared on its config field
     (engines/knobs.py; docs/engines.md §7); None or absent: the profile's deployment
     value, else the engine's default."""
-    from ..profiles.catalogue import profile_for_box
-    from ..profiles.profile import DEFAULT_PROFILE, Profile, load_profile
     from .whatif import apply_box, apply_profile, check
 
     tp, pp = whole(tp, "tp", 1, MAX_GPUS), whole(pp, "pp", 1, MAX_GPUS)
@@ -201,20 +199,7 @@ def build_scenario(
         )
     )
     require(engine is None or engine in ENGINES, f"unknown engine '{engine}'; known: {', '.join(ENGINES)}")
-    default_engine = load_profile(DEFAULT_PROFILE).engine if profile is None else None
-    if profile is None and (box is not None or engine not in (None, default_engine)):
-        # no profile named: the one measured for this box and engine (the default box if none)
-        bx = box if isinstance(box, Box) else load_box(box or load_profile(DEFAULT_PROFILE).box)
-        model_name = model.name if isinstance(model, Model) else (model or DEFAULT_MODEL)
-        prof = profile_for_box(bx, engine or default_engine, model_name, engine_version)
-    else:
-        prof = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
-        require(
-            engine_version is None or engine_version == prof.engine_version,
-            f"--engine-version {engine_version}: profile {prof.name} was measured with {prof.engine} "
-            f"{prof.engine_version or '(version not recorded)'}; leave out --profile to pick the version from the catalogue",
-        )
-        bx = box if isinstance(box, Box) else load_box(box or prof.box)
+    prof, bx = _profile_and_box(profile, box, engine, model, engine_version)
     prof = apply_profile(prof, changes)
     if moe_distribution is not None:  # the routing the MoE tables are read at (moe.py)
         require(
@@ -225,42 +210,10 @@ def build_scenario(
         prof = prof.with_params(moe_distribution=moe_distribution)
     engine_name = engine or prof.engine
     require(engine_name in ENGINES, f"unknown engine '{engine_name}'; known: {', '.join(ENGINES)}")
-    differs = foreign_reasons(prof, bx, engine_name)
-    if differs:
-        require(
-            allow_foreign_profile,
-            f"profile {prof.name} was measured on {prof.box} with {prof.engine}, not this run's {bx.name} with "
-            f"{engine_name} ({'; '.join(differs)}); leave out --profile to use this box's own tables, "
-            "or pass --allow-foreign-profile to borrow them",
-        )
-        warnings.warn(
-            f"borrowing profile {prof.name} ({'; '.join(differs)}): its costs are reported as borrowed",
-            PipesimWarning,
-            stacklevel=2,
-        )
-        prof = replace(prof, foreign="; ".join(differs))
+    prof = _borrowed(prof, bx, engine_name, allow_foreign_profile)
     if model is None:
         model = str(prof.meta.get("model", DEFAULT_MODEL))
-    config_cls = ENGINES[engine_name]
-    allowed = knob_names(config_cls)  # its declared knobs (engines/knobs.py)
-    unknown = sorted(k for k, v in knobs.items() if v is not None and k not in allowed)
-    require(
-        not unknown,
-        f"{', '.join(unknown)} is not a {engine_name} knob; {engine_name} knobs: {', '.join(allowed)}",
-    )
-    given = {k: v for k, v in knobs.items() if v is not None and k in allowed}
-    derived = {k for g in given for k in config_cls.derived_from.get(g, ())}
-    deployed = (
-        {k: v for k, v in prof.deployment.items() if k in allowed and k not in given and k not in derived}
-        if engine_name == prof.engine
-        else {}
-    )
-    config = config_cls(**check_values(config_cls, {**deployed, **given}))
-    config.validate()
-    sources = {
-        k: "user" if k in given else "profile deployment" if k in deployed else "engine default"
-        for k in allowed
-    }
+    config, sources = _engine_config(engine_name, prof, knobs)
 
     if nodes != 1 or network is not None:  # a cluster of identical boxes (hardware.cluster)
         bx = cluster(bx, nodes, load_network(network) if network is not None else None)
@@ -302,6 +255,76 @@ def build_scenario(
     scenario = Scenario(bx, mdl, plan, config, settings, memory, workload, prof, sources, whatif=changes)
     check_work(*scenario_steps(scenario))
     return scenario
+
+
+def _profile_and_box(
+    profile: str | Profile | None,
+    box: str | Box | None,
+    engine: str | None,
+    model: str | Model | None,
+    engine_version: str | None,
+) -> tuple[Profile, Box]:
+    """The profile the user named (its box the default), else the one measured for the
+    box and engine asked for (catalogue.profile_for_box; the default box if none)."""
+    from ..profiles.catalogue import profile_for_box
+    from ..profiles.profile import DEFAULT_PROFILE, Profile, load_profile
+
+    default_engine = load_profile(DEFAULT_PROFILE).engine if profile is None else None
+    if profile is None and (box is not None or engine not in (None, default_engine)):
+        bx = box if isinstance(box, Box) else load_box(box or load_profile(DEFAULT_PROFILE).box)
+        model_name = model.name if isinstance(model, Model) else (model or DEFAULT_MODEL)
+        return profile_for_box(bx, engine or default_engine, model_name, engine_version), bx
+    prof = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
+    require(
+        engine_version is None or engine_version == prof.engine_version,
+        f"--engine-version {engine_version}: profile {prof.name} was measured with {prof.engine} "
+        f"{prof.engine_version or '(version not recorded)'}; leave out --profile to pick the version from the catalogue",
+    )
+    return prof, box if isinstance(box, Box) else load_box(box or prof.box)
+
+
+def _borrowed(prof: Profile, bx: Box, engine: str, allowed: bool) -> Profile:
+    """`prof` itself when it was measured on this box with this engine; else refused,
+    unless borrowing is allowed: then marked foreign (its costs reported as borrowed)."""
+    differs = foreign_reasons(prof, bx, engine)
+    if not differs:
+        return prof
+    require(
+        allowed,
+        f"profile {prof.name} was measured on {prof.box} with {prof.engine}, not this run's {bx.name} with "
+        f"{engine} ({'; '.join(differs)}); leave out --profile to use this box's own tables, "
+        "or pass --allow-foreign-profile to borrow them",
+    )
+    warnings.warn(
+        f"borrowing profile {prof.name} ({'; '.join(differs)}): its costs are reported as borrowed",
+        PipesimWarning,
+        stacklevel=3,
+    )
+    return replace(prof, foreign="; ".join(differs))
+
+
+def _engine_config(engine: str, prof: Profile, knobs: dict) -> tuple[EngineConfig, dict[str, str]]:
+    """The engine's knobs resolved (docs/engines.md §7): what the user gave, else the
+    profile's deployment flags (on its own engine, and not a knob the engine derives
+    from one the user gave), else the engine's default; and where each came from."""
+    config_cls = ENGINES[engine]
+    allowed = knob_names(config_cls)  # its declared knobs (engines/knobs.py)
+    unknown = sorted(k for k, v in knobs.items() if v is not None and k not in allowed)
+    require(not unknown, f"{', '.join(unknown)} is not a {engine} knob; {engine} knobs: {', '.join(allowed)}")
+    given = {k: v for k, v in knobs.items() if v is not None and k in allowed}
+    derived = {k for g in given for k in config_cls.derived_from.get(g, ())}
+    deployed = (
+        {k: v for k, v in prof.deployment.items() if k in allowed and k not in given and k not in derived}
+        if engine == prof.engine
+        else {}
+    )
+    config = config_cls(**check_values(config_cls, {**deployed, **given}))
+    config.validate()
+    sources = {
+        k: "user" if k in given else "profile deployment" if k in deployed else "engine default"
+        for k in allowed
+    }
+    return config, sources
 
 
 def scenario_steps(sc: Scenario) -> tuple[float, str]:
