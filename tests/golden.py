@@ -98,6 +98,9 @@ def _moments(columns: dict) -> dict:
 def figures(result: object) -> dict:
     """Every figure of a Result (the scenario's description included), at full precision."""
     out = {k: _plain(v) for k, v in vars(result).items() if k not in SKIP}
+    workload = out.get("scenario", {}).get("workload", {})
+    if workload.get("trace") == str(TRACE_FILE):  # the checkout's own path: kept relative to it
+        workload["trace"] = TRACE_FILE.relative_to(HERE.parent).as_posix()
     out["request_columns"] = _moments(result.request_columns)
     out["stage_columns"] = _moments(result.stage_columns)
     return out
