@@ -157,6 +157,11 @@ def table_source(box: Box, engine: str, model: str | None = None) -> str:
 
 
 def _tables_line(box: Box, engine: str, choice: Choice) -> str:
+    if choice.kind == "roofline" and box.same_die_as:
+        return FIRST_PRINCIPLES.replace(
+            "fitted on the measured GPUs",
+            f"fitted on AIConfigurator's {box.same_die_as} tables, the same die",
+        )
     if choice.kind == "roofline":
         return FIRST_PRINCIPLES
     if choice.kind == "installed":
@@ -265,13 +270,16 @@ def first_principles_profile(box: Box, engine: str) -> Profile:
     from .profile import Params, Profile
     from .tables import Tables
 
+    die = box.same_die_as
+    fitted_on = f"on AIConfigurator's {die} tables (the same die)" if die else "on measured GPUs"
     meta = {
         "name": f"first-principles-{box.name}",
         "engine": engine,
         "built_by": "pipesim catalogue (no measured tables: roofline)",
         "table_sources": {
-            "all": "roofline on the box's datasheet rates, kernel efficiency fitted on measured GPUs "
+            "all": f"roofline on the box's datasheet rates, kernel efficiency fitted {fitted_on} "
             "(no measured table for this GPU; docs/roofline.md)"
         },
+        **({"same_die_as": die} if die else {}),
     }
     return Profile(meta["name"], box.name, engine, "", Params(), meta, Tables(), box_spec=box)
