@@ -46,6 +46,19 @@ DATASHEET = {
     # RTX Blackwell whitepaper, RTX 5090: 32 GB, 1,792 GB/s; no P2P: 56.6 GB/s bidirectional (aikitoria#9) -> 28.3
     "rtx-5090-4x": (4, 32, 1.792, 209.5, 419, 28.3),
     "rtx-5090-8x": (8, 32, 1.792, 209.5, 419, 28.3),
+    # NVIDIA L40 datasheet: 48 GB, 864 GB/s, BF16 181.05 | 362.1 sparse, FP8 362 | 724 sparse; PCIe Gen4 x16
+    "l40-8x": (8, 48, 0.864, 181.05, 362, 32),
+    # A10G: no NVIDIA datasheet; AWS G5: 24 GiB each; Baseten's A10 vs A10G table: 600 GB/s, BF16 70 TF;
+    # Ampere: no FP8; PCIe Gen4 x16
+    "a10g-8x": (8, 24, 0.600, 70, 70, 32),
+    # NVIDIA RTX A6000 datasheet: 48 GB, 768 GB/s, tensor 309.7 TFLOPS with sparsity; Ampere: no FP8; PCIe Gen4
+    "rtx-a6000-8x": (8, 48, 0.768, 154.85, 154.85, 32),
+    # NVIDIA RTX 6000 Ada datasheet: 48 GB, 960 GB/s, tensor 1,457 TFLOPS = FP8 with sparsity; PCIe Gen4
+    "rtx-6000-ada-8x": (8, 48, 0.960, 1457 / 4, 1457 / 2, 32),
+    # NVIDIA A100 datasheet, 40 GB SXM: 1,555 GB/s, BF16 312 dense; NVLink 600 GB/s bidirectional
+    "a100-sxm-40gb-8x": (8, 40, 1.555, 312, 312, 300),
+    # H20 (vendors' product specifications): 96 GB HBM3, 4.0 TB/s, BF16 148, FP8 296 dense; NVLink 4 as H100's
+    "h20-8x": (8, 96, 4.0, 148, 296, 376),
 }
 
 
@@ -98,11 +111,33 @@ def test_geforce_copies_go_through_host_memory(name):
 
 
 def test_hopper_and_ada_have_no_fp4_and_ampere_no_fp8():
-    for name in ("h100-sxm-8x", "h200-sxm-8x", "l40s-8x", "l4-8x", "rtx-4090-8x"):
+    for name in (
+        "h100-sxm-8x",
+        "h200-sxm-8x",
+        "h20-8x",
+        "l40s-8x",
+        "l40-8x",
+        "l4-8x",
+        "rtx-4090-8x",
+        "rtx-6000-ada-8x",
+    ):
         g = load_box(name).gpu
         assert g.flops_fp4 == g.flops_fp8
-    a100 = load_box("a100-sxm-8x").gpu
-    assert a100.flops_fp8 == a100.flops_bf16
+    for name in ("a100-sxm-8x", "a100-sxm-40gb-8x", "a10g-8x", "rtx-a6000-8x"):
+        g = load_box(name).gpu
+        assert g.flops_fp8 == g.flops_bf16 == g.flops_fp4
+
+
+@pytest.mark.parametrize(
+    "name", ["l40-8x", "a10g-8x", "rtx-a6000-8x", "rtx-6000-ada-8x", "a100-sxm-40gb-8x", "h20-8x"]
+)
+def test_unmeasured_gpus_are_costed_by_first_principles_and_say_so(name, capsys):
+    # no AIConfigurator measurement of these GPUs: an A100 40 GB is not the 80 GB card measured
+    # (1,555 against 2,039 GB/s), so it must not borrow those tables
+    assert load_box(name).aiconfigurator_system == ""
+    main(["boxes", "show", name])
+    out = capsys.readouterr().out
+    assert out.count("first principles: the roofline on the box's datasheet rates") == 2  # sglang and vllm
 
 
 # ---- a cluster ------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..base.errors import require
 from ..inputs.box import Box
 from ..inputs.model import Model
 from ..inputs.plan import Plan
@@ -85,7 +86,13 @@ class Primitives:
         self._hop_cache: dict = {}
         self._hop_time_cache: dict = {}
         measured = any(t in profile.tables for t in KERNEL_TABLES)
-        self.fitted = None if measured else shipped_fit()
+        # a GPU of a measured die takes that die's own curves (catalogue.first_principles_profile)
+        die = "" if measured else str(profile.meta.get("same_die_as", ""))
+        self.fitted = None if measured else shipped_fit(die)
+        require(
+            self.fitted is not None or not die,
+            f"box {box.name}: same_die_as = {die!r} is not a GPU the roofline was fitted on (docs/roofline.md)",
+        )
         self.roofline_source = PROVENANCE_FITTED if self.fitted else "roofline"
 
     # ---- primitive operations (per GPU) -------------------------------------------
