@@ -289,10 +289,9 @@ def one_iteration(s, token: int):
 def make_detokenizer():
     """SGLang's DetokenizerManager with the state its __init__ sets, minus the sockets; the
     tokenizer is the offline byte-level BPE (see _common.byte_bpe_tokenizer)."""
+    from _common import SAMPLE_TEXT, byte_bpe_tokenizer
     from sglang.srt.managers import detokenizer_manager as dmod
     from transformers import PreTrainedTokenizerFast
-
-    from _common import SAMPLE_TEXT, byte_bpe_tokenizer
 
     tok, desc = byte_bpe_tokenizer()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok)

@@ -3,7 +3,9 @@
 requests and step tokens, the median over repetitions of the per-repetition CPU-time
 medians, and the spread (lowest and highest repetition median), in microseconds; then a
 least-squares line `a + b x running` per component over the pure-decode rows (step
-tokens = running), the form a profile takes (fixed part + per-request part).
+tokens = running) up to `--fit-max` running requests (default 512: above it the
+measured costs grow faster than linearly), the form a profile takes (fixed part +
+per-request part).
 
     python calibration/host/summarize.py calibration/host/*.csv > summary.md
 """
@@ -24,7 +26,7 @@ def fit(xs, ys):
     return my - b * mx, b
 
 
-def main(paths):
+def main(paths, fit_max=512):
     groups = defaultdict(list)
     for p in paths:
         with open(p) as f:
@@ -43,13 +45,16 @@ def main(paths):
             f"{min(v):,.1f}-{max(v):,.1f} | {len(v)} |"
         )
     print()
-    print("Least-squares fit over pure-decode rows (step tokens = running), CPU us = a + b x running:")
+    print(
+        f"Least-squares fit over pure-decode rows (step tokens = running, running <= {fit_max}), "
+        "CPU us = a + b x running:"
+    )
     print()
     print("| engine | version | component | a (us) | b (us per request) | points |")
     print("|---|---|---|---:|---:|---:|")
     lines = defaultdict(list)
     for (eng, ver, comp, run, tok), v in groups.items():
-        if run == tok:
+        if run == tok and run <= fit_max:
             lines[(eng, ver, comp)].append((run, statistics.median(v)))
     for key in sorted(lines):
         pts = sorted(lines[key])
@@ -60,4 +65,10 @@ def main(paths):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    fit_max = 512
+    if "--fit-max" in args:
+        i = args.index("--fit-max")
+        fit_max = int(args[i + 1])
+        del args[i : i + 2]
+    main(args, fit_max)

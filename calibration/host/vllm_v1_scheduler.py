@@ -164,17 +164,18 @@ class Requests:
         return self.Request(**kw)
 
 
-def fake_output(sched_out, token: int):
+def fake_output(sched, sched_out, token: int):
     """A ModelRunnerOutput with one sampled token for every request that reached the end of
     its prompt in this step (a partial prefill chunk samples nothing)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     req_ids = list(sched_out.num_scheduled_tokens)
     fields = {f.name: f for f in dataclasses.fields(ModelRunnerOutput)}
+    done = [sched.requests[r].num_computed_tokens >= sched.requests[r].num_prompt_tokens for r in req_ids]
     kw = dict(
         req_ids=req_ids,
         req_id_to_index={r: i for i, r in enumerate(req_ids)},
-        sampled_token_ids=[[token] for _ in req_ids],
+        sampled_token_ids=[[token] if d else [] for d in done],
     )
     for name, f in fields.items():
         if name in kw or f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
@@ -185,7 +186,7 @@ def fake_output(sched_out, token: int):
 
 def step(sched, token: int):
     so, t_s = timed(sched.schedule)
-    mro = fake_output(so, token)
+    mro = fake_output(sched, so, token)
     _, t_u = timed(sched.update_from_output, so, mro)
     return so, t_s, t_u
 
