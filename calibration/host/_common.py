@@ -1,4 +1,4 @@
-"""Shared helpers of the host-loop measurements: timing, CSV rows, the CPU's name, a
+"""Shared code of the host-loop measurements: timing, CSV rows, the CPU's name, a
 Llama-3.1-8B-shaped model config, and an offline byte-level BPE tokenizer.
 
 Nothing here measures by itself; every script in this folder imports it.
