@@ -268,6 +268,8 @@ def test_residual_fit_weights_each_run_once_per_group():
 def test_the_unmeasured_provenances_are_costs_own():
     from pipesim.costs.provenance import PROVENANCE
 
-    # every provenance but the measured tables' (costs.TABLE_PROVENANCE) carries the corpus band
+    # every provenance but the measured tables' (costs.TABLE_PROVENANCE) and a measured
+    # collective with its bandwidth part on this box's links ("scaled": its latency is
+    # measured, collectives.py) carries the corpus band
     assert set(U.UNMEASURED) <= set(PROVENANCE) and "measured" not in U.UNMEASURED
-    assert set(PROVENANCE) - set(U.UNMEASURED) == {"measured", "interpolated", "extrapolated"}
+    assert set(PROVENANCE) - set(U.UNMEASURED) == {"measured", "interpolated", "extrapolated", "scaled"}
