@@ -88,8 +88,9 @@ def render(chk: X.Check) -> str:
             "measured tables and neutral parameters (no shipped profile was measured on these GPUs for these "
             "models): every kernel is priced by the roofline with the efficiency curves fitted on measured GPUs "
             "(docs/roofline.md; nothing there is fitted to this corpus), collectives by NCCL's model. Its band is "
-            "the corpus residuals' (docs/uncertainty.md): where measured values of roofline predictions fell, "
-            "not centred on the prediction."
+            "the corpus residuals' (docs/uncertainty.md): where measured values of roofline predictions fell. "
+            "The errors here are of the simulated number; the headline pipesim prints is corrected by the "
+            "residuals' median (docs/uncertainty.md; its leave-one-out error: docs/residuals.md)."
         ),
     ]
     lines += [

@@ -107,9 +107,9 @@ def test_each_number_compared_once_with_its_error_and_band(chk):
         assert r.error_pct == pytest.approx((r.predicted - r.measured) / r.measured * 100)
         assert r.lo < r.hi and r.inside == (r.lo <= r.measured <= r.hi)
         # the band is the prediction's, centred where the corpus residuals put it
-        centre, half = U.band_log(r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel))
+        c, below, above = U.band_log(r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel))
         assert (r.lo, r.hi) == pytest.approx(
-            (r.predicted * math.exp(centre - half), r.predicted * math.exp(centre + half))
+            (r.predicted * math.exp(c - below), r.predicted * math.exp(c + above))
         )
     assert rows.unmeasured_share.min() == pytest.approx(1.0)  # roofline profiles: nothing measured
     assert set(rows.profile) == {"roofline-vllm"}  # no shipped profile was measured on an H100

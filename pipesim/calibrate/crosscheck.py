@@ -341,8 +341,10 @@ def _compare(item: tuple) -> tuple[list, dict | None]:
         field, family = METRIC_MAP[r.metric]
         p = pred.get(field, float("nan"))
         part_ = basis["parts"][family]
-        c, h = part_["centre_log"], part_["half_log"]
-        lo, hi = (p * math.exp(c - h), p * math.exp(c + h)) if math.isfinite(p) else (float("nan"),) * 2
+        c, below, above = part_["centre_log"], part_["below_log"], part_["above_log"]
+        lo, hi = (
+            (p * math.exp(c - below), p * math.exp(c + above)) if math.isfinite(p) else (float("nan"),) * 2
+        )
         rows.append(
             {
                 "row_id": r.row_id,
@@ -355,6 +357,7 @@ def _compare(item: tuple) -> tuple[list, dict | None]:
                 "ep": r.ep,
                 "measured": r.value,
                 "predicted": p,
+                # the simulation's own number: the printed headline is it x e^centre (docs/uncertainty.md)
                 "error_pct": (p - r.value) / r.value * 100,
                 "lo": lo,
                 "hi": hi,

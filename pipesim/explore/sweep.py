@@ -92,7 +92,7 @@ def run_point(
     of this scenario (beside `kwargs`, which all share). Module-level so that worker
     processes (local or Dask) can unpickle it."""
     from ..measure.metrics import idle_breakdown
-    from ..report.uncertainty import HEADLINE, intervals
+    from ..report.uncertainty import HEADLINE, corrected, intervals
     from ..sim.runner import simulate
 
     kwargs = {**kwargs, **(combo or {})}
@@ -108,7 +108,8 @@ def run_point(
     sat = r.saturation or {}
     # the band without an extra run (docs/uncertainty.md): a closed loop's workload part
     # from the run itself, an open loop's left out (it would take the ensemble's runs)
-    iv, _basis = intervals(r, scenario, workload="run" if scenario.workload.kind == "closed" else "none")
+    iv, basis = intervals(r, scenario, workload="run" if scenario.workload.kind == "closed" else "none")
+    r = corrected(r, basis)  # the headline the band is centred on (docs/uncertainty.md)
     bands = {f"{m}{end}": v for m in HEADLINE for end, v in zip(("_lo", "_hi"), iv[m])}
     return {
         "box": sc["box"],
