@@ -319,6 +319,7 @@ class Collectives:
         self._measured_on = measured_box(profile) if profile.collectives else None
         self._splits: dict = {}
         self._ratio: dict = {}
+        self._fabrics: dict = {}
 
     def time(self, op: str, gpus: tuple[int, ...], nbytes: float) -> tuple[float, str]:
         """(seconds, provenance) of `op` over `gpus` moving `nbytes` (an all-gather's or
@@ -326,9 +327,9 @@ class Collectives:
         n = len(gpus)
         if n < 2 or nbytes <= 0:
             return 0.0, "measured"
-        box, p = self.box, self.params
-        if box.spans_nodes(gpus):
-            fab = fabric_of(box, gpus, ring_bw(box, gpus))
+        p = self.params
+        if self.box.spans_nodes(gpus):
+            fab = self.fabric(gpus)
             return nccl_time(op, n, nbytes, fab, self.fit.of(fab.kind))[0], "roofline"
         impls = ("custom", "nccl") if (op == "all_reduce" and n <= p.custom_allreduce_max_gpus) else ("nccl",)
         for impl in impls:
@@ -342,11 +343,18 @@ class Collectives:
                     t, source = rescaled(t, split.latency_s, k), SCALED
                 break
         else:
-            fab = fabric_of(box, gpus, ring_bw(box, gpus))
+            fab = self.fabric(gpus)
             t, source = nccl_time(op, n, nbytes, fab, self.fit.of(fab.kind))[0], self.model_source
         if op == "all_reduce":
             t = t * p.allreduce_scale + p.allreduce_offset_us * 1e-6
         return t, source
+
+    def fabric(self, gpus: tuple[int, ...]) -> Fabric:
+        """The links the group's ring runs over (cached per group)."""
+        hit = self._fabrics.get(gpus)
+        if hit is None:
+            hit = self._fabrics[gpus] = fabric_of(self.box, gpus, ring_bw(self.box, gpus))
+        return hit
 
     def bandwidth_ratio(self, gpus: tuple[int, ...]) -> float:
         """The ring's narrowest link over `gpus` here / on the box the table was measured
