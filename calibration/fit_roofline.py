@@ -415,8 +415,9 @@ def render(doc: dict) -> str:
         "  An L4 (GDDR6, Ada) most resembles the L40S held out above.",
         "- Small shapes are latency-bound and partly served from cache in these benchmarks",
         "  (repeated runs of the same kernel), which no bytes-over-bandwidth term sees.",
-        "- Only kernels are fitted: collectives on a GPU without tables stay NCCL's ring model",
-        "  (plain `roofline`), and CPU costs, which the profile parameters carry, are not here.",
+        "- Only kernels are fitted here: collectives on a GPU without tables are NCCL's own model,",
+        "  calibrated on measured fabrics by calibration/fit_collectives.py (docs/collectives.md), and",
+        "  CPU costs, which the profile parameters carry, are not here.",
         "- The curves replace the roofline only for a profile with no measured kernel at all; a",
         "  GPU with tables uses them (and its own measured kernel floor for the rest).",
     ]

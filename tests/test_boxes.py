@@ -8,7 +8,6 @@ import tomllib
 
 from pipesim.base.errors import UserError
 from pipesim.cli import main
-from pipesim.costs.primitives import NCCL_BASE_S, NCCL_STEP_S
 from pipesim.costs.stage import CostModel
 from pipesim.inputs.box import NETWORK_NODE, box_from_dict, box_names, cluster, load_box, load_network
 from pipesim.inputs.model import load_model
@@ -186,19 +185,6 @@ def test_pp_hop_across_nodes_pays_the_nic(llama70b, profile):
     # stage 0 -> 1 stays on node 0's NVSwitch (2 links of 1 us, 300 GB/s)
     lat0, per_byte0 = cm._hop_path(0, 1)
     assert lat0 == pytest.approx(2e-6) and per_byte0 == pytest.approx(0.25 / 300e9)
-
-
-def test_tp_across_nodes_is_a_ring_over_the_network(llama70b, profile):
-    c = load_box("l4-8x", nodes=2, network="eth-100")  # 12.5 GB/s per GPU, 10 us
-    plan = make_plan(16, 1, llama70b.num_layers, c.gpu_count, "sglang")
-    cm = CostModel(c, llama70b, plan, profile)
-    gpus, nbytes, n = plan.stage_gpus(0), 8192 * 2 * 64, 16
-    t, source = cm.collective("all_reduce", gpus, nbytes)
-    # NCCL ring: base + 2(n-1) steps of the slowest hop's latency + 2(n-1)/n x bytes / narrowest link
-    by_hand = NCCL_BASE_S + 2 * (n - 1) * max(NCCL_STEP_S, 10e-6) + 2 * (n - 1) / n * nbytes / 12.5e9
-    assert source == "roofline" and t == pytest.approx(by_hand, rel=1e-12)
-    # the same TP8 inside one node is far cheaper
-    assert cm.collective("all_reduce", gpus[:8], nbytes)[0] < t / 3
 
 
 def test_cluster_needs_a_network():
