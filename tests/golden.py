@@ -111,9 +111,15 @@ def figures(result: object) -> dict:
 
 
 def compute(name: str) -> dict:
+    """The figures of one scenario; the trace replay's path as the checkout names it
+    (relative to its root), so that the file is the same in every checkout."""
     import pipesim
 
-    return figures(pipesim.predict(**SCENARIOS[name]))
+    out = figures(pipesim.predict(**SCENARIOS[name]))
+    workload = out["scenario"]["workload"]
+    if workload.get("trace") == str(TRACE_FILE):
+        workload["trace"] = TRACE_FILE.relative_to(HERE.parent).as_posix()
+    return out
 
 
 def main(argv: list[str]) -> int:

@@ -187,13 +187,22 @@ def test_cli_plot_bad_input(tmp_path, capsys):
 
 
 def capped(reason: str = "running cap", cap: int = 8) -> pd.DataFrame:
+    """The table with its caps and made-up slots by position: C requests spread evenly
+    over the first min(C, slots) positions, the others empty all the time."""
     df = table()
     slots = df.pp.where(df.pp > 1, 1)
-    per_slot = [
-        ";".join(f"{min(c, 8) / p if k < c else 0.0:.3f}" for k in range(p)) for c, p in zip(df.conc, slots)
+    busy = [min(c, p) for c, p in zip(df.conc, slots)]
+    means = [
+        ";".join(f"{c / b if k < b else 0.0:.3f}" for k in range(p)) for c, p, b in zip(df.conc, slots, busy)
     ]
+    empty = [";".join("0.0000" if k < b else "1.0000" for k in range(p)) for p, b in zip(slots, busy)]
     return df.assign(
-        effective_cap=cap, cap_reason=reason, slot_cap=8 // df.pp, slots=slots, decode_batch_per_slot=per_slot
+        effective_cap=cap,
+        cap_reason=reason,
+        slot_cap=8 // df.pp,
+        slots=slots,
+        occupancy_by_position=means,
+        empty_share_by_position=empty,
     )
 
 
@@ -229,18 +238,42 @@ def test_no_cap_marks_without_the_cap_columns():
     assert not plot.throughput(table()).axes[0].texts
 
 
-def test_bubble_cause_draws_each_slot_of_each_pp_split():
+def test_bubble_cause_draws_each_position_of_each_pp_split():
+    """Per PP split, the positions' mean requests (top) and time empty (bottom) as the
+    table has them; positions that read the same at every load are one line (PP8's 2nd
+    to 8th: 0, 1 and 4 requests at C = 1, 8, 32); a row without positions (a DP rank's,
+    or a table's from before them) is left out."""
     df = capped()
+    gone = (df.pp == 2) & (df.conc == 32)
+    df.loc[gone, ["occupancy_by_position", "empty_share_by_position"]] = float("nan")
     fig = plot.bubble_cause(df)
-    axes = [ax for ax in fig.axes if ax.get_visible()]
-    assert [ax.get_title() for ax in axes] == [
+    # one row of two panels: the tops, then the bottoms
+    pp8_top, pp2_top, pp8_bottom, pp2_bottom = [ax for ax in fig.axes if ax.get_visible()]
+    assert [pp8_top.get_title(), pp2_top.get_title()] == [
         "TP1 x PP8 (8 slots)",
         "TP4 x PP2 (2 slots)",
-    ]  # PP1 has no slots
-    lines = lines_by_label(axes[1])
-    part = df[df.pp == 2]
-    assert list(lines["slot 1"].get_ydata()) == [float(v.split(";")[1]) for v in part.decode_batch_per_slot]
-    assert any("per-slot cap 4" in t for t in texts(axes[1]))
+    ]  # PP1: none
+    assert [k for k in lines_by_label(pp8_top) if not k.startswith("_")] == ["1st", "2nd-8th"]  # and the cap
+    assert list(lines_by_label(pp8_top)["2nd-8th"].get_ydata()) == [0.0, 1.0, 4.0]
+    assert list(lines_by_label(pp8_bottom)["2nd-8th"].get_ydata()) == [100.0, 0.0, 0.0]
+    part = df[(df.pp == 2) & ~gone]
+    for k, name in enumerate(["1st", "2nd"]):
+        top, bottom = lines_by_label(pp2_top)[name], lines_by_label(pp2_bottom)[name]
+        assert list(top.get_xdata()) == list(bottom.get_xdata()) == [1, 8]
+        assert list(top.get_ydata()) == [float(v.split(";")[k]) for v in part.occupancy_by_position]
+        assert list(bottom.get_ydata()) == [
+            100 * float(v.split(";")[k]) for v in part.empty_share_by_position
+        ]
+    assert any("per-slot cap 4" in t for t in texts(pp2_top))
+    assert "time empty" in pp2_bottom.get_ylabel() and "requests" in pp2_top.get_ylabel()
+
+
+def test_bubble_cause_needs_positions():
+    with pytest.raises(pipesim.UserError, match="no occupancy_by_position"):
+        plot.bubble_cause(table())
+    dp_only = capped().assign(occupancy_by_position=float("nan"), empty_share_by_position=float("nan"))
+    with pytest.raises(pipesim.UserError, match="DP ranks have none"):
+        plot.bubble_cause(dp_only)
 
 
 def _overlaps(fig) -> list[tuple[str, str]]:

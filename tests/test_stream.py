@@ -133,6 +133,34 @@ def test_resume_with_other_options_is_refused(plain, tmp_path, ran, change, need
     assert before.startswith(part_path(out).read_bytes()) and not out.exists()
 
 
+SLOT_COLUMNS = ["occupancy_by_position", "empty_share_by_position", "batches_in_flight"]
+
+
+def test_resume_widens_a_part_file_written_before_the_slot_columns(plain, tmp_path, ran):
+    """A part file of a version without the slots-by-position columns: its two rows are
+    kept with those columns empty (not measured), the two missing scenarios run and
+    carry them, and the part file takes the new header, so that a second interruption
+    resumes as any other."""
+    out = tmp_path / "s.csv"
+    old = _interrupted(plain, out, 2, partial=False).drop(columns=SLOT_COLUMNS)
+    part_path(out).write_text(old.to_csv(index=False, lineterminator="\n"))
+    df = sweep(**ARGS, out=out, resume=True)
+    assert len(ran) == 2
+    kept = df.sim_wall_s == 1234.5
+    assert {row_key(r) for r in df[kept].to_dict("records")} == {row_key(r) for r in old.to_dict("records")}
+    assert df.loc[kept, SLOT_COLUMNS].isna().all().all()
+    new = df[~kept].set_index(list(KEY_COLUMNS))
+    ref = plain.set_index(list(KEY_COLUMNS)).loc[new.index]
+    pd.testing.assert_frame_equal(new[SLOT_COLUMNS], ref[SLOT_COLUMNS])
+    others = [c for c in plain.columns if c not in SLOT_COLUMNS]
+    pd.testing.assert_frame_equal(deterministic(df[others]), deterministic(plain[others]))
+    back = read_table(out)
+    assert (
+        set(back.columns) == set(plain.columns)
+        and back.loc[back.sim_wall_s == 1234.5, SLOT_COLUMNS].isna().all().all()
+    )
+
+
 def test_a_part_file_is_not_overwritten_without_resume(plain, tmp_path, ran):
     out = tmp_path / "s.csv"
     _interrupted(plain, out, 2)

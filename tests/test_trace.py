@@ -348,3 +348,74 @@ def test_vllm_group_counters_and_preempt_instants():
     marks = [ev for ev in trace["traceEvents"] if ev["ph"] == "i" and ev["name"] == "preempt"]
     assert len(marks) == result.preemptions_total == len(rec.evictions) > 0
     assert result.group_sizes is not None and len(result.group_sizes) == n
+
+
+# ---- the slots by position over time --------------------------------------------------
+
+
+def _series(trace: dict, name: str) -> list[tuple[float, dict]]:
+    return [
+        (ev["ts"] / 1e6, ev["args"]) for ev in trace["traceEvents"] if ev["ph"] == "C" and ev["name"] == name
+    ]
+
+
+def _time_mean(samples: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """The mean over [t0, t1] of a step function given as (time, value) samples."""
+    total = 0.0
+    for (a, v), (b, _) in zip(samples, samples[1:] + [(t1, 0.0)]):
+        total += v * max(0.0, min(b, t1) - max(a, t0))
+    return total / (t1 - t0)
+
+
+def test_slot_position_counters_average_to_the_result(tp2pp4):
+    """The trace's "slots occupied" and "requests by slot position" tracks, averaged over
+    the window as a reader of the timeline would, give the Result's positions: the mean
+    number occupied is the busy shares summed, each position's mean its requests (to the
+    nanosecond rounding of the trace's times). At every sample the positions are
+    fullest first and as many hold a batch as the occupied track says."""
+    rec, r, trace = tp2pp4
+    t0, t1 = r.window_s
+    occupied = _series(trace, "slots occupied")
+    by_position = _series(trace, "requests by slot position")
+    assert len(occupied) == len(by_position) == 1 + len(rec.batches) + len(rec.tokens)
+    held = _time_mean([(t, a["batches in flight"]) for t, a in occupied], t0, t1)
+    assert held == pytest.approx(sum(1 - e for e in r.empty_share_by_position), rel=1e-6)
+    names = ["1st", "2nd", "3rd", "4th"]
+    for k, name in enumerate(names):
+        mean = _time_mean([(t, a[name]) for t, a in by_position], t0, t1)
+        assert mean == pytest.approx(r.occupancy_by_position[k], rel=1e-6, abs=1e-9)
+    for (_, n), (_, sizes) in zip(occupied, by_position):
+        values = [sizes[x] for x in names]
+        assert values == sorted(values, reverse=True)
+        assert n["batches in flight"] == sum(1 for v in values if v) <= rec.slots
+    assert trace["otherData"]["occupancy_by_position"] == pytest.approx(r.occupancy_by_position)
+
+
+def test_slot_position_counters_of_a_hand_built_record():
+    """Three slots: batches of 3 (launched at 0) and 5 (at 1) return at 2 and 4, one of
+    2 launches at 2 as the first returns. The tracks step 1, 2, 3 for an instant (at a
+    tie the launch goes first), 2, 1."""
+    from pipesim.measure.record import freeze
+    from pipesim.measure.rows import Batch, Recorder, TokenReturn
+    from pipesim.report.trace import positions
+
+    rows = Recorder(2)
+    rows.batches += [Batch(0.0, 0, 3, "decode"), Batch(1.0, 1, 5, "decode"), Batch(2.0, 0, 2, "decode")]
+    rows.tokens += [TokenReturn(2.0, 3), TokenReturn(4.0, 5)]
+    rec = freeze(
+        rows, stage_gpus=((0,), (1,)), layers_per_stage=(1, 1), slots=3, clients=None,
+        window_start_s=0.0, end_s=5.0, events=0,
+    )  # fmt: skip
+    out = positions(rec, "slots")
+    occupied = [(e["ts"], e["args"]["batches in flight"]) for e in out if e["name"] == "slots occupied"]
+    sizes = [(e["ts"], *e["args"].values()) for e in out if e["name"] == "requests by slot position"]
+    us = 1e6
+    assert occupied == [(0.0, 0), (0.0, 1), (us, 2), (2 * us, 3), (2 * us, 2), (4 * us, 1)]
+    assert sizes == [
+        (0.0, 0, 0, 0),
+        (0.0, 3, 0, 0),
+        (us, 5, 3, 0),
+        (2 * us, 5, 3, 2),
+        (2 * us, 5, 2, 0),
+        (4 * us, 2, 0, 0),
+    ]

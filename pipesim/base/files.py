@@ -54,6 +54,7 @@ NUMBER_TABLE_COLUMNS = (
     "cpu_share",
     "mean_requests_per_microbatch",
     "mean_decode_batch",
+    "batches_in_flight",
     # the likely band of each headline number (uncertainty.HEADLINE; docs/uncertainty.md)
     *(f"{m}{end}" for m in INTERVAL_COLUMNS for end in ("_lo", "_hi")),
 )
@@ -72,6 +73,8 @@ TEXT_TABLE_COLUMNS = (
     "split",
     "layers_per_stage",
     "decode_batch_per_slot",
+    "occupancy_by_position",
+    "empty_share_by_position",
     "cap_reason",
     "sweep_options",
 )

@@ -20,7 +20,8 @@ from matplotlib.figure import Figure
 from ..base.errors import require
 from ..base.files import check_out_path, ensure_dir, write_atomic
 from .conditions import condition_slug, condition_text, conditions
-from .plot_parts import _annotate_apart, _conc_axis, _figure, _mark_caps, _slot_batches, _splits, _subtitle
+from .plot_bubble import bubble_cause
+from .plot_parts import _annotate_apart, _conc_axis, _figure, _mark_caps, _splits, _subtitle
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -82,57 +83,6 @@ def per_gpu(df: pd.DataFrame) -> Figure:
     ax.legend(title="split", loc="upper left")
     _mark_caps(ax, df.assign(per_gpu=df.output_throughput_tok_s / df.gpus), "per_gpu")
     fig.suptitle(f"Output throughput per GPU vs concurrency\n{_subtitle(df)}", fontsize=10)
-    return fig
-
-
-def bubble_cause(df: pd.DataFrame) -> Figure:
-    """Why pipeline stages idle: the mean decode batch of each micro-batch slot against
-    the load, per split. With PP = N the engine runs N slots (plus async depth); a slot
-    with a small or empty batch leaves every stage idle for its turn: the bubble. The
-    per-slot cap is drawn where the table has it."""
-    require(
-        "decode_batch_per_slot" in df.columns,
-        "the sweep table has no decode_batch_per_slot; rerun it with this version of pipesim",
-    )
-    parts = [(label, part) for label, part in _splits(df) if int(part.pp.iloc[0]) > 1] or list(_splits(df))
-    cols = min(3, len(parts))
-    rows = math.ceil(len(parts) / cols)
-    fig = _figure(3.6 * cols + 0.6, 3.2 * rows + 1.3)
-    axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax, (label, part) in zip(axes, parts):
-        per_row = _slot_batches(part)
-        slots = max(len(b) for b in per_row)
-        for k in range(slots):
-            ys = [b[k] if k < len(b) else 0.0 for b in per_row]
-            ax.plot(part.conc, ys, marker="o", markersize=3, linewidth=1, label=f"slot {k}")
-        if "slot_cap" in part.columns and int(part.slot_cap.iloc[0]) > 0:
-            ax.axhline(int(part.slot_cap.iloc[0]), color="grey", linestyle="--", linewidth=1)
-            ax.annotate(
-                f"per-slot cap {int(part.slot_cap.iloc[0])}",
-                (0.98, int(part.slot_cap.iloc[0])),
-                xycoords=("axes fraction", "data"),
-                ha="right",
-                va="top",
-                fontsize=7,
-                color="dimgrey",
-            )
-        _conc_axis(ax, part.conc)
-        ax.set_xlabel("concurrency C", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.set_title(f"{label} ({slots} slot{'s' if slots > 1 else ''})", fontsize=9)
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-        if slots > 1:
-            ax.legend(fontsize=6, ncols=2, loc="lower right")
-    for ax in axes[len(parts) :]:
-        ax.set_visible(False)
-    for ax in axes[::cols]:
-        ax.set_ylabel("mean decode batch (requests)", fontsize=8)
-    fig.suptitle(
-        "The bubble's cause: requests in each micro-batch slot against load (equal slots fill the pipeline; "
-        f"an empty or small slot idles every stage for its turn)\n{_subtitle(df)}",
-        fontsize=9,
-    )
     return fig
 
 
@@ -402,8 +352,10 @@ def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", pref
         "breakdown": breakdown,
         "bubble_cause": bubble_cause,
     }
-    # a table written before the slot column: no bubble-cause figure rather than none at all
-    names = [n for n in FIGURES if n != "bubble_cause" or "decode_batch_per_slot" in df.columns]
+    # a table written before the slots by position, or of DP ranks alone: no bubble-cause
+    # figure rather than none at all
+    positions = "occupancy_by_position" in df.columns and df.occupancy_by_position.notna().any()
+    names = [n for n in FIGURES if n != "bubble_cause" or positions]
     # one set of figures per condition (box, engine, lengths), its file named for it
     parts = list(conditions(df))
     jobs = [

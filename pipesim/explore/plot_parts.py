@@ -80,17 +80,6 @@ def _mark_caps(ax, df: pd.DataFrame, column: str, scale=lambda part: 1.0) -> Non
         _annotate_apart(ax, texts, fontsize=7, color="dimgrey", arrows=True)
 
 
-def _slot_batches(part: pd.DataFrame) -> list[list[float]]:
-    """Per row, the decode batch of each micro-batch slot (vLLM: the in-flight group
-    sizes, where the table has them)."""
-    col = (
-        "group_sizes"
-        if "group_sizes" in part.columns and part.group_sizes.notna().all()
-        else "decode_batch_per_slot"
-    )
-    return [[float(x) for x in str(v).split(";") if x != ""] for v in part[col]]
-
-
 def _annotate_apart(ax, texts, fontsize: int = 7, color=None, arrows: bool = False) -> None:
     """Label points so that labels do not print over each other: each label goes to the
     first of a ring of offsets where its drawn box overlaps no label placed before it

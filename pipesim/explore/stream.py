@@ -10,6 +10,12 @@ Each row carries its sweep's options (OPTIONS_COLUMN: the JSON of every input th
 one of the sweep's lists), so a resume with other options is refused rather than mixing
 two sweeps in one table, and its key (grid.KEY_COLUMNS), so a resume runs exactly the
 scenarios not yet in the file.
+
+A file written before some of this version's columns (the slots by position, say) is
+widened when the first new row comes: its rows keep their values and leave the new
+columns empty (not measured by the version that ran them), the part file is rewritten
+once with the new header, and the sweep goes on. A file with a column this version does
+not write is refused.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..base.errors import UserError, require
-from ..base.files import check_table, csv_kwargs, read_table
+from ..base.files import check_table, csv_kwargs, read_table, write_atomic
 from .grid import KEY_COLUMNS, row_key
 
 if TYPE_CHECKING:
@@ -171,7 +177,7 @@ class PartWriter:
     first row (or the rows a resume starts from); each row must have its columns."""
 
     def __init__(self, part: Path, done: pd.DataFrame | None) -> None:
-        self.part, self.columns = part, None
+        self.part, self.columns, self.done = part, None, done
         if done is not None and part.exists():
             self.columns = list(done.columns)  # appending to the part file we recovered
             self.file = open(part, "a", encoding="utf-8", newline="")
@@ -188,11 +194,22 @@ class PartWriter:
             self.columns = list(row)
             self._write(pd.DataFrame([row]), header=True)
             return
+        if list(row) != self.columns and set(self.columns) < set(row) and self.done is not None:
+            self._widen(list(row))
         require(
             list(row) == self.columns,
             f"--resume: {self.part} has the columns of another pipesim version; write a new --out",
         )
         self._write(pd.DataFrame([row]), header=False)
+
+    def _widen(self, columns: list[str]) -> None:
+        """The rows done, written before `columns` had all their members, rewritten
+        with them (the new ones empty) before the first new row is appended."""
+        self.file.close()
+        text = self.done.reindex(columns=columns).to_csv(index=False, lineterminator="\n")
+        write_atomic(self.part, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        self.file = open(self.part, "a", encoding="utf-8", newline="")
+        self.columns = columns
 
     def _write(self, df: pd.DataFrame, header: bool) -> None:
         self.file.write(df.to_csv(index=False, header=header, lineterminator="\n"))

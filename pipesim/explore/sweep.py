@@ -11,6 +11,7 @@ stopped (stream.py).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -154,6 +155,7 @@ def run_point(
         "decode_batch_per_slot": ";".join(f"{b:.3f}" for b in r.decode_batch_per_slot),
         # vLLM's in-flight groups (plot.bubble_cause reads them where present); SGLang: none
         "group_sizes": ";".join(f"{b:.3f}" for b in r.group_sizes) if r.group_sizes else float("nan"),
+        **positions(r.occupancy_by_position, r.empty_share_by_position),
         "preemptions": r.preemptions,
         **caps(scenario),
         "overloaded": bool(sat.get("overloaded", False)),
@@ -162,6 +164,21 @@ def run_point(
         "completed_requests": r.completed_requests,
         "sim_events": r.sim_events,
         "sim_wall_s": r.sim_wall_s,
+    }
+
+
+def positions(means: list | None, empty: list | None) -> dict:
+    """The slots by position (measure/occupancy.py; plot.bubble_cause reads them): each
+    one's mean requests and share of time empty, ';'-joined, and the mean number holding
+    a batch; NaN without positions (DP ranks)."""
+    if means is None or empty is None:
+        return dict.fromkeys(
+            ("occupancy_by_position", "empty_share_by_position", "batches_in_flight"), math.nan
+        )
+    return {
+        "occupancy_by_position": ";".join(f"{m:.3f}" for m in means),
+        "empty_share_by_position": ";".join(f"{e:.4f}" for e in empty),
+        "batches_in_flight": sum(1.0 - e for e in empty),
     }
 
 

@@ -107,6 +107,11 @@ class Result:
     # vLLM: mean requests of each batch in flight at a launch, largest first (one entry
     # per max_concurrent_batches), the analogue of decode_batch_per_slot; None for SGLang
     group_sizes: list | None
+    # the batches in flight by position, fullest first (one position per slot, vLLM: per
+    # group; occupancy.py): mean requests of the k-th fullest over the window, and the
+    # share of the window with no k-th batch in flight; None with DP ranks
+    occupancy_by_position: list | None
+    empty_share_by_position: list | None
     # running requests evicted for KV in the window (SGLang retract_decode, vLLM
     # recompute preemption; docs/engines.md §4), and in the whole run
     preemptions: int
@@ -279,6 +284,7 @@ def collect(
         "idle": np.maximum(0.0, 1 - compute - comm),
     }
     hops = [st.hop_s[s] / span for s in range(len(rec.hop_names))]
+    occ = st.occupancy
     return Result(
         scenario=scenario,
         window_s=(t0, t1),
@@ -304,6 +310,8 @@ def collect(
             for s, c in zip(slot_orbits(st.slot_decode, shift), slot_orbits(st.slot_decode_batches, shift))
         ],
         group_sizes=st.groups.means() if st.groups is not None else None,
+        occupancy_by_position=None if occ is None else occ.means(t1 - t0),
+        empty_share_by_position=None if occ is None else occ.empty_shares(t1 - t0),
         preemptions=st.evictions,
         preemptions_total=st.evictions_total,
         completed_requests=done.measured,

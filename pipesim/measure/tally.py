@@ -12,8 +12,8 @@ turns the rows up to simulated time `now` into running figures:
   the scheduler CPU and link waits;
 - each stage's idle stretches (the gaps between its busy stretches), counted and summed,
   and its idle time split by what was in flight towards it (metrics.idle_breakdown);
-- launched batches (mean size, decode batch per slot, vLLM's in-flight groups), output
-  tokens, KV evictions.
+- launched batches (mean size, decode batch per slot, vLLM's in-flight groups), the
+  batches in flight by position over time (occupancy.py), output tokens, KV evictions.
 
 Folding is exact, not an estimate. Every row is appended at or before its start (the
 pipeline books work ahead of its time, never behind it: pipeline.py), so once the run is
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .occupancy import Occupancy
 from .rows import Recorder, upto
 from .steady import TimeHistogram
 
@@ -154,7 +155,9 @@ class StepTally:
     """Running figures of a run's rows over its measurement window (the module
     docstring). Rows are per stage (or per DP rank); the hop feeding stage s is the hop
     out of stage s - 1 (none without PP: those lists stay empty); the scheduler CPU
-    runs on stage 0's host."""
+    runs on stage 0's host. The batches in flight are taken by position (occupancy.py),
+    one per slot or, with vLLM's groups, one per group; not for the rows of DP ranks
+    (more rows than slots and no groups), whose returns interleave."""
 
     def __init__(self, stages: int, slots: int, groups: int = 0, open_loop: bool = True) -> None:
         self.stages, self.slots = stages, slots
@@ -174,6 +177,7 @@ class StepTally:
         self.batches = self.batch_requests = self.decode_batches = self.decode_requests = 0
         self.slot_decode, self.slot_decode_batches = [0] * slots, [0] * slots
         self.groups = InflightGroups(groups) if groups else None
+        self.occupancy = Occupancy(groups or slots) if groups or slots >= stages else None
         self.evictions = self.evictions_total = 0
         self.visits = 0  # stage visits (compute rows) of the whole run
 
@@ -260,6 +264,8 @@ class StepTally:
             if groups is not None:
                 groups.returned(t)
         batches = upto(rec.batches, b, final)
+        if self.occupancy is not None:
+            self.occupancy.fold(batches, tokens, b, t0)
         for bt in batches:
             inside = t0 is not None and bt.launch_s >= t0
             if groups is not None:

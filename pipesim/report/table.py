@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ..measure.metrics import Result
+from ..measure.occupancy import ordinal
 from .uncertainty import likely
 
 
@@ -16,13 +17,45 @@ def _ms(v: float) -> str:
     return "-" if v != v else f"{v:,.1f} ms"
 
 
-def _slot_note(per_slot: list) -> str:
-    used = [b for b in per_slot if b > 0]
-    if used and len(used) < len(per_slot):
-        return f"   ({len(per_slot) - len(used)} of {len(per_slot)} slots idle: the pipeline cannot fill)"
-    if used and max(used) > 1.5 * min(used):
-        return "   (unequal slots: the largest sets the pace)"
-    return ""
+def _positions(r: Result, engine: str) -> list[str]:
+    """The micro-batches in flight by position, fullest first (measure/occupancy.py):
+    each position's mean requests and share of time empty, positions that read the same
+    merged ('3rd-8th'), and a line that says what they mean. None with one position."""
+    means, empty = r.occupancy_by_position, r.empty_share_by_position
+    if not means or len(means) < 2:
+        return []
+    cells: list[tuple[str, str, str]] = []  # (positions, mean requests, time empty)
+    for k, (m, e) in enumerate(zip(means, empty), start=1):
+        mean, share = f"{m:.1f}", f"{e:.0%}"
+        if cells and cells[-1][1:] == (mean, share):
+            first = cells[-1][0].split("-")[0]
+            cells[-1] = (f"{first}-{ordinal(k)}", mean, share)
+        else:
+            cells.append((ordinal(k), mean, share))
+    width = max(6, *(len(c[0]) for c in cells))
+    what = "slots" if engine == "sglang" else "groups"
+    n = len(means)
+    held = sum(1 - e for e in empty)  # mean batches in flight
+    never = [e for e in empty if e > 0.995]
+    full = [m for m, e in zip(means, empty) if e < 0.005]
+    if never:
+        meaning = (
+            f"{len(never)} {'never' if min(never) == 1 else 'almost never'} do: the pipeline cannot fill"
+        )
+    elif held < n - 0.05:
+        meaning = "some are empty part of the time: the pipeline runs short of batches then"
+    elif full and max(full) > 1.5 * min(full):
+        meaning = "unequal batches: the fullest sets the pace"
+    else:
+        meaning = "the pipeline is full"
+    return [
+        f"  {what + ' by position':<18}"
+        + "".join(f"{c[0]:>{width + 2}}" for c in cells)
+        + "   (micro-batches in flight, fullest first, over the window)",
+        "    mean requests   " + "".join(f"{c[1]:>{width + 2}}" for c in cells),
+        "    time empty      " + "".join(f"{c[2]:>{width + 2}}" for c in cells),
+        f"    {held:.1f} of {n} {what} have a batch in flight on average; {meaning}",
+    ]
 
 
 def _periods(r: Result) -> str:
@@ -131,18 +164,7 @@ def table(result: Result) -> str:
                 else ""
             )
         )
-    if len(r.decode_batch_per_slot) > 1:
-        lines.append(
-            "  decode batch per slot: "
-            + "  ".join(f"m{i} {b:.1f}" for i, b in enumerate(r.decode_batch_per_slot))
-            + _slot_note(r.decode_batch_per_slot)
-        )
-    if r.group_sizes and len(r.group_sizes) > 1:
-        lines.append(
-            "  batch per in-flight group: "
-            + "  ".join(f"g{i} {b:.1f}" for i, b in enumerate(r.group_sizes))
-            + _slot_note(r.group_sizes).replace("slots", "groups")
-        )
+    lines += _positions(r, eng["engine"])
     if r.intervals:
         lines.append(
             f"  likely = {r.interval_basis['coverage']:.0%} band; calibration: {r.interval_basis['calibration']}"

@@ -8,8 +8,10 @@ slices; a bubble is a gap on a GPU track. Times are written in whole nanoseconds
 (ts and dur are microseconds with three decimals) so that slices that touch in the
 simulation touch in the file, never overlap.
 
-Counter tracks show each slot's occupancy (vLLM: each in-flight group's) and the
-free KV cache over time; an instant marks each request evicted for KV (`counters`).
+Counter tracks show each slot's occupancy (vLLM: each in-flight group's), the slots
+occupied by position (the micro-batches in flight, fullest first: how many, and each
+one's requests; measure/occupancy.py) and the free KV cache over time; an instant
+marks each request evicted for KV (`counters`).
 The file's metadata carries each stage's idle time split by cause
 (`metrics.idle_breakdown`).
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..measure.metrics import Result, idle_breakdown, inflight_groups
+from ..measure.occupancy import occupancy_steps, ordinal
 from ..measure.record import Record
 
 TRACK_GPUS, TRACK_HOPS, TRACK_CPU, TRACK_WINDOW = 1, 2, 3, 4
@@ -109,6 +112,7 @@ def counters(rec: Record, engine: str) -> list[dict]:
         out += [
             _counter(f"slot {b.slot} occupancy", b.launch_s, {"requests": b.requests}) for b in rec.batches
         ]
+    out += positions(rec, "slots" if engine == "sglang" else "groups")
     out += [_counter("KV cache", t, {"free tokens": free}) for t, free in rec.kv_free]
     what = "retract" if engine == "sglang" else "preempt"
     out += [
@@ -124,6 +128,27 @@ def counters(rec: Record, engine: str) -> list[dict]:
         }
         for t, rid in rec.evictions
     ]
+    return out
+
+
+def positions(rec: Record, what: str) -> list[dict]:
+    """Two counter tracks of the micro-batches in flight at every launch and return
+    (measure/occupancy.py; none with DP ranks): "<what> occupied", how many hold a
+    batch, and "requests by <slot> position", the requests of each, fullest first
+    (one series per position: 1st, 2nd, ...). Their time-weighted means over the window
+    are the Result's positions."""
+    occ = rec.steps.occupancy
+    if occ is None:
+        return []
+    n, by = occ.positions, f"requests by {what[:-1]} position"
+    names = [ordinal(k) for k in range(1, n + 1)]
+    out = [
+        _counter(f"{what} occupied", 0.0, {"batches in flight": 0}),
+        _counter(by, 0.0, dict.fromkeys(names, 0)),
+    ]
+    for t, sizes in occupancy_steps(rec.batches, rec.tokens, n):
+        out.append(_counter(f"{what} occupied", t, {"batches in flight": sum(1 for v in sizes if v)}))
+        out.append(_counter(by, t, dict(zip(names, sizes))))
     return out
 
 
@@ -235,6 +260,8 @@ def build_trace(rec: Record, result: Result) -> dict:
         "run_ms": rec.end_s * 1e3,
         "output_throughput_tok_s": result.output_throughput_tok_s,
         "bubble_fraction": result.bubble_fraction,
+        "occupancy_by_position": result.occupancy_by_position,
+        "empty_share_by_position": result.empty_share_by_position,
         "bubbles_note": (
             "bubbles are the idle stretches of each stage's GPUs inside the measurement window; "
             "idle time is split into waiting on a P2P hop, on the scheduler CPU, and the pipeline "
