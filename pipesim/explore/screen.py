@@ -190,7 +190,7 @@ def _structural(tp: int, pp: int, base: dict, chunk: int | None, space: PlanSpac
     the space's highest rate)."""
     engine_kw = {} if chunk is None else {_engine(base).prefill_chunk_knob: chunk}
     load = dict(rate_rps=max(space.loads)) if space.open_loop else dict(concurrency=1)
-    return build_scenario(tp=tp, pp=pp, **load, **base, **engine_kw)
+    return build_scenario(tp=tp, pp=pp, **load, **{**base, **engine_kw})
 
 
 def _engine(kw: dict):
