@@ -102,6 +102,8 @@ def test_every_engine_config_has_what_engine_config_declares():
         "name",
         "title",
         "partition_rule",
+        "running_cap_knob",
+        "prefill_chunk_knob",
         "derived_from",
         "validate",
         "memory_fraction",
@@ -110,9 +112,11 @@ def test_every_engine_config_has_what_engine_config_declares():
     for name, cls in ENGINES.items():
         assert all(hasattr(cls, m) for m in _members(EngineConfig)), cls
         assert cls.name == name
-        # a derived knob and its source are both the engine's knobs
+        # a derived knob and its source are both the engine's knobs, as are the knobs a
+        # planner sweeps (explore/screen.py)
         for source, derived in cls.derived_from.items():
             assert {source, *derived} <= set(knob_names(cls))
+        assert {cls.running_cap_knob, cls.prefill_chunk_knob} <= set(knob_names(cls))
 
 
 def test_every_engine_settings_has_what_engine_settings_declares():

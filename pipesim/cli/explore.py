@@ -6,19 +6,20 @@ from collections.abc import Callable
 
 import click
 
-from ..base.checks import MAX_CONCURRENCY
+from ..base.checks import MAX_BATCH_TOKENS, MAX_CONCURRENCY, MAX_RUNNING, MAX_SWEEP_SCENARIOS
 from ..base.errors import require
+from ..explore.two_stage import MAX_SIMULATE
 from .options import (
     DEFAULT_CONC_TEXT,
     apply_options,
     list_kwargs,
     parse_floats,
     parse_ints,
+    parse_list,
     parse_number,
     parse_splits,
     parse_workers,
     scenario_kwargs,
-    scenario_options,
     sweep_scenario_options,
 )
 
@@ -106,6 +107,81 @@ def workers_options(workers_help: str, scheduler_help: str) -> Callable[[Callabl
         return click.option("--workers", type=int, default=None, help=workers_help)(f)
 
     return decorate
+
+
+def two_stage_options(f: Callable) -> Callable:
+    """A search's two stages (docs/search.md): what the model screens, what is simulated."""
+    options = [
+        click.option(
+            "--simulate-all",
+            is_flag=True,
+            help="simulate every plan (a sweep), as before the steady-state model screened them",
+        ),
+        click.option(
+            "--simulate",
+            default=str(MAX_SIMULATE),
+            show_default=True,
+            metavar="N|band",
+            help="simulate the plans whose model band reaches the best's, at most N (the best by the model "
+            "first); band: every one of them",
+        ),
+        click.option(
+            "--running-caps",
+            default=None,
+            metavar="N[,N..]",
+            help="running caps to try (SGLang --max-running-requests, vLLM --max-num-seqs) [default: the engine's]",
+        ),
+        click.option(
+            "--chunks",
+            default=None,
+            metavar="N[,N..]",
+            help="prefill chunks to try (SGLang --chunked-prefill-size, vLLM --max-num-batched-tokens) "
+            "[default: the engine's]",
+        ),
+        click.option(
+            "--expert-parallel",
+            default=None,
+            metavar="off,on",
+            help="try each split without and with expert parallel (off, on or off,on) [default: --enable-expert-parallel]",
+        ),
+    ]
+    return apply_options(f, options)
+
+
+def two_stage_kwargs(
+    simulate_all: bool,
+    simulate: str,
+    running_caps: str | None,
+    chunks: str | None,
+    expert_parallel: str | None,
+) -> dict:
+    """The search's keywords for its two stages (search.search: screen, simulate, ...)."""
+    if simulate_all:
+        require(
+            not (running_caps or chunks or expert_parallel),
+            "--running-caps, --chunks and --expert-parallel are a two-stage search's; --simulate-all sweeps "
+            "the engine's own knobs (give them as --max-running-requests ...)",
+        )
+        return {}
+    if simulate.strip().lower() == "band":
+        keep = None
+    else:
+        keep = parse_ints(simulate, "--simulate", MAX_SWEEP_SCENARIOS)[0]
+    modes = None
+    if expert_parallel is not None:
+        parts = parse_list(expert_parallel, "--expert-parallel")
+        require(
+            all(p in ("off", "on") for p in parts),
+            f"--expert-parallel '{expert_parallel}': allowed off, on or off,on",
+        )
+        modes = [p == "on" for p in parts]
+    return dict(
+        screen=True,
+        simulate=keep,
+        running_caps=parse_ints(running_caps, "--running-caps", MAX_RUNNING) if running_caps else None,
+        chunks=parse_ints(chunks, "--chunks", MAX_BATCH_TOKENS) if chunks else None,
+        expert_parallel=modes,
+    )
 
 
 @click.command()
@@ -238,8 +314,9 @@ def sweep(
     is_flag=True,
     help="a table of several boxes, engines or lengths: one best over all of them, not one per condition",
 )
+@two_stage_options
 @parallel_grid_options
-@scenario_options
+@sweep_scenario_options
 @workers_options(
     workers_help="local worker processes [default: every core]",
     scheduler_help="run on a Dask cluster: tcp://HOST:PORT",
@@ -262,12 +339,18 @@ def search(
     plot_file: str | None,
     from_file: str | None,
     across_conditions: bool,
+    simulate_all: bool,
+    simulate: str,
+    running_caps: str | None,
+    chunks: str | None,
+    expert_parallel: str | None,
     workers: int | None,
     scheduler: str | None,
     progress: bool | None,
     **opts: object,
 ) -> None:
-    """The best split and load under constraints, the alternatives ranked, and why."""
+    """The best split and load under constraints, the alternatives ranked, and why: every
+    plan priced by the steady-state model, the ones worth it simulated (docs/search.md)."""
     from pathlib import Path
 
     from ..base.files import read_table
@@ -294,10 +377,20 @@ def search(
     if table is None:  # a table given: nothing is swept, and --gpus/--conc/--rate go unread
         run.update(load_kwargs(conc, rate, num_requests))
         run.update(
-            scheduler=scheduler, workers=parse_workers(workers), progress=progress, **scenario_kwargs(opts)
+            scheduler=scheduler,
+            workers=parse_workers(workers),
+            progress=progress,
+            **list_kwargs(scenario_kwargs(opts)),
         )
         run.update(parallel_grid_kwargs(dp, enable_dp_attention, enable_expert_parallel))
+        run.update(two_stage_kwargs(simulate_all, simulate, running_caps, chunks, expert_parallel))
         gpus = parse_ints(gpus, "--gpus")
+    else:
+        require(
+            not (running_caps or chunks or expert_parallel),
+            "--running-caps, --chunks and --expert-parallel set a two-stage search's plans; "
+            "a table given with --from is searched as it is",
+        )
     result = run_search(
         gpus,
         objective,

@@ -76,6 +76,15 @@ class EngineSettings(Protocol):
     @property
     def inflight_groups(self) -> int: ...  # batches in flight whose requests form groups (vLLM); 0: slots
 
+    @property
+    def prefill_budget(self) -> int: ...  # prompt tokens one batch takes at most
+
+    @property
+    def mixes_prefill(self) -> bool: ...  # prompt chunks ride with decodes in one batch (vLLM)
+
+    @property
+    def batches_per_request(self) -> int: ...  # batches in flight one request may ride at once
+
     def describe(self) -> dict: ...
 
     def graphed(self, decode: int, prefill_tokens: int) -> bool: ...
@@ -100,6 +109,8 @@ class EngineConfig(Protocol):
     name: ClassVar[str]  # ENGINES key, the engine of a profile
     title: ClassVar[str]  # the engine's own spelling, for help texts and docs
     partition_rule: ClassVar[str]  # how it splits layers over PP stages (inputs/plan.py)
+    running_cap_knob: ClassVar[str]  # the knob that caps the running requests
+    prefill_chunk_knob: ClassVar[str]  # the knob that sets a batch's prompt tokens
     # knob -> the knobs the engine derives from it when they are not given: a profile's
     # deployment value for them yields once the user gives the source knob
     derived_from: ClassVar[Mapping[str, tuple[str, ...]]]

@@ -122,6 +122,9 @@ class SGLangConfig:
     name: ClassVar[str] = "sglang"
     title: ClassVar[str] = "SGLang"
     partition_rule: ClassVar[str] = "sglang"
+    # the knobs a planner sweeps: the running cap and the prefill chunk (explore/screen.py)
+    running_cap_knob: ClassVar[str] = "max_running_requests"
+    prefill_chunk_knob: ClassVar[str] = "chunked_prefill_size"
     # knobs the engine derives from another when not given (Scheduler.__init__:
     # pp_max_micro_batch_size = max(max_running_requests // pp_size, 1)): a profile's
     # deployment value for them does not apply once the user gives the source knob
@@ -229,6 +232,23 @@ class SGLangSettings:
     def inflight_groups(self) -> int:
         """SGLang has micro-batch slots, not implicit groups (EngineSettings)."""
         return 0
+
+    @property
+    def prefill_budget(self) -> int:
+        """Prompt tokens one prefill batch takes: the chunk, within the prefill budget
+        (`PrefillAdder`, the scheduler's `_prefill`; EngineSettings)."""
+        return min(self.chunked_prefill_size, self.max_prefill_tokens)
+
+    @property
+    def mixes_prefill(self) -> bool:
+        """Prefill-first: a slot's turn runs a prefill batch instead of its decode batch,
+        never both (EngineSettings)."""
+        return False
+
+    @property
+    def batches_per_request(self) -> int:
+        """A request rides one batch at a time: its slot's (EngineSettings)."""
+        return 1
 
     def describe(self) -> dict:
         """The resolved knobs for the scenario description (`scenario.engine`)."""
@@ -356,7 +376,7 @@ class SGLangScheduler:
         times `new_token_ratio`, plus the whole remaining output of each request
         admitted in this pass (a truncated chunk reserves none)."""
         sim, s = self.sim, self.s
-        budget = min(s.chunked_prefill_size, s.max_prefill_tokens)
+        budget = s.prefill_budget
         chunks = []
         if self.chunked is not None:  # a chunked request continues in any slot
             r = self.chunked

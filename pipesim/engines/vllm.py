@@ -102,6 +102,9 @@ class VLLMConfig:
     name: ClassVar[str] = "vllm"
     title: ClassVar[str] = "vLLM"
     partition_rule: ClassVar[str] = "vllm"
+    # the knobs a planner sweeps: the running cap and the token budget (explore/screen.py)
+    running_cap_knob: ClassVar[str] = "max_num_seqs"
+    prefill_chunk_knob: ClassVar[str] = "max_num_batched_tokens"
     derived_from: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})  # none of its knobs
 
     def validate(self) -> None:
@@ -185,6 +188,24 @@ class VLLMSettings:
         return self.max_concurrent_batches
 
     @property
+    def prefill_budget(self) -> int:
+        """`max_num_batched_tokens`: the token budget of a batch, decodes and prompt
+        chunks together (EngineSettings)."""
+        return self.max_num_batched_tokens
+
+    @property
+    def mixes_prefill(self) -> bool:
+        """Chunked prefill rides with the decodes of the same batch (EngineSettings)."""
+        return True
+
+    @property
+    def batches_per_request(self) -> int:
+        """With async scheduling a request in flight is scheduled again with a
+        placeholder token: it rides two batches at once (`VLLMScheduler.repeat`;
+        EngineSettings)."""
+        return 2 if self.async_scheduling else 1
+
+    @property
     def slots(self) -> int:
         """vLLM has no micro-batch slots: every batch launches as slot 0 and groups
         form implicitly (see the module docstring)."""
@@ -214,7 +235,7 @@ class VLLMScheduler:
         # placeholder token, in at most two batches; with PP a decode is eligible again
         # pp steps later (next_decode_eligible_step), or once its outputs are back;
         # docs/engines.md §6
-        self.repeat = 2 if settings.async_scheduling else 1
+        self.repeat = settings.batches_per_request
         self.pp = sim.pp
         self.step = 0
         self.eligible: dict[int, int] = {}

@@ -15,6 +15,7 @@ from .objectives import COLUMN_NAMES, CONSTRAINTS, OBJECTIVES, constraint_texts,
 from .objectives import noise as _noise
 from .search_why import explain, gpu_ms_per_token
 from .sweep import DEFAULT_CONC, load_column, sweep
+from .two_stage import MAX_SIMULATE, model_text, two_stage
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Search:
     unqualified: tuple = ()  # max-load: splits that carry none of the swept loads, and why
     condition: dict = field(default_factory=dict)  # the condition searched, where the table has several
     across: tuple = ()  # with across_conditions: the conditions ranked together
+    screen: str = ""  # a two-stage search: what the model screened and why these were simulated
 
     def text(self) -> str:
         _, _, label = OBJECTIVES[self.objective]
@@ -68,10 +70,13 @@ class Search:
                 f"{r['output_tok_s_per_gpu']:>10,.1f} {r['per_request_tok_s']:>8,.1f} "
                 f"{_ms(r.get('ttft_ms_p99')):>9} {_ms(r.get('tpot_ms_p99')):>9} "
                 f"{r['compute_share']:>8.0%} {r['allreduce_share']:>8.0%} {r['bubble_fraction']:>7.0%}"
+                + model_text(r)
             )
         for u in self.unqualified:
             lines.append(f"  -- {u}")
         lines += ["", "why: " + self.why]
+        if self.screen:
+            lines += ["", self.screen]
         for s in t.attrs.get("skipped", []):
             lines.append(f"skipped {s}")
         return "\n".join(lines)
@@ -85,6 +90,7 @@ class Searches:
     results: tuple[Search, ...]
     failed: tuple[str, ...]
     table: pd.DataFrame
+    screen: str = ""  # a two-stage search: what the model screened
 
     def text(self) -> str:
         blocks = [
@@ -94,6 +100,7 @@ class Searches:
         blocks += [r.text() for r in self.results]
         blocks += [f"nothing qualifies {f}" for f in self.failed]
         blocks += ["\n".join(f"skipped {s}" for s in self.table.attrs.get("skipped", []))]
+        blocks += [self.screen]
         return "\n\n".join(blocks).rstrip()
 
 
@@ -178,6 +185,11 @@ def search(
     max_tpot_p99_ms: float | None = None,
     table: pd.DataFrame | None = None,
     across_conditions: bool = False,
+    screen: bool = False,
+    simulate: int | None = MAX_SIMULATE,
+    running_caps: Sequence[int] | None = None,
+    chunks: Sequence[int] | None = None,
+    expert_parallel: Sequence[bool] | None = None,
     **kwargs: object,
 ) -> Search | Searches:
     """The best split and load by `objective` (one of OBJECTIVES) among the points that
@@ -191,7 +203,13 @@ def search(
     A table of several conditions (box, engine, input and output lengths; conditions.py)
     is searched condition by condition: a `Searches`, one `Search` each, a split ranked
     only against the splits of its own condition. `across_conditions`: one best over all
-    of them instead, each split named with its condition."""
+    of them instead, each split named with its condition.
+
+    `screen`: two stages (two_stage.py, docs/search.md): every plan of the space (the
+    sweep's lists x `running_caps` x `chunks` (the engine's prefill chunk, SGLang, or
+    token budget, vLLM) x `expert_parallel` (off, on)) priced by the steady-state model,
+    then the plans whose band reaches the best sure value simulated (at most `simulate`,
+    None: all of them) and ranked as a sweep's rows, each with the model's band."""
     require(objective in OBJECTIVES, f"unknown objective '{objective}'; allowed: {', '.join(OBJECTIVES)}")
     given = dict(
         min_per_request_tok_s=min_per_request_tok_s,
@@ -208,6 +226,27 @@ def search(
         )
     if splits is not None:
         splits = [tuple(s) for s in splits]
+    screened = ""
+    if table is None and screen:
+        table, screened = two_stage(
+            gpus,
+            objective,
+            conc,
+            rate,
+            splits,
+            constraints,
+            kwargs,
+            simulate=simulate,
+            running_caps=running_caps,
+            chunks=chunks,
+            expert_parallel=expert_parallel,
+        )
+        splits = None  # the screen kept to them
+    else:
+        require(
+            running_caps is None and chunks is None and expert_parallel is None,
+            "running caps, chunks and expert-parallel lists are a two-stage search's (screen=True)",
+        )
     if table is None:
         if splits is not None:
             gpus = sorted({tp * pp for tp, pp in splits})
@@ -241,11 +280,13 @@ def search(
     df["qualifies"] = ok_mask
     parts = list(conditions(df))
     if len(parts) == 1:
-        return _search_one(df, objective, constraints)
+        return replace(_search_one(df, objective, constraints), screen=screened)
     if across_conditions:
         for cond, part in parts:
             df.loc[part.index, "split"] = part.split + f" [{condition_text(cond)}]"
-        return replace(_search_one(df, objective, constraints), across=tuple(c for c, _ in parts))
+        return replace(
+            _search_one(df, objective, constraints), across=tuple(c for c, _ in parts), screen=screened
+        )
     results, failed = [], []
     for cond, part in parts:
         part = part.copy()
@@ -256,7 +297,7 @@ def search(
             failed.append(f"[{condition_text(cond)}] {e}")
     if not results:
         raise UserError("; ".join(failed))
-    return Searches(tuple(results), tuple(failed), df)
+    return Searches(tuple(results), tuple(failed), df, screened)
 
 
 def _search_one(df: pd.DataFrame, objective: str, constraints: dict) -> Search:
