@@ -37,10 +37,11 @@ MAX_SIM_S = 1e6  # simulated-time horizon: a run stops here whatever its state
 MAX_JSON_DEPTH = 200  # nesting of a JSON or TOML file
 
 
-def is_int(value: object) -> TypeGuard[numbers.Integral]:
+def is_int(value: object) -> TypeGuard[int]:
     """A whole number given as one: Python or numpy integers, never a bool or a float.
-    (bool is tested first: typeshed does not make it an Integral, so the checker would
-    call a test after the Integral one unreachable.)"""
+    The guard lets the checker treat it as the int it converts to (a numpy integer
+    compares and converts as one); bool is tested first, as typeshed does not make it
+    an Integral and the checker would call a test after the Integral one unreachable."""
     return (
         not isinstance(value, bool)
         and isinstance(value, numbers.Integral)
@@ -48,8 +49,9 @@ def is_int(value: object) -> TypeGuard[numbers.Integral]:
     )
 
 
-def is_number(value: object) -> TypeGuard[numbers.Real]:
-    """A real number (int or float, Python or numpy), never a bool or a string."""
+def is_number(value: object) -> TypeGuard[float]:
+    """A real number (int or float, Python or numpy), never a bool or a string; the
+    checker treats it as the float it converts to."""
     return not isinstance(value, bool) and isinstance(value, numbers.Real) and type(value).__name__ != "bool_"
 
 
