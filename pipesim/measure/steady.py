@@ -164,9 +164,11 @@ def queue_wait_s(concurrency: int, engine_load: float, mean_admitted_s: float) -
 
 def window_ci(tokens: ArrayLike, t0: float, t1: float) -> tuple[float, float]:
     """(output tok/s, 95% half-width) over [t0, t1] from (time, tokens) records."""
-    if t1 <= t0 or len(tokens) == 0:
+    if t1 <= t0:
         return float("nan"), float("inf")
     a = np.asarray(tokens, dtype=float).reshape(-1, 2)
+    if len(a) == 0:
+        return float("nan"), float("inf")
     inside = (a[:, 0] > t0) & (a[:, 0] <= t1)
     edges = np.linspace(t0, t1, BATCHES + 1)
     rates = np.histogram(a[inside, 0], bins=edges, weights=a[inside, 1])[0] / ((t1 - t0) / BATCHES)
@@ -210,6 +212,7 @@ class TimeHistogram:
 
     def _double(self) -> None:
         b = self._bins
+        assert b is not None  # called only once the points are binned
         half = b.reshape(-1, 2).sum(axis=1)
         b[: len(half)], b[len(half) :] = half, 0.0
         self._width *= 2
@@ -222,7 +225,8 @@ class TimeHistogram:
     def span_weights(self, t0: float, t1: float) -> np.ndarray:
         """The weight in each of `BATCHES` equal spans of [t0, t1], read off the bins'
         cumulative weight (interpolated inside the bin each edge cuts)."""
-        cum = np.concatenate(([0.0], np.cumsum(self._bins)))
+        assert self._bins is not None, "span_weights reads the bins: the points are no longer kept"
+        cum = np.concatenate((np.zeros(1), np.cumsum(self._bins)))
         edges = np.linspace(t0, t1, BATCHES + 1) / self._width
         return np.diff(np.interp(edges, np.arange(self.nbins + 1), cum))
 
