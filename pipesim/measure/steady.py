@@ -135,11 +135,12 @@ def slot_orbits(values: ArrayLike, shift: int) -> np.ndarray:
 
 
 def closed_loop_ci(
-    concurrency: int, output_tokens: ArrayLike, latency_s: ArrayLike, period_requests: int = 0
+    concurrency: float, output_tokens: ArrayLike, latency_s: ArrayLike, period_requests: int = 0
 ) -> tuple[float, float]:
     """(output tok/s, 95% half-width) from completed requests in completion order: over
     the whole periods of `period_requests` when they repeat (`period`; at least two of
-    them), else in BATCHES batches."""
+    them), else in BATCHES batches. `concurrency`: the clients, or the engine's mean
+    load when more clients queue than it admits (stopping.py)."""
     out = np.asarray(output_tokens, dtype=float)
     lat = np.asarray(latency_s, dtype=float)
     if len(out) < BATCHES or lat.sum() <= 0:
