@@ -59,14 +59,15 @@ def options_text(kwargs: dict, run_kwargs: dict, open_loop: bool) -> str:
     return json.dumps(opts, sort_keys=True, separators=(",", ":"), default=repr)
 
 
-def _plain(value):
+def _plain(value: object) -> object:
     """A value JSON can hold: a Profile or Model object by its name and parameters."""
     if isinstance(value, (str, int, float, bool)):
         return value
-    if hasattr(value, "name") and hasattr(value, "params") and is_dataclass(value.params):
+    params = getattr(value, "params", None)
+    if hasattr(value, "name") and is_dataclass(params) and not isinstance(params, type):
         return {
             "name": value.name,
-            "params": asdict(value.params),
+            "params": asdict(params),
             "foreign": getattr(value, "foreign", None),
         }
     if hasattr(value, "name"):
