@@ -245,6 +245,32 @@ def fit_all(rows: list[Rows]) -> dict[str, Curve]:
     return {op: fit_class(rs) for op, rs in sorted(by_op.items())}
 
 
+# Measured GPUs of one die with other memory: the test of fitting one and costing the other
+SAME_DIE = (("h100_sxm", "h200_sxm"), ("h200_sxm", "h100_sxm"))  # GH100: HBM3 3.35 / HBM3e 4.8 TB/s
+
+
+def per_gpu(rows: list[Rows], system: str) -> tuple[dict[str, Curve], dict[str, dict]]:
+    """The curves fitted on one GPU's rows alone, and their in-sample errors by class."""
+    own = [r for r in rows if r.system == system]
+    curves = fit_all(own)
+    return curves, {r.op: error_stats(predict(curves[r.op], r), r) for r in own}
+
+
+def same_die(rows: list[Rows], fitted_on: str, costed: str) -> dict[str, dict]:
+    """`costed`'s rows predicted at its own datasheet rates by the curves of `fitted_on` (the
+    same die) alone, beside those fitted on every other GPU (its leave-one-out)."""
+    die, _ = per_gpu(rows, fitted_on)
+    others = fit_all([r for r in rows if r.system != costed])
+    return {
+        r.op: {
+            "same_die": error_stats(predict(die[r.op], r), r),
+            "others": error_stats(predict(others[r.op], r), r),
+        }
+        for r in rows
+        if r.system == costed and r.op in die and r.op in others
+    }
+
+
 def leave_one_out(rows: list[Rows], held_out: str) -> dict[str, dict]:
     """Fit without `held_out`, predict its rows: op class -> error stats (fitted and plain)."""
     curves = fit_all([r for r in rows if r.system != held_out])
@@ -336,6 +362,48 @@ def render(doc: dict) -> str:
             lines.append(f"| {op} | {f:.1f} | {p:.1f} |")
     lines += [
         "",
+        "## Per GPU, for a GPU of the same die (`same_die_as`)",
+        "",
+        "A box whose GPU was not measured but shares its die with one that was (an A100 40 GB and",
+        "the A100 80 GB measured; an H20 and the H100) names that system as `same_die_as`",
+        "(docs/boxes.md): its kernels go through the curves fitted on that GPU's tables alone, at",
+        "the box's own datasheet bandwidth and tensor rates, so what the die does beyond its",
+        "datasheet (the per-GPU bias above) carries over and only what differs, differs.",
+        "Not for the L40S's die (AD102: L40, RTX 6000 Ada): its own curves reach the bound of",
+        "full datasheet bandwidth (mem_eff 1.0), fitted mostly on benchmark shapes whose weights",
+        "stay in its 96 MB L2, while a decode GEMV over a large weight matrix reaches about 76%",
+        "(16384 x 4096 bf16 at m = 1: 204 us); those boxes take the curves of every measured GPU.",
+        "In-sample median / mean absolute error in % of each GPU's own curves:",
+        "",
+        "| GPU | " + " | ".join(doc["curves"]) + " |",
+        "|---|" + "---|" * len(doc["curves"]),
+    ]
+    for system in systems:
+        res = doc["per_gpu_residuals"][system]
+        cells = [
+            f"{res[op]['median_abs_pct']:.1f} / {res[op]['mean_abs_pct']:.1f}" if op in res else "-"
+            for op in doc["curves"]
+        ]
+        lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "The test of the transfer, on the two measured GPUs of one die with different memory",
+        "(GH100: H100 SXM with 3.35 TB/s of HBM3, H200 with 4.8 TB/s of HBM3e): each one's rows",
+        "costed by the other's curves at its own datasheet rates, beside the curves fitted on",
+        "every other GPU (its leave-one-out above). Median / mean absolute error in %:",
+        "",
+        "| curves of -> costed GPU | class | rows | same die | every other GPU |",
+        "|---|---|---|---|---|",
+    ]
+    for pair, by_op in doc["same_die"].items():
+        for op, v in by_op.items():
+            d, o = v["same_die"], v["others"]
+            lines.append(
+                f"| {pair} | {op} | {d['rows']} | {d['median_abs_pct']:.1f} / {d['mean_abs_pct']:.1f} "
+                f"| {o['median_abs_pct']:.1f} / {o['mean_abs_pct']:.1f} |"
+            )
+    lines += [
+        "",
         "## What the curves do not capture",
         "",
         "- One curve per class for every GPU: what differs between GPUs beyond their datasheet",
@@ -347,8 +415,9 @@ def render(doc: dict) -> str:
         "  An L4 (GDDR6, Ada) most resembles the L40S held out above.",
         "- Small shapes are latency-bound and partly served from cache in these benchmarks",
         "  (repeated runs of the same kernel), which no bytes-over-bandwidth term sees.",
-        "- Only kernels are fitted: collectives on a GPU without tables stay NCCL's ring model",
-        "  (plain `roofline`), and CPU costs, which the profile parameters carry, are not here.",
+        "- Only kernels are fitted here: collectives on a GPU without tables are NCCL's own model,",
+        "  calibrated on measured fabrics by calibration/fit_collectives.py (docs/collectives.md), and",
+        "  CPU costs, which the profile parameters carry, are not here.",
         "- The curves replace the roofline only for a profile with no measured kernel at all; a",
         "  GPU with tables uses them (and its own measured kernel floor for the rest).",
     ]
@@ -360,6 +429,7 @@ def build(systems: list[str] | None = None, cap: int = 1500) -> dict:
     curves = fit_all(rows)
     present = sorted({r.system for r in rows})
     boxes = {s: gpus_by_system()[s][0] for s in present}
+    fits = {s: per_gpu(rows, s) for s in present}
     return {
         "source": (
             "fitted by calibration/fit_roofline.py on AIConfigurator's measured kernel tables "
@@ -374,6 +444,11 @@ def build(systems: list[str] | None = None, cap: int = 1500) -> dict:
             for op, c in curves.items()
         },
         "leave_one_out": {s: leave_one_out(rows, s) for s in present},
+        "per_gpu": {s: {op: c.as_dict() for op, c in fits[s][0].items()} for s in present},
+        "per_gpu_residuals": {s: fits[s][1] for s in present},
+        "same_die": {
+            f"{a} -> {b}": same_die(rows, a, b) for a, b in SAME_DIE if a in present and b in present
+        },
     }
 
 

@@ -24,6 +24,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 GOLDEN_FILE = HERE / "data" / "golden.json"
 TRACE_FILE = HERE / "data" / "golden_trace.csv"
+REPO = HERE.parent
 VLLM = dict(engine="vllm", profile="rtx-pro-6000-vllm")
 SHORT = dict(input_len=200, output_len=100)
 
@@ -68,7 +69,10 @@ SKIP = ("sim_wall_s", "request_columns", "stage_columns", "requests", "stages")
 
 
 def _plain(v: object) -> object:
-    """JSON-ready, every float at full precision (repr round-trips)."""
+    """JSON-ready, every float at full precision (repr round-trips); a path inside the
+    repository relative to it (the file must not depend on where the checkout is)."""
+    if isinstance(v, str) and v.startswith(str(REPO) + "/"):
+        return Path(v).relative_to(REPO).as_posix()
     if isinstance(v, dict):
         return {str(k): _plain(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):

@@ -388,18 +388,44 @@ def test_every_case_is_documented():
         assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", doc), message
 
 
-def test_catalogue_without_the_extra_names_it(monkeypatch, capsys):
-    # a box costed from AIConfigurator's tables, with aiconfigurator-core not installed
+def test_catalogue_without_the_extra_names_it(monkeypatch, tmp_path, capsys):
+    # a box costed from AIConfigurator tables pipesim does not ship, aiconfigurator-core not installed
     from pipesim.profiles import catalogue
 
     monkeypatch.setattr(catalogue, "data_root", lambda: None)
+    text = (DOC.parent.parent / "pipesim" / "data" / "boxes" / "h100-sxm-8x.toml").read_text()
+    box = tmp_path / "a30-box.toml"
+    box.write_text(text.replace('"h100_sxm"', '"a30"'))
     with pytest.raises(SystemExit) as exc:
-        main(["predict", "--conc", "1", "--box", "h100-sxm-8x", *FAST])
+        main(["predict", "--conc", "1", "--box", str(box), *FAST])
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1
     message = (
-        "box h100-sxm-8x is costed from AIConfigurator's measured h100_sxm tables, which are not installed: "
-        "pip install 'pipesim[catalogue]'"
+        "is costed from AIConfigurator's measured a30 tables, which pipesim does not ship and are not "
+        "installed: pip install 'pipesim[catalogue]'"
     )
     assert message in err
     assert message in DOC.read_text()
+
+
+def test_engine_versions_the_catalogue_lacks_are_documented(capsys):
+    for args in (
+        ["predict", "--conc", "1", "--box", "h100-sxm-8x", "--engine-version", "0.5.10", *FAST],
+        [
+            "sweep",
+            "--gpus",
+            "2",
+            "--conc",
+            "2",
+            "--box",
+            "h100-sxm-8x,rtx-pro-6000-server-8x",
+            "--engine-version",
+            "0.5.6.post2",
+            *FAST,
+        ],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(args)
+        err = capsys.readouterr().err.strip()
+        assert exc.value.code == 2 and len(err.splitlines()) == 1
+        assert err.split("error: ", 1)[1] in DOC.read_text()

@@ -72,8 +72,19 @@ def test_engine_flags_become_knobs():
         "max_num_seqs": 64,
         "max_num_batched_tokens": 8192,
     }
-    with pytest.raises(X.Skip, match="--enable-dp-attention"):
-        X.knobs_for("sglang", "python3 -m sglang.launch_server --tp 8 --enable-dp-attention")
+    with pytest.raises(X.Skip, match="--speculative"):
+        X.knobs_for("sglang", "python3 -m sglang.launch_server --tp 8 --speculative-algorithm EAGLE")
+
+
+def test_parallel_flags_are_expressed():
+    """DP attention, expert parallel and nodes are pipesim's now (docs/parallel.md): the
+    row's sizes and its flags become build_scenario's keywords, not a skip."""
+    run = {"dp": 1, "ep": 1, "nodes": 1, "launch_flags": "python3 -m sglang.launch_server --tp-size 8"}
+    assert X.parallel_for(run) == {"dp": 1, "ep": 1, "nodes": 1}
+    run = {**run, "launch_flags": "... --tp-size 8 --enable-dp-attention", "dp": 8}
+    assert X.parallel_for(run) == {"dp": 8, "ep": 1, "nodes": 1, "dp_attention": True}
+    run = {"dp": 1, "ep": 8, "nodes": 2, "launch_flags": "vllm serve m -tp 8 --enable-expert-parallel"}
+    assert X.parallel_for(run) == {"dp": 1, "ep": 8, "nodes": 2, "enable_expert_parallel": True}
 
 
 def test_pairwise_agreement_and_kendall_by_hand():
@@ -103,16 +114,26 @@ def test_each_number_compared_once_with_its_error_and_band(chk):
         "fixture-h100-llama8b-002",
         "fixture-h100-llama8b-004",
     ]
-    for r in rows.itertuples():  # itl_ms_mean (row 003) is not a pipesim metric: left out
-        assert r.error_pct == pytest.approx((r.predicted - r.measured) / r.measured * 100)
-        assert r.lo < r.hi and r.inside == (r.lo <= r.measured <= r.hi)
-        # the band is the prediction's, centred where the corpus residuals put it
-        centre, half = U.band_log(r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel))
-        assert (r.lo, r.hi) == pytest.approx(
-            (r.predicted * math.exp(centre - half), r.predicted * math.exp(centre + half))
-        )
-    assert rows.unmeasured_share.min() == pytest.approx(1.0)  # roofline profiles: nothing measured
-    assert set(rows.profile) == {"roofline-vllm"}  # no shipped profile was measured on an H100
+    for df in (chk.rows, chk.roofline):
+        for r in df.itertuples():  # itl_ms_mean (row 003) is not a pipesim metric: left out
+            assert r.error_pct == pytest.approx((r.predicted - r.measured) / r.measured * 100)
+            assert r.lo < r.hi and r.inside == (r.lo <= r.measured <= r.hi)
+            # the band is the prediction's, centred where the corpus residuals put it
+            c, below, above = U.band_log(
+                r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel)
+            )
+            assert (r.lo, r.hi) == pytest.approx(
+                (r.predicted * math.exp(c - below), r.predicted * math.exp(c + above))
+            )
+    # the user's path: what `pipesim predict --box h100-sxm-8x --engine vllm` gives, the
+    # catalogue's profile (AIConfigurator's measured H100 tables), nearly all measured
+    assert set(rows.profile) == {"aiconfigurator-h100_sxm-vllm"} and set(rows.path) == {"user"}
+    assert rows.unmeasured_share.max() < 0.5
+    # the roofline path: the same numbers with no table at all
+    roof = chk.roofline.set_index("row_id")
+    assert sorted(roof.index) == sorted(rows.index) and set(roof.profile) == {"roofline-vllm"}
+    assert roof.unmeasured_share.min() == pytest.approx(1.0)
+    assert (roof.measured == rows.measured).all()
 
 
 def test_ranking_over_the_two_splits(chk):
@@ -123,10 +144,14 @@ def test_ranking_over_the_two_splits(chk):
 
 def test_cli_text_and_json(capsys):
     main(["validate", "--corpus", str(FIXTURE)])
-    assert "corpus: 8 rows, 4 runs, 1 sources" in capsys.readouterr().out
-    main(["validate", "--corpus", str(FIXTURE), "--json"])
+    out = capsys.readouterr().out
+    assert "corpus: 8 rows, 4 runs, 1 sources" in out
+    assert "overall, user path" in out and "overall, roofline path" in out
+    main(["validate", "--corpus", str(FIXTURE), "--json", "--jobs", "1"])
     d = json.loads(capsys.readouterr().out)
     assert d["overall"]["numbers"] == 3 and len(d["skipped"]) == 2
+    assert d["overall_roofline"]["numbers"] == 3 and len(d["roofline_rows"]) == 3
+    assert {m["metric"] for m in d["per_metric"]} == {m["metric"] for m in d["per_metric_roofline"]}
 
 
 def test_validation_doc_states_the_shipped_corpus():
@@ -147,3 +172,74 @@ def test_splits_are_compared_only_when_the_launch_differs_in_the_parallel_flags_
         "vllm serve m --max-model-len 32768 --async-scheduling -tp 2"
     )
     assert other_flags("vllm serve m --tensor-parallel-size=4 --enable-expert-parallel") == "vllm serve m"
+
+
+def _run(**kw):
+    base = {
+        "hardware": "NVIDIA H100 SXM x8",
+        "model": "zai-org/GLM-4.5-Air",
+        "quantization": "bf16 (checkpoint)",
+        "kv_cache_dtype": "",
+        "workload": "random, input 1000 tokens, output 100 tokens",
+        "engine": "sglang",
+        "launch_flags": "python3 -m sglang.launch_server --tp-size 4 --ep-size 4",
+        "tp": 4,
+        "pp": 1,
+        "dp": 1,
+        "ep": 4,
+        "nodes": 1,
+        "concurrency": 8,
+        "request_rate": None,
+        "num_prompts": 64,
+    }
+    return {**base, **kw}
+
+
+def test_an_expert_parallel_run_by_both_paths():
+    user = X.scenario_for(_run(), path="user")
+    roof = X.scenario_for(_run(), path="roofline")
+    assert (user.plan.tp, user.plan.ep, user.plan.moe_tp) == (4, 4, 1)
+    assert roof.plan == user.plan
+    # the user's path is what `pipesim predict --box h100-sxm-8x --engine sglang` gives
+    assert user.profile.name == "aiconfigurator-h100_sxm-sglang" and len(user.profile.tables)
+    assert roof.profile.name == "roofline-sglang" and not len(roof.profile.tables)
+
+
+def test_dp_attention_nodes_and_vllm_expert_parallel_are_expressed():
+    # SGLang turns DP attention off at dp 1 (docs/parallel.md §1): TP8 as launched
+    r1 = X.scenario_for(
+        _run(
+            model="deepseek-ai/DeepSeek-R1-0528",
+            quantization="fp8 (checkpoint)",
+            launch_flags="--tp-size 8 --enable-dp-attention",
+            tp=8,
+            ep=1,
+            hardware="NVIDIA H200 SXM x8",
+        )
+    )
+    assert (r1.plan.tp, r1.plan.dp, r1.plan.dp_attention) == (8, 1, False)
+    # vLLM's --enable-expert-parallel: EP over dp x tp
+    q = X.scenario_for(
+        _run(
+            model="Qwen/Qwen3-235B-A22B-Instruct-2507-FP8",
+            quantization="fp8 (checkpoint)",
+            engine="vllm",
+            launch_flags="vllm serve m -tp 8 --enable-expert-parallel",
+            tp=8,
+            ep=8,
+        )
+    )
+    assert q.plan.ep == 8
+    # two nodes: two copies of the box joined by its own network
+    two = X.scenario_for(
+        _run(
+            model="meta-llama/Llama-3.3-70B-Instruct",
+            launch_flags="vllm serve m -tp 8 -pp 2",
+            engine="vllm",
+            tp=8,
+            pp=2,
+            ep=1,
+            nodes=2,
+        )
+    )
+    assert two.box.nodes == 2 and two.box.gpu_count == 16

@@ -287,3 +287,28 @@ def test_nested_layout_refuses_a_folder_whose_meta_names_another_version(nested_
     meta.write_text("framework: vllm\nversion: 0.23.0\n")
     with pytest.raises(UserError, match="says version 0.23.0, but its folder is 0.24.0"):
         build_tables(nested_system, kernel_set="vllm")
+
+
+def test_a_custom_table_naming_no_backend_is_not_the_engines_kernel(nested_system):
+    """AIConfigurator files TRT-LLM's own all-reduce under some SGLang versions, without the
+    `backend` column that names the engine's CUDA-graph kernel: none of it is read as the
+    engine's custom all-reduce, and NCCL's rows stand alone."""
+    from pipesim.profiles.importers.aiconfigurator import build_tables
+
+    _parquet(
+        nested_system / "comm" / "vllm" / "0.19.0" / "custom_allreduce_perf.parquet",
+        {
+            "op_name": ["all_reduce"] * 2,
+            "num_gpus": [2, 2],
+            "message_size": [1024, 4096],
+            "kernel_source": ["TRTLLM"] * 2,
+            "allreduce_dtype": ["bfloat16"] * 2,
+            "latency": [0.001, 0.002],
+        },
+        "0.19.0",
+    )
+    coll = build_tables(nested_system, kernel_set="vllm", version="0.19.0")["collectives"]
+    assert sorted(zip(coll.impl, coll.nbytes, coll.latency_ms)) == [
+        ("nccl", 2048, 0.008),
+        ("nccl", 8192, 0.009),
+    ]

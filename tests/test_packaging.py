@@ -26,3 +26,16 @@ def test_every_data_file_matches_a_package_data_pattern():
         if f.is_file() and f.suffix != ".py" and "__pycache__" not in f.parts:
             rel = f.relative_to(data).as_posix()
             assert any(fnmatch(rel, p) for p in patterns), f"pipesim/data/{rel} is not shipped"
+
+
+def test_every_shipped_catalogue_file_is_installed():
+    """The derived AIConfigurator tables (calibration/catalogue) reach a plain install."""
+    folder = REPO / SETUP["package-dir"]["pipesim.data.catalogue"]
+    patterns = SETUP["package-data"]["pipesim.data.catalogue"]
+    files = [
+        f for f in folder.rglob("*") if f.is_file() and f.suffix != ".py" and "__pycache__" not in f.parts
+    ]
+    assert any(f.suffix == ".npz" for f in files)
+    for f in files:
+        rel = f.relative_to(folder).as_posix()
+        assert any(fnmatch(rel, p) for p in patterns), f"calibration/catalogue/{rel} is not shipped"

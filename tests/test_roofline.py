@@ -120,3 +120,33 @@ def test_leave_one_gpu_out_from_real_measured_tables():
     # the calibrated curve predicts an unseen GPU better than the datasheet roofline
     for op in ("gemm_bf16", "attention_decode"):
         assert held[op]["fitted"]["median_abs_pct"] < held[op]["plain"]["median_abs_pct"]
+
+
+def test_a_gpu_of_a_measured_die_takes_that_dies_own_curves():
+    """An A100 40 GB (same_die_as a100_sxm) goes through the curves fitted on the A100 80 GB's
+    tables alone, at its own 1,555 GB/s and 312 TFLOPS; a GPU of no measured die through
+    the curves of every measured GPU."""
+    doc, box, llama = _shipped(), load_box("a100-sxm-40gb-8x"), load_model("llama-3.1-70b")
+    assert box.same_die_as == "a100_sxm" and "a100_sxm" in doc["per_gpu"]
+    c = Curve.from_dict(doc["per_gpu"]["a100_sxm"]["gemm_bf16"])
+    cm = CostModel(
+        box, llama, make_plan(8, 1, llama.num_layers, 8, "sglang"), first_principles_profile(box, "sglang")
+    )
+    m, n, k = 8, 8192, 8192
+    t, source = cm.gemm(m, n, k, "bf16")
+    nbytes = n * k * 2 + 2 * (m * k + m * n)
+    assert source == PROVENANCE_FITTED
+    assert t == pytest.approx(c.seconds(nbytes, 2 * m * n * k, 1555e9, 312e12), rel=1e-12)
+    assert t != pytest.approx(shipped_fit().curve("gemm_bf16").seconds(nbytes, 2 * m * n * k, 1555e9, 312e12))
+
+
+def test_a_die_the_roofline_was_not_fitted_on_is_one_line(tmp_path, capsys):
+    from pipesim.cli import main
+
+    text = (REPO / "pipesim" / "data" / "boxes" / "a100-sxm-40gb-8x.toml").read_text()
+    (tmp_path / "b.toml").write_text(text.replace('same_die_as = "a100_sxm"', 'same_die_as = "a30"'))
+    with pytest.raises(SystemExit) as exc:
+        main(["predict", "--box", str(tmp_path / "b.toml"), "--model", "llama-3.1-8b", "--conc", "1"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1
+    assert "same_die_as = 'a30' is not a GPU the roofline was fitted on" in err

@@ -14,9 +14,11 @@ from conftest import SHORT_LLAMA_ARGS
 
 from pipesim.calibrate.fit import FitResult
 from pipesim.cli import main
+from pipesim.inputs.box import load_box
 from pipesim.profiles.measured import Point
 from pipesim.profiles.profile import load_profile
 from pipesim.report import uncertainty as U
+from pipesim.report.table import table
 from pipesim.scenario.build import build_scenario
 
 
@@ -95,21 +97,56 @@ def test_parts_combine_in_quadrature_and_the_band_holds_the_value():
     from pipesim.sim.runner import run
 
     sc = build_scenario(tp=1, pp=1, concurrency=4, **FAST)
-    r = U.attach(run(sc), sc, workload="ensemble", runs=3)
+    raw = run(sc)
+    r = U.attach(raw, sc, workload="ensemble", runs=3)
     share = r.interval_basis["unmeasured_share"]
     assert 0 <= share < 0.2  # the reference box's tables price nearly all of it
     for m in U.HEADLINE:
         p = r.interval_basis["parts"][m]
         # the parts in quadrature (test_band_log_... checks the blend by hand)
-        c, h = U.band_log(m, p["calibration"], share, (p["workload"], p["simulation"]))
-        assert (p["centre_log"], p["half_log"]) == pytest.approx((c, h))
-        assert p["combined"] == pytest.approx(math.expm1(h))
+        c, below, above = U.band_log(m, p["calibration"], share, (p["workload"], p["simulation"]))
+        assert (p["centre_log"], p["below_log"], p["above_log"]) == pytest.approx((c, below, above))
         lo, hi = r.intervals[m]
         v = getattr(r, m)
-        assert (lo, hi) == pytest.approx((v * math.exp(c - h), v * math.exp(c + h)))
-        assert lo < v < hi  # a small unmeasured share moves the centre less than the width
+        assert v == pytest.approx(getattr(raw, m) * math.exp(c))  # the headline, corrected by the centre
+        assert (lo, hi) == pytest.approx((v * math.exp(-below), v * math.exp(above)))
+        assert lo < v < hi
     cheap = U.attach(run(sc), sc, workload="none")
     assert all(cheap.interval_basis["parts"][m]["workload"] == 0 for m in U.HEADLINE)
+
+
+@pytest.mark.parametrize("box", ["l4-8x", "h100-pcie-8x", "rtx-4090-8x", "a100-sxm-8x"])
+def test_a_roofline_headline_is_corrected_and_inside_its_band(box):
+    """On boxes priced by the roofline (no tables, or a first-principles profile) the
+    headline is the simulated figure x e^(u x the residuals' median) (read from the shipped
+    residuals.json here, not from the code), and every headline lies inside its band."""
+    from importlib import resources
+
+    from pipesim.profiles.catalogue import first_principles_profile
+    from pipesim.sim.runner import run
+
+    groups = json.loads((resources.files("pipesim.data") / "residuals.json").read_text())["groups"]
+    b = load_box(box)
+    sc = build_scenario(
+        box=b, profile=first_principles_profile(b, "sglang"), model="llama-3.1-8b", tp=2, concurrency=8
+    )
+    raw = run(sc, warmup_requests=8, measure_requests=16, ci_target=None)
+    r = U.attach(raw, sc)
+    u = r.interval_basis["unmeasured_share"]
+    assert u == pytest.approx(1.0)
+    f = {g: math.exp(u * v["q_mid"]) for g, v in groups.items()}
+    assert r.output_throughput_tok_s == pytest.approx(raw.output_throughput_tok_s * f["throughput"])
+    assert r.request_throughput_req_s == pytest.approx(raw.request_throughput_req_s * f["throughput"])
+    assert r.ttft_ms_p50 == pytest.approx(raw.ttft_ms_p50 * f["ttft"])
+    assert r.tpot_ms_p99 == pytest.approx(raw.tpot_ms_p99 * f["tpot"])
+    assert r.per_request_tok_s == pytest.approx(raw.per_request_tok_s / f["tpot"])
+    assert r.interval_basis["uncorrected"]["ttft_ms_p50"] == raw.ttft_ms_p50
+    for m in U.HEADLINE:
+        lo, hi = r.intervals[m]
+        assert lo <= getattr(r, m) <= hi, m
+    text = table(r)
+    assert f"corrected: throughput x{f['throughput']:.3g}" in text
+    assert f"simulated {raw.output_throughput_tok_s:,.1f} tok/s" in text
 
 
 def test_cli_prints_and_serialises_intervals(capsys):
@@ -216,23 +253,35 @@ def test_cli_ensemble_flag(capsys):
 
 
 def test_band_log_blends_the_profile_and_the_corpus_residuals_by_the_unmeasured_share():
-    res = {"throughput": U.Residuals(math.log(0.2), math.log(0.8), 50), "tpot": U.Residuals(-0.1, 0.9, 50)}
+    res = {
+        "throughput": U.Residuals(math.log(0.2), math.log(0.8), 50, math.log(0.5)),
+        "tpot": U.Residuals(-0.1, 0.9, 50, 0.2),
+    }
     # nothing unmeasured: the symmetric band of the profile, other parts in quadrature
-    c, h = U.band_log("output_throughput_tok_s", 0.25, 0.0, (0.1, 0.05), res)
-    assert c == 0 and math.expm1(h) == pytest.approx(math.sqrt(0.25**2 + 0.1**2 + 0.05**2))
-    # all unmeasured: where the corpus residuals fell, 0.2x-0.8x of the prediction
-    c, h = U.band_log("output_throughput_tok_s", 0.25, 1.0, (), res)
-    assert (math.exp(c - h), math.exp(c + h)) == pytest.approx((0.2, 0.8))
-    # half and half: the centre and the half-width move halfway
-    c, h = U.band_log("output_throughput_tok_s", 0.25, 0.5, (), res)
-    assert c == pytest.approx(0.5 * math.log(0.4)) and h == pytest.approx(
-        0.5 * math.log1p(0.25) + 0.5 * 0.5 * math.log(4)
-    )
+    c, below, above = U.band_log("output_throughput_tok_s", 0.25, 0.0, (0.1, 0.05), res)
+    assert c == 0 and below == above
+    assert math.expm1(below) == pytest.approx(math.sqrt(0.25**2 + 0.1**2 + 0.05**2))
+    # all unmeasured: the headline at the residuals' median (0.5x), the band where they
+    # fell, 0.2x-0.8x of the simulated figure
+    c, below, above = U.band_log("output_throughput_tok_s", 0.25, 1.0, (), res)
+    assert math.exp(c) == pytest.approx(0.5)
+    assert (math.exp(c - below), math.exp(c + above)) == pytest.approx((0.2, 0.8))
+    # half and half: the centre and both widths move halfway
+    c, below, above = U.band_log("output_throughput_tok_s", 0.25, 0.5, (), res)
+    assert c == pytest.approx(0.5 * math.log(0.5))
+    assert below == pytest.approx(0.5 * math.log1p(0.25) + 0.5 * math.log(0.5 / 0.2))
+    assert above == pytest.approx(0.5 * math.log1p(0.25) + 0.5 * math.log(0.8 / 0.5))
     # per-request tok/s is 1 / TPOT: the TPOT residuals mirrored
-    c, h = U.band_log("per_request_tok_s", 0.25, 1.0, (), res)
-    assert (c - h, c + h) == pytest.approx((-0.9, 0.1))
+    c, below, above = U.band_log("per_request_tok_s", 0.25, 1.0, (), res)
+    assert (c, c - below, c + above) == pytest.approx((-0.2, -0.9, 0.1))
     # a group the fit does not have: the profile's band alone
-    assert U.band_log("ttft_ms_p50", 0.25, 1.0, (), res) == (0.0, pytest.approx(math.log1p(0.25)))
+    assert U.band_log("ttft_ms_p50", 0.25, 1.0, (), res) == (
+        0.0,
+        pytest.approx(math.log1p(0.25)),
+        pytest.approx(math.log1p(0.25)),
+    )
+    # a file without a median: the middle of the quantiles
+    assert U.Residuals(-1.0, 0.5, 10).mid == pytest.approx(-0.25)
 
 
 def test_residual_fit_weights_each_run_once_per_group():
@@ -268,6 +317,8 @@ def test_residual_fit_weights_each_run_once_per_group():
 def test_the_unmeasured_provenances_are_costs_own():
     from pipesim.costs.provenance import PROVENANCE
 
-    # every provenance but the measured tables' (costs.TABLE_PROVENANCE) carries the corpus band
+    # every provenance but the measured tables' (costs.TABLE_PROVENANCE) and a measured
+    # collective with its bandwidth part on this box's links ("scaled": its latency is
+    # measured, collectives.py) carries the corpus band
     assert set(U.UNMEASURED) <= set(PROVENANCE) and "measured" not in U.UNMEASURED
-    assert set(PROVENANCE) - set(U.UNMEASURED) == {"measured", "interpolated", "extrapolated"}
+    assert set(PROVENANCE) - set(U.UNMEASURED) == {"measured", "interpolated", "extrapolated", "scaled"}

@@ -1,10 +1,11 @@
-"""Reporting of the corpus check (pipesim.calibrate.crosscheck): error per source, the
-ranking of splits under one condition, the text and JSON forms."""
+"""Reporting of the corpus check (pipesim.calibrate.crosscheck): error per source and per
+metric by each path (the user's, the roofline), the ranking of splits under one
+condition, the text and JSON forms."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,10 +34,11 @@ CONDITION = (
 class Check:
     """The outcome of the corpus check."""
 
-    rows: pd.DataFrame  # one per compared number
+    rows: pd.DataFrame  # one per compared number, by the path a user gets (the catalogue's profile)
     skipped: pd.DataFrame  # one per skipped run: run_id, source_id, rows, reason
-    ranking: pd.DataFrame  # one per condition with several splits
+    ranking: pd.DataFrame  # one per condition with several splits (the user's path)
     corpus: dict  # rows, runs, sources, PP > 1, several splits
+    roofline: pd.DataFrame = field(default_factory=pd.DataFrame)  # the same numbers by the roofline path
 
 
 def _filled(df: pd.DataFrame) -> pd.DataFrame:
@@ -87,7 +89,7 @@ def _ranking(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(out, columns=cols)
     d = _filled(df[df.metric.isin(RANKED)]).assign(other_flags=lambda x: x.launch_flags.map(other_flags))
     for key, g in d.groupby([*CONDITION, "other_flags"], dropna=False):
-        g = g.assign(split=g.tp.astype(str) + "x" + g.pp.astype(str))
+        g = g.assign(split=[split_name(r) for r in g.itertuples()])
         if g.split.nunique() < len(g) or len(g) < 2:
             continue  # one split run twice differs in more than the split
         share, pairs = pairwise_agreement(g.measured.to_numpy(), g.predicted.to_numpy())
@@ -96,13 +98,19 @@ def _ranking(df: pd.DataFrame) -> pd.DataFrame:
                 "source_id": key[0],
                 "metric": key[-2],
                 "condition": f"{key[3]}, {key[6][:40]}, C={key[8]}",
-                "splits": ",".join(f"TP{a}xPP{b}" for a, b in zip(g.tp, g.pp)),
+                "splits": ",".join(g.split),
                 "pairs": pairs,
                 "agreement": share,
                 "kendall_tau": kendall_tau(g.measured.to_numpy(), g.predicted.to_numpy()),
             }
         )
     return pd.DataFrame(out, columns=cols)
+
+
+def split_name(r: object) -> str:
+    """TP4xPP1, TP4xPP1xEP4, TP8xPP1xDP8: a run's split as the corpus states it."""
+    dp, ep = getattr(r, "dp", 1), getattr(r, "ep", 1)
+    return f"TP{r.tp}xPP{r.pp}" + (f"xDP{dp}" if dp > 1 else "") + (f"xEP{ep}" if ep > 1 else "")
 
 
 def per_source(df: pd.DataFrame) -> pd.DataFrame:
@@ -121,6 +129,48 @@ def per_source(df: pd.DataFrame) -> pd.DataFrame:
             "coverage": g.inside.mean(),
         }
     ).reset_index()
+
+
+def ranking(df: pd.DataFrame) -> pd.DataFrame:
+    """The ranking of splits of one path's rows (`_ranking`)."""
+    return _ranking(df)
+
+
+def per_metric(df: pd.DataFrame) -> pd.DataFrame:
+    """Per metric: numbers, median and mean |error| in %, coverage, mean signed error."""
+    cols = ["metric", "numbers", "median_ape_pct", "mape_pct", "coverage", "mean_error_pct"]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    g = df.assign(ape=df.error_pct.abs()).groupby("metric")
+    return pd.DataFrame(
+        {
+            "numbers": g.size(),
+            "median_ape_pct": g.ape.median(),
+            "mape_pct": g.ape.mean(),
+            "coverage": g.inside.mean(),
+            "mean_error_pct": g.error_pct.mean(),
+        }
+    ).reset_index()[cols]
+
+
+def overall(df: pd.DataFrame) -> dict:
+    """Numbers, runs, mean and median |error| in %, coverage of one path's rows."""
+    if df.empty:
+        return {"numbers": 0, "runs": 0, "mape_pct": None, "median_ape_pct": None, "coverage": None}
+    ape = df.error_pct.abs()
+    return {
+        "numbers": len(df),
+        "runs": int(df.run_id.nunique()),
+        "mape_pct": float(ape.mean()),
+        "median_ape_pct": float(ape.median()),
+        "coverage": float(df.inside.mean()),
+    }
+
+
+PATH_TEXT = {
+    "user": "user path (the catalogue's profile for each box and engine: measured tables where they exist)",
+    "roofline": "roofline path (no table: every cost by the roofline)",
+}
 
 
 def text(chk: Check) -> str:
@@ -144,17 +194,24 @@ def text(chk: Check) -> str:
             f"  {r.source_id:52s} {r.numbers:7d} {r.runs:5d} {r.mape_pct:7.1f}% {r.median_ape_pct:7.1f}% "
             f"{r.coverage:7.0%}"
         )
-    if len(chk.rows):
-        ape = chk.rows.error_pct.abs()
+    for path, df in (("user", chk.rows), ("roofline", chk.roofline)):
+        if df.empty:
+            continue
+        o = overall(df)
         lines.append(
-            f"  {'overall':52s} {len(chk.rows):7d} {chk.rows.run_id.nunique():5d} {ape.mean():7.1f}% "
-            f"{ape.median():7.1f}% {chk.rows.inside.mean():7.0%}"
+            f"  {'overall, ' + path + ' path':52s} {o['numbers']:7d} {o['runs']:5d} {o['mape_pct']:7.1f}% "
+            f"{o['median_ape_pct']:7.1f}% {o['coverage']:7.0%}"
         )
-        for metric, g in chk.rows.groupby("metric"):
+        for r in per_metric(df).itertuples():
             lines.append(
-                f"    {metric:50s} {len(g):7d} {'':5s} {g.error_pct.abs().mean():7.1f}% "
-                f"{g.error_pct.abs().median():7.1f}% {g.inside.mean():7.0%}"
+                f"    {r.metric:50s} {r.numbers:7d} {'':5s} {r.mape_pct:7.1f}% {r.median_ape_pct:7.1f}% "
+                f"{r.coverage:7.0%}"
             )
+    if len(chk.rows):
+        profiles = chk.rows.drop_duplicates("run_id").profile.value_counts()
+        lines.append(
+            "  " + PATH_TEXT["user"] + ": " + ", ".join(f"{p} {n}" for p, n in profiles.items()) + " runs"
+        )
     if len(chk.ranking):
         rk = chk.ranking
         lines += [
@@ -180,24 +237,23 @@ def to_json(chk: Check) -> str:
     def records(df):
         return json.loads(df.to_json(orient="records"))
 
-    ape = chk.rows.error_pct.abs() if len(chk.rows) else pd.Series(dtype=float)
     rk = chk.ranking
-    overall = {
-        "numbers": len(chk.rows),
-        "runs": int(chk.rows.run_id.nunique()) if len(chk.rows) else 0,
-        "mape_pct": float(ape.mean()) if len(ape) else None,
-        "median_ape_pct": float(ape.median()) if len(ape) else None,
-        "coverage": float(chk.rows.inside.mean()) if len(chk.rows) else None,
+    over = {
+        **overall(chk.rows),
         "ranking_pairs": int(rk.pairs.sum()) if len(rk) else 0,
         "ranking_agreement": float(np.average(rk.agreement, weights=rk.pairs)) if len(rk) else None,
     }
     return json.dumps(
         {
             "corpus": chk.corpus,
-            "overall": overall,
+            "overall": over,
+            "overall_roofline": overall(chk.roofline),
+            "per_metric": records(per_metric(chk.rows)),
+            "per_metric_roofline": records(per_metric(chk.roofline)),
             "per_source": records(per_source(chk.rows)),
             "ranking": records(rk),
             "rows": records(chk.rows),
+            "roofline_rows": records(chk.roofline),
             "skipped": records(chk.skipped),
         },
         indent=2,

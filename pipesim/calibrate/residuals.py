@@ -4,8 +4,9 @@ roofline (or borrowed from another box) lands from what was measured.
 Fitted by code from named data: the compared numbers of `pipesim validate --corpus`
 (pipesim.calibrate.crosscheck; the public corpus in validation/, docs/validation.md)
 whose prediction had at least MIN_SHARE of its stage time unmeasured. For each residual
-group of pipesim.report.uncertainty.RESIDUAL_GROUP (throughput, TTFT, TPOT) the 10% and 90%
-quantiles of log(measured / predicted), each run weighted once per group (a run's
+group of pipesim.report.uncertainty.RESIDUAL_GROUP (throughput, TTFT, TPOT) the 10%, 50% and
+90% quantiles of log(measured / predicted) (the median corrects the headline, the others
+are the band's edges), each run weighted once per group (a run's
 output tok/s, total tok/s and request rate carry one error, not three). Written to
 pipesim/data/residuals.json by calibration/fit_residuals.py; pipesim.report.uncertainty reads it.
 
@@ -57,7 +58,8 @@ def fit(rows: pd.DataFrame) -> dict[str, Residuals]:
         if len(g) < MIN_NUMBERS:
             continue
         x, w = g.log_residual.to_numpy(float), g.weight.to_numpy(float)
-        out[group] = Residuals(weighted_quantile(x, w, Q_LO), weighted_quantile(x, w, Q_HI), len(g))
+        q_lo, q_mid, q_hi = (weighted_quantile(x, w, q) for q in (Q_LO, 0.5, Q_HI))
+        out[group] = Residuals(q_lo, q_hi, len(g), q_mid)
     return out
 
 
@@ -66,8 +68,10 @@ def inside(rows: pd.DataFrame, residuals: dict[str, Residuals]) -> np.ndarray:
     (the cheap band of crosscheck: calibration and the run's CI, no ensemble)."""
     out = []
     for r in rows.itertuples():
-        c, h = band_log(r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel), residuals)
-        out.append(r.predicted * math.exp(c - h) <= r.measured <= r.predicted * math.exp(c + h))
+        c, below, above = band_log(
+            r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel), residuals
+        )
+        out.append(r.predicted * math.exp(c - below) <= r.measured <= r.predicted * math.exp(c + above))
     return np.array(out, dtype=bool)
 
 
@@ -91,6 +95,27 @@ def loso(rows: pd.DataFrame, by: str = "source") -> pd.DataFrame:
     return pd.DataFrame(out, columns=["held_out", "numbers", "inside", "coverage"])
 
 
+def corrected_error(rows: pd.DataFrame, by: str = "source") -> pd.DataFrame:
+    """Per compared number, |error| % of the prediction as printed (the headline corrected
+    by the residuals' median, uncertainty.band_log's centre) with the median fitted to
+    every other source (`by="source"`) or publisher, never to the number's own."""
+    keys = rows.source_id if by == "source" else rows.source_id.map(publisher)
+    out = []
+    for key in sorted(keys.unique()):
+        held = rows[keys == key]
+        res = fit(rows[keys != key])
+        for r in held.itertuples():
+            c = band_log(r.family, r.calibration_rel, r.unmeasured_share, (), res)[0]
+            out.append(
+                {
+                    "row_id": r.row_id,
+                    "metric": r.metric,
+                    "error_pct": (r.predicted * math.exp(c) / r.measured - 1) * 100,
+                }
+            )
+    return pd.DataFrame(out, columns=["row_id", "metric", "error_pct"])
+
+
 def to_json(residuals: dict[str, Residuals], rows: pd.DataFrame) -> dict:
     """residuals.json: the groups and what they were fitted from."""
     r = residual_rows(rows)
@@ -99,8 +124,9 @@ def to_json(residuals: dict[str, Residuals], rows: pd.DataFrame) -> dict:
             "Fitted by calibration/fit_residuals.py (pipesim.calibrate.residuals) to the compared numbers of "
             "`pipesim validate --corpus` (validation/, docs/validation.md) whose prediction had at least "
             f"{MIN_SHARE:.0%} of its stage time priced by the roofline or borrowed: the "
-            f"{Q_LO:.0%} and {Q_HI:.0%} quantiles of log(measured / predicted) per group, each run "
-            "weighted once per group. docs/uncertainty.md says how a band uses them."
+            f"{Q_LO:.0%}, 50% and {Q_HI:.0%} quantiles of log(measured / predicted) per group, each run "
+            "weighted once per group: the median corrects the headline, the others are the band's edges. "
+            "docs/uncertainty.md says how a band uses them."
         ),
         "fitted_on": {
             "numbers": len(r),
@@ -108,7 +134,12 @@ def to_json(residuals: dict[str, Residuals], rows: pd.DataFrame) -> dict:
             "sources": sorted(r.source_id.unique().tolist()),
         },
         "groups": {
-            g: {"q_lo": round(v.q_lo, 6), "q_hi": round(v.q_hi, 6), "numbers": v.numbers}
+            g: {
+                "q_lo": round(v.q_lo, 6),
+                "q_mid": round(v.q_mid, 6),
+                "q_hi": round(v.q_hi, 6),
+                "numbers": v.numbers,
+            }
             for g, v in sorted(residuals.items())
         },
     }

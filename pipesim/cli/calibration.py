@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
-from ..base.checks import number
+from ..base.checks import number, whole
 
 
 @click.group()
@@ -150,8 +151,19 @@ def calibrate_fit(profile_dir: str, names: str, out: str | None, no_loo: bool, p
 @click.option(
     "--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]"
 )
+@click.option(
+    "--jobs",
+    type=int,
+    default=None,
+    help="with --corpus: processes to spread the runs over [default: the CPUs, at most 4]",
+)
 def validate(
-    profile: str | None, max_error: float, as_json: bool, corpus_dir: str | None, progress: bool | None
+    profile: str | None,
+    max_error: float,
+    as_json: bool,
+    corpus_dir: str | None,
+    progress: bool | None,
+    jobs: int | None,
 ) -> None:
     """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error.
     With --corpus: every corpus run pipesim can express, its error, ranking agreement and interval coverage."""
@@ -163,7 +175,8 @@ def validate(
         from ..calibrate import crosscheck
         from ..calibrate.corpus import load_corpus
 
-        chk = crosscheck.check(load_corpus(corpus_dir or None))
+        n = min(os.cpu_count() or 1, 4) if jobs is None else whole(jobs, "--jobs", 1, 64)
+        chk = crosscheck.check(load_corpus(corpus_dir or None), jobs=n)
         click.echo(crosscheck.to_json(chk) if as_json else crosscheck.text(chk))
         return
 

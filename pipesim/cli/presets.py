@@ -13,7 +13,8 @@ def boxes() -> None:
 @boxes.command("list")
 def boxes_list() -> None:
     """One line per preset: name, GPUs, GPU model, memory, interconnect."""
-    from ..inputs.box import box_names, load_box, summary_line
+    from ..inputs.box import box_names, load_box
+    from ..inputs.box_text import summary_line
 
     for name in box_names():
         click.echo(summary_line(name, load_box(name)))
@@ -24,10 +25,18 @@ def boxes_list() -> None:
 @click.option("--nodes", type=int, default=1, show_default=True, help="show a cluster of this many boxes")
 @click.option("--network", default=None, help="what joins the nodes [default: the box's [network]]")
 def boxes_show(name: str, nodes: int, network: str | None) -> None:
-    """Every field of box NAME (a preset or .toml) with its source, and the topology tree."""
-    from ..inputs.box import details, load_box
+    """Every field of box NAME (a preset or .toml) with its source, the topology tree, and
+    where a run on it without --profile takes its kernel and collective costs from."""
+    from ..engines import ENGINES
+    from ..inputs.box import load_box
+    from ..inputs.box_text import details
+    from ..profiles.catalogue import table_source
 
-    click.echo("\n".join(details(load_box(name, nodes, network))))
+    box = load_box(name, nodes, network)
+    click.echo("\n".join(details(box)))
+    click.echo("costs without --profile (docs/boxes.md, Profiles for a box)")
+    for engine in ENGINES:
+        click.echo(f"  {engine:<8}{table_source(load_box(name), engine)}")
 
 
 @click.group()

@@ -10,12 +10,11 @@ measured kernel at all, the roofline is calibrated instead: per operation class 
 efficiency curve fitted on the GPUs that were measured (roofline.py, docs/roofline.md),
 tagged "roofline (fitted)".
 For MoE the bytes read grow with the expected number of distinct experts the batch
-touches, E * (1 - (1 - k/E)^T) under uniform routing. TP collectives come from the
-measured collective table by (group size, bytes), else from NCCL's ring model
-(base + 2(n-1) steps of latency, bytes over the ring's narrowest link); a PP hop is
-link latency + bytes / bandwidth along the box's PCIe path. Across the nodes of a
-cluster a hop pays the NIC path and a TP group that spans nodes runs NCCL's ring over
-the network (`cross_node_collective`).
+touches, E * (1 - (1 - k/E)^T) under uniform routing. Collectives are collectives.py's
+one model: the measured table by (op, group size, bytes) with its bandwidth part on this
+box's links, else NCCL's own algorithm / protocol model calibrated on measured fabrics
+(over the network when the group spans nodes); a PP hop is link latency + bytes /
+bandwidth along the box's PCIe path, across the nodes of a cluster the NIC path.
 
 Every operation time carries its provenance (provenance.py): read at a measured point,
 interpolated between points, extrapolated outside the table's range, estimated by the
@@ -29,18 +28,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..base.errors import require
 from ..inputs.box import Box
 from ..inputs.model import Model
 from ..inputs.plan import Plan
 from ..inputs.quantization import WeightFormat, as_format
 from ..profiles.curves import bracket, grid_provenance, weakest
 from ..profiles.profile import Profile
+from .collectives import Collectives, ring_bw
 from .roofline import PROVENANCE_FITTED, shipped_fit
 
 ACT_BYTES = 2  # activations are bf16
-# NCCL's own latency model for a ring with the LL protocol (physics.md §4):
-# 6.6 us base + 1.0 us per step, 2(n-1) steps for an all-reduce.
-NCCL_BASE_S, NCCL_STEP_S = 6.6e-6, 1.0e-6
 # A profile with none of these measured has never timed a kernel on its GPU: its
 # roofline uses the efficiency curves fitted on measured GPUs (roofline.py).
 KERNEL_TABLES = ("gemm", "moe", "gqa_decode", "gqa_prefill", "mla_decode", "mla_prefill")
@@ -85,8 +83,15 @@ class Primitives:
         self._hop_cache: dict = {}
         self._hop_time_cache: dict = {}
         measured = any(t in profile.tables for t in KERNEL_TABLES)
-        self.fitted = None if measured else shipped_fit()
+        # a GPU of a measured die takes that die's own curves (catalogue.first_principles_profile)
+        die = "" if measured else str(profile.meta.get("same_die_as", ""))
+        self.fitted = None if measured else shipped_fit(die)
+        require(
+            self.fitted is not None or not die,
+            f"box {box.name}: same_die_as = {die!r} is not a GPU the roofline was fitted on (docs/roofline.md)",
+        )
         self.roofline_source = PROVENANCE_FITTED if self.fitted else "roofline"
+        self.collectives = Collectives(box, profile)
 
     # ---- primitive operations (per GPU) -------------------------------------------
     def roofline(self, nbytes: float, flops: float, dtype: str = "bf16", op: str = "memory") -> float:
@@ -183,46 +188,14 @@ class Primitives:
 
     # ---- collectives and hops --------------------------------------------------------
     def collective(self, op: str, gpus: tuple[int, ...], nbytes: float) -> tuple[float, str]:
-        n = len(gpus)
-        if n < 2 or nbytes <= 0:
-            return 0.0, "measured"
-        p = self.params
-        if self.box.spans_nodes(gpus):
-            return self.cross_node_collective(op, gpus, nbytes), "roofline"
-        impls = ("custom", "nccl") if (op == "all_reduce" and n <= p.custom_allreduce_max_gpus) else ("nccl",)
-        for impl in impls:
-            curve = self.profile.collectives.get((op, impl, n))
-            if curve is not None:
-                t, source = curve(nbytes) * 1e-3, curve.provenance(nbytes)
-                break
-        else:
-            bw = self.ring_bw(gpus)
-            steps, frac = (2 * (n - 1), 2.0 * (n - 1) / n) if op == "all_reduce" else (n - 1, (n - 1) / n)
-            t, source = NCCL_BASE_S + steps * NCCL_STEP_S + frac * nbytes / bw, "roofline"
-        if op == "all_reduce":
-            t = t * p.allreduce_scale + p.allreduce_offset_us * 1e-6
-        return t, source
-
-    def cross_node_collective(self, op: str, gpus: tuple[int, ...], nbytes: float) -> float:
-        """A collective whose group spans nodes: NCCL's ring over the slowest link.
-
-        Tables measured inside one box do not apply, nor does the custom all-reduce
-        (one node only). The ring has 2(n-1) steps for an all-reduce, n-1 for an
-        all-gather; each step waits the slowest hop's latency (the network's, at
-        least NCCL's per-step latency) and moves nbytes/n over the narrowest link:
-            t = base + steps x max(step latency, network latency) + frac x nbytes / min bandwidth
-        with frac = 2(n-1)/n for an all-reduce, (n-1)/n for an all-gather."""
-        n = len(gpus)
-        bw, hop_latency = self.ring_bw(gpus), self.ring_hop_latency_s(gpus)
-        steps, frac = (2 * (n - 1), 2.0 * (n - 1) / n) if op == "all_reduce" else (n - 1, (n - 1) / n)
-        # the profile's allreduce_scale/offset calibrate one box's own path, not the network's
-        return NCCL_BASE_S + steps * max(NCCL_STEP_S, hop_latency) + frac * nbytes / bw
+        """(seconds, provenance) of one collective over `gpus`: the measured table with its
+        bandwidth part on this box's links, else NCCL's calibrated model (collectives.py)."""
+        return self.collectives.time(op, gpus, nbytes)
 
     def ring_bw(self, gpus: tuple[int, ...]) -> float:
-        """Bytes/s of the narrowest link of the TP ring over `gpus`: what the roofline
-        collective depends on besides the group size (one GPU: its memory)."""
-        ring = self.box.ring_links(gpus)
-        return min(self.box.link(d).bw_bytes_s for d in ring) if ring else self.box.gpu.mem_bw_bytes_s
+        """Bytes/s of the narrowest link of the TP ring over `gpus`: what a collective
+        depends on besides the group size (one GPU: its memory)."""
+        return ring_bw(self.box, gpus)
 
     def ring_hop_latency_s(self, gpus: tuple[int, ...]) -> float:
         """The slowest neighbour-to-neighbour latency of the ring over `gpus`."""

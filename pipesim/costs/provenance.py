@@ -1,7 +1,8 @@
 """Where each cost came from, weighed by how much of the run it priced.
 
 Every operation time carries its provenance (`PROVENANCE`): read at a measured point,
-interpolated between points, extrapolated outside the table's range, estimated by the
+interpolated between points, extrapolated outside the table's range, scaled (a measured
+collective with its bandwidth part moved to this box's links, collectives.py), estimated by the
 roofline (its datasheet form, or the efficiency curves fitted on measured GPUs), or
 borrowed (read from a profile measured on another box, GPU or engine, run with
 --allow-foreign-profile). A `Ledger` keeps, per cached cost (a stage's time for a
@@ -15,12 +16,13 @@ from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING
 
 from ..profiles.curves import TABLE_PROVENANCE
+from .collectives import SCALED
 from .roofline import PROVENANCE_FITTED
 
 if TYPE_CHECKING:
     from .primitives import Op
 
-PROVENANCE = TABLE_PROVENANCE + ("roofline", PROVENANCE_FITTED, "borrowed")
+PROVENANCE = TABLE_PROVENANCE + (SCALED, "roofline", PROVENANCE_FITTED, "borrowed")
 
 
 def summed(ops: Iterable[Op], kernel_scale: float) -> tuple[float, float, dict[str, float]]:

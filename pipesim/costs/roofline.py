@@ -16,6 +16,11 @@ fitted by calibration/fit_roofline.py on AIConfigurator's measured tables of sev
 GPUs (aiconfigurator-core, Apache-2.0) and shipped as pipesim/data/roofline_fit.json,
 with their sources, residuals and a leave-one-GPU-out validation (docs/roofline.md).
 
+A GPU that was not measured but shares its die with one that was (an A100 40 GB and the
+A100 80 GB, an L40 and the L40S: the box's `same_die_as`) takes the curves fitted on that
+GPU's tables alone (`shipped_fit(system)`), at its own datasheet rates: what the die does
+beyond its datasheet carries over, and only what differs (memory, clocks) differs.
+
 Operation classes: `memory` (norms, activations, rope, sampling: bytes only; fitted on
 the weight-read-bound GEMMs, m <= 16), `gemm_<dtype>` by the GEMM's math dtype,
 `attention_decode`, `attention_prefill`, `moe_<weight kernel>`. A class the fit lacks
@@ -91,9 +96,21 @@ def fit_from_dict(data: dict) -> FittedRoofline:
 
 
 @lru_cache(maxsize=1)
-def shipped_fit() -> FittedRoofline | None:
-    """The coefficients shipped with pipesim (None if the file is absent)."""
+def _shipped_doc() -> dict | None:
     path = resources.files("pipesim.data") / FIT_FILE
-    if not path.is_file():
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+@lru_cache(maxsize=16)
+def shipped_fit(system: str = "") -> FittedRoofline | None:
+    """The coefficients shipped with pipesim (None if the file is absent): fitted on every
+    measured GPU, or with `system` on that AIConfigurator system's tables alone (None if
+    it was not fitted)."""
+    doc = _shipped_doc()
+    if doc is None or not system:
+        return fit_from_dict(doc) if doc else None
+    curves = doc.get("per_gpu", {}).get(system)
+    if curves is None:
         return None
-    return fit_from_dict(json.loads(path.read_text()))
+    source = f"fitted by calibration/fit_roofline.py on AIConfigurator's measured {system} tables alone"
+    return fit_from_dict({"curves": curves, "source": source})

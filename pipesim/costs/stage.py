@@ -183,5 +183,9 @@ class CostModel(Primitives):
         gpus = self.plan.stage_gpus(stage)
         ring = ()
         if self.plan.tp > 1:
-            ring = (self.ring_bw(gpus), self.ring_hop_latency_s(gpus) if self.box.spans_nodes(gpus) else 0.0)
+            ring = (
+                self.ring_bw(gpus),
+                self.ring_hop_latency_s(gpus) if self.box.spans_nodes(gpus) else 0.0,
+                self.collectives.bandwidth_ratio(gpus),
+            )
         return (len(layers) - n_moe, n_moe, stage == 0, stage == self.plan.pp - 1, ring)

@@ -11,7 +11,7 @@ workload writes them), so a row read back from a file is matched to its scenario
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,6 +83,33 @@ def check_lists(lists: dict[str, Sequence]) -> None:
     for k in ("input_len", "output_len"):
         for v in lists[k]:
             Lengths.parse(v, LIST_ARGS[k])
+
+
+def check_priced(lists: dict[str, Sequence], kwargs: Mapping) -> None:
+    """Each listed box has costs for each listed engine when no profile is named (its own
+    measured profile, AIConfigurator's tables of its GPU, or the roofline: catalogue.py).
+    Said at once: a box without them would otherwise lose every row to one reason."""
+    from ..inputs.box import Box, load_box
+    from ..inputs.model import Model
+    from ..profiles.catalogue import profile_for_box
+    from ..profiles.profile import DEFAULT_PROFILE, load_profile
+    from ..scenario.build import DEFAULT_MODEL
+
+    if kwargs.get("profile") is not None:
+        return
+    default = load_profile(DEFAULT_PROFILE)
+    model = kwargs.get("model")
+    model = model.name if isinstance(model, Model) else model or DEFAULT_MODEL
+    for b in lists["box"]:
+        for e in lists["engine"]:
+            if b is None and e in (None, default.engine):
+                continue  # the default profile: nothing to look up
+            box = b if isinstance(b, Box) else load_box(b or default.box)
+            try:
+                profile_for_box(box, e or default.engine, model, kwargs.get("engine_version"))
+            except UserError as exc:
+                text = str(exc)
+                raise UserError(text if box.name in text else f"box {box.name}: {text}") from None
 
 
 def split_name(tp: int, pp: int, dp: int = 1, dp_attention: bool = False) -> str:
@@ -159,6 +186,7 @@ def build_grid(
     from itertools import product
 
     check_lists(lists)
+    check_priced(lists, kwargs)
     combos = [dict(zip(LIST_ARGS, values, strict=True)) for values in product(*(lists[k] for k in LIST_ARGS))]
     attn = bool(kwargs.get("dp_attention", False))
     split_list = [

@@ -185,6 +185,17 @@ def load_profile(name_or_path: str | Path) -> Profile:
     return _load_profile(str(folder), stamp)
 
 
+def shipped_meta() -> list[dict]:
+    """The profile.toml of every shipped profile, without its tables: what the catalogue
+    needs to find the one measured on a box (catalogue.py), at the cost of a few small reads."""
+    root = _shipped()
+    out = []
+    for name in profile_names():
+        f = root.joinpath(name).joinpath("profile.toml")
+        out.append(parse_toml(read_text(f, "profile file"), str(f)))
+    return out
+
+
 @lru_cache(maxsize=8)
 def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
     folder = Path(folder_text)

@@ -147,6 +147,7 @@ def table(result: Result) -> str:
         lines.append(
             f"  likely = {r.interval_basis['coverage']:.0%} band; calibration: {r.interval_basis['calibration']}"
         )
+        lines += _correction(r.interval_basis)
     if r.provenance_shares:
         lines.append(
             "  costs: "
@@ -159,6 +160,23 @@ def table(result: Result) -> str:
         f"  ({r.completed_requests} requests measured{_periods(r)}; {r.sim_events:,} events in {r.sim_wall_s:.2f} s)",
     ]
     return "\n".join(lines)
+
+
+def _correction(basis: dict) -> list[str]:
+    """The line that says the headline figures are corrected, by how much and from what
+    (uncertainty.corrected); none when nothing is."""
+    f, raw = basis.get("correction", {}), basis.get("uncorrected", {})
+    if not f or all(v == 1.0 for v in f.values()):
+        return []
+    simulated = (
+        f"{raw['output_throughput_tok_s']:,.1f} tok/s, TTFT p50 {_ms(raw['ttft_ms_p50'])}, "
+        f"TPOT p50 {_ms(raw['tpot_ms_p50'])}"
+    )
+    return [
+        f"  corrected: throughput x{f['throughput']:.3g}, TTFT x{f['ttft']:.3g}, TPOT x{f['tpot']:.3g} "
+        f"(the corpus residuals' median for the {basis['unmeasured_share']:.0%} of stage time priced by the "
+        f"roofline or borrowed; simulated {simulated})"
+    ]
 
 
 def _parallel(sc: dict) -> str:

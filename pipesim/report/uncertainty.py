@@ -8,10 +8,8 @@ half-width of a "likely" band (about 80% coverage, a 1.28-sigma band):
     points of the scenario's regime (C = 1 or batched, PP or TP only), where at least
     MIN_POINTS exist; otherwise DEFAULT_CALIBRATION_REL, said so in the basis. The
     share of the prediction's stage time priced by the roofline or borrowed from
-    another box (`Result.provenance_shares`) carries instead the error measured for
-    such predictions: the 10%-90% quantiles of log(measured / predicted) over the
-    public corpus's roofline-dominated numbers (pipesim/data/residuals.json, fitted by
-    calibration/fit_residuals.py), blended with the profile's part by that share;
+    another box carries instead the error measured for such predictions on the public
+    corpus (residual_band.py), blended with the profile's part by that share;
 (b) workload: the spread of what the user did not pin, at the size of a short run
     (C warm-up, max(2C, 16) measured; an open loop's whole run). By default from the
     run itself (`run_spread`: batch means over stretches of its measured requests,
@@ -22,23 +20,35 @@ half-width of a "likely" band (about 80% coverage, a 1.28-sigma band):
 (c) simulation: the run's own 95% confidence half-width, rescaled to 80%.
 
 They are combined in quadrature, rel = sqrt(a^2 + b^2 + c^2), and the band is
-multiplicative, [v / (1 + rel), v * (1 + rel)], so it stays positive however wide;
-where the corpus residuals are biased (a roofline over-predicts throughput), the band
-is centred on v x exp(centre) rather than on v, the prediction itself unchanged.
+multiplicative, [v / (1 + rel), v * (1 + rel)], so it stays positive however wide.
+Where the corpus residuals are biased (a roofline over-predicts throughput), the
+headline itself is corrected: v' = v x exp(u x median residual), u the unmeasured share,
+and the band runs from the residuals' 10% to their 90% quantile around it (widths
+median - q10 below, q90 - median above, blended with the profile's part by u), so the
+headline is the band's median and never outside it. `attach` applies the correction to
+the Result's figures of each residual group and keeps the simulation's own values in
+`interval_basis["uncorrected"]`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
-from functools import cache
-from importlib import resources
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..measure.sketch import percentile
+from .residual_band import (
+    CORRECTED,
+    RESIDUAL_GROUP,
+    UNMEASURED,
+    Residuals,
+    band_log,
+    corpus_residuals,
+    corrected,
+    unmeasured_share,
+)
 
 if TYPE_CHECKING:
     from ..measure.metrics import Result
@@ -67,65 +77,6 @@ RUN_BATCHES = 4  # the run's own spread: at least this many stretches of its req
 WORKLOAD_METHODS = ("run", "ensemble", "none")
 LENGTH_SPREAD = 0.5  # a fixed length N stands for uniform [N(1-s), N(1+s)] (same mean)
 FRONTEND_SPREAD = 0.5
-# cost provenances (costs.PROVENANCE) whose error the corpus residuals stand for
-UNMEASURED = ("roofline", "roofline (fitted)", "borrowed")
-# headline metric -> (residual group, sign): per-request tok/s is 1 / TPOT
-RESIDUAL_GROUP = {
-    "output_throughput_tok_s": ("throughput", 1),
-    "per_request_tok_s": ("tpot", -1),
-    "ttft_ms_p50": ("ttft", 1),
-    "ttft_ms_p99": ("ttft", 1),
-    "tpot_ms_p50": ("tpot", 1),
-    "tpot_ms_p99": ("tpot", 1),
-}
-
-
-@dataclass(frozen=True)
-class Residuals:
-    """Quantiles of log(measured / predicted) of one group of corpus numbers."""
-
-    q_lo: float  # 10% quantile
-    q_hi: float  # 90% quantile
-    numbers: int
-
-
-@cache
-def corpus_residuals() -> dict[str, Residuals]:
-    """Group -> Residuals, as calibration/fit_residuals.py wrote pipesim/data/residuals.json
-    ({} when the file is absent: no roofline band)."""
-    f = resources.files("pipesim.data").joinpath("residuals.json")
-    if not f.is_file():
-        return {}
-    data = json.loads(f.read_text())
-    return {g: Residuals(v["q_lo"], v["q_hi"], v["numbers"]) for g, v in data["groups"].items()}
-
-
-def unmeasured_share(result: Result) -> float:
-    """Share of the prediction's stage time priced by the roofline or borrowed."""
-    shares = getattr(result, "provenance_shares", None) or {}
-    return float(min(1.0, max(0.0, sum(shares.get(k, 0.0) for k in UNMEASURED))))
-
-
-def band_log(
-    metric: str, profile_rel: float, share: float, others: tuple = (), residuals: dict | None = None
-) -> tuple[float, float]:
-    """(centre, half-width) of the band in log space, for a headline metric.
-
-    The calibration part is the profile's symmetric half-width `profile_rel` for the
-    measured share of the stage time, and the corpus residuals' (centre, half-width) for
-    the unmeasured `share`, blended linearly by that share; the other parts (relative
-    half-widths) join it in quadrature as relative widths, so a share of 0 gives the
-    band [v / (1 + r), v (1 + r)] with r = sqrt(a^2 + b^2 + c^2)."""
-    res = corpus_residuals() if residuals is None else residuals
-    group, sign = RESIDUAL_GROUP[metric]
-    centre, half = 0.0, math.log1p(profile_rel)
-    if share > 0 and group in res:
-        r = res[group]
-        lo, hi = (r.q_lo, r.q_hi) if sign > 0 else (-r.q_hi, -r.q_lo)
-        centre = share * (lo + hi) / 2
-        half = (1 - share) * half + share * (hi - lo) / 2
-    rel = math.sqrt(math.expm1(half) ** 2 + sum(o**2 for o in others))
-    return centre, math.log1p(rel)
 
 
 @dataclass(frozen=True)
@@ -322,8 +273,8 @@ def band(value: float, rel: float) -> tuple[float, float]:
 def intervals(
     result: Result, scenario: Scenario, workload: str = "run", runs: int = ENSEMBLE_RUNS
 ) -> tuple[dict, dict]:
-    """(intervals, basis) for a Result of `scenario`: metric -> (lo, hi), and what each
-    part contributed. `workload` is how part (b) is estimated (WORKLOAD_METHODS): "run"
+    """(intervals, basis) for a Result of `scenario`: metric -> (lo, hi) around the
+    corrected headline (`corrected` applies it), and what each part contributed. `workload` is how part (b) is estimated (WORKLOAD_METHODS): "run"
     from the run itself (no extra run), "ensemble" from `runs` short runs more, "none"
     left out ((a) + (c) only)."""
     if workload not in WORKLOAD_METHODS:
@@ -357,24 +308,25 @@ def intervals(
     out, parts = {}, {}
     for m in HEADLINE:
         sim = ci if m == "output_throughput_tok_s" else 0.0
-        centre, half = band_log(m, cal.rel, share, (ens[m], sim), res)
-        v = getattr(result, m)
-        out[m] = (
-            (v * math.exp(centre - half), v * math.exp(centre + half)) if math.isfinite(v) else band(v, 0)
-        )
+        centre, below, above = band_log(m, cal.rel, share, (ens[m], sim), res)
+        v = getattr(result, m) * math.exp(centre)  # the headline, corrected
+        out[m] = (v * math.exp(-below), v * math.exp(above)) if math.isfinite(v) else band(v, 0)
         parts[m] = {
             "calibration": cal.rel,
             "workload": ens[m],
             "simulation": sim,
-            "combined": math.expm1(half),
+            "combined": math.expm1((below + above) / 2),
             "centre_log": centre,
-            "half_log": half,
+            "below_log": below,
+            "above_log": above,
         }
+    factors = {g: math.exp(share * res[g].mid) if share > 0 and g in res else 1.0 for g in CORRECTED}
     cal_text = cal.basis
     if share > 0 and res:
         cal_text += (
             f"; {share:.0%} of the stage time is roofline or borrowed: that share carries the corpus's "
-            f"measured error for such predictions (pipesim/data/residuals.json)"
+            f"measured error for such predictions, its median applied to the headline "
+            f"(pipesim/data/residuals.json)"
         )
     basis = {
         "coverage": LIKELY_COVERAGE,
@@ -383,16 +335,24 @@ def intervals(
         "calibration_regime": cal.regime,
         "workload": how,
         "workload_method": workload,
-        "rule": "relative half-widths in quadrature; band [v e^(c-h), v e^(c+h)], c = 0 when all is measured",
+        "rule": (
+            "relative half-widths in quadrature; headline v' = v e^c (c = u x the corpus residuals' median, "
+            "0 when all is measured), band [v' e^-below, v' e^above]"
+        ),
         "parts": parts,
+        "correction": factors,
+        "uncorrected": {
+            f: getattr(result, f) for fs in CORRECTED.values() for f in (*fs, "per_request_tok_s")
+        },
     }
     return out, basis
 
 
 def attach(result: Result, scenario: Scenario, workload: str = "run", runs: int = ENSEMBLE_RUNS) -> Result:
-    """The result with its `intervals` and `interval_basis` filled in."""
+    """The result with its `intervals` and `interval_basis` filled in, its headline
+    figures corrected by the corpus residuals' median (module docstring)."""
     iv, basis = intervals(result, scenario, workload, runs)
-    return replace(result, intervals=iv, interval_basis=basis)
+    return replace(corrected(result, basis), intervals=iv, interval_basis=basis)
 
 
 def likely(result: Result, metric: str, fmt: str = "{:,.0f}") -> str:
@@ -402,3 +362,21 @@ def likely(result: Result, metric: str, fmt: str = "{:,.0f}") -> str:
         return ""
     lo, hi = iv[metric]
     return f" (likely {fmt.format(lo)}-{fmt.format(hi)})"
+
+
+# the corpus residuals' part, kept importable from here (residual_band.py)
+__all__ = [
+    "CORRECTED",
+    "HEADLINE",
+    "RESIDUAL_GROUP",
+    "UNMEASURED",
+    "Residuals",
+    "attach",
+    "band",
+    "band_log",
+    "corpus_residuals",
+    "corrected",
+    "intervals",
+    "likely",
+    "unmeasured_share",
+]

@@ -8,8 +8,9 @@ Each knob changes what the profile or box says, never the simulator:
   (the profile's own `allreduce_scale` and offset stay in force under it);
 - `pcie_bandwidth_scale`: every link of the box (PCIe switches, root ports, socket
   links, NVLink) carries this many times its bandwidth; it speeds PP hops and the
-  P2P part of collectives priced from the topology, not the measured all-reduce
-  table (that is `allreduce_scale`);
+  bandwidth part of every collective, a measured table's too (its time beyond the
+  latency fitted to it, costs/collectives.py: such a value is tagged `scaled`), not
+  the latency part (`allreduce_scale` scales a whole all-reduce);
 - `cpu_iteration_ms`: the scheduler's CPU time per iteration, set outright.
 
 `pipesim.predict(..., kernel_scale=0.5)` and the same flags on the command line

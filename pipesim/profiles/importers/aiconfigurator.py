@@ -199,13 +199,15 @@ def _gqa(
 def _collectives(folder: Layout) -> pd.DataFrame:
     """NCCL (half) collectives plus the engine's CUDA-graph custom all-reduce.
 
-    Both sources count message_size in 2-byte elements (see module docstring)."""
+    Both sources count message_size in 2-byte elements (see module docstring). A custom
+    table without a ``backend`` column names no engine's CUDA-graph kernel: the ones filed
+    under SGLang 0.5.6.post2 (H100, H200) and 0.5.9 (L40S) hold TRT-LLM's own all-reduce
+    (``framework`` TRTLLM), so none of their rows is taken and NCCL stands alone."""
     nccl = folder.read("nccl_perf")
     nccl = nccl[nccl["nccl_dtype"] == "half"].assign(impl="nccl")
     custom = folder.read("custom_allreduce_perf")
-    custom = custom[
-        (custom["backend"].str.endswith("_graph")) & (custom["allreduce_dtype"] == "bfloat16")
-    ].assign(impl="custom")
+    graphed = custom["backend"].str.endswith("_graph") if "backend" in custom else False
+    custom = custom[graphed & (custom["allreduce_dtype"] == "bfloat16")].assign(impl="custom")
     df = pd.concat([nccl, custom], ignore_index=True)
     df = df.rename(columns={"op_name": "op", "num_gpus": "gpus"})
     df["nbytes"] = df["message_size"] * 2

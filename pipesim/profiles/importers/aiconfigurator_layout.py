@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ...base.errors import UserError
+
+if TYPE_CHECKING:  # pandas only where a table is read: the catalogue orders versions without it
+    import pandas as pd
 
 # Nested layout: the <op> folder of each table.
 OP_FOLDERS = {
@@ -92,6 +94,8 @@ class Layout:
 
     def read(self, stem: str) -> pd.DataFrame:
         """Read one AIConfigurator table; missing files are a user error, not a crash."""
+        import pandas as pd
+
         if self.nested:
             path = self._nested_folder(stem) / f"{stem}.parquet"
             return pd.read_parquet(path)
