@@ -27,10 +27,19 @@ def test_predict_is_build_then_run(profile, scenario):
 
 
 def test_intervals_band_the_figures_and_leave_them_alone(scenario):
+    """Intervals move no simulated figure: the simulation's own values stay in
+    `interval_basis["uncorrected"]`, and the headline is them times the stated
+    correction of the corpus residuals (docs/uncertainty.md), inside its band."""
     plain, run, none = (api.run(scenario, intervals=how) for how in (None, "run", "none"))
     assert plain.intervals == {} and plain.interval_basis == {}
-    v = plain.output_throughput_tok_s
-    assert run.output_throughput_tok_s == none.output_throughput_tok_s == v
+    for r in (run, none):
+        raw = r.interval_basis["uncorrected"]
+        assert raw["output_throughput_tok_s"] == plain.output_throughput_tok_s
+        assert raw["ttft_ms_p50"] == plain.ttft_ms_p50
+        factor = r.interval_basis["correction"]["throughput"]
+        assert r.output_throughput_tok_s == plain.output_throughput_tok_s * factor
+    v = run.output_throughput_tok_s
+    assert none.output_throughput_tok_s == v
     lo, hi = run.intervals["output_throughput_tok_s"]
     assert lo < v < hi
     # "none" leaves the workload part out: a band no wider than the run's own

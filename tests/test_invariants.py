@@ -9,12 +9,12 @@ Small Llama-3.1-8B scenarios (64 prompt and 16 output tokens) keep each run shor
 
 Where an ordering is wrong because two boxes are costed by different means, the test
 says which and is expected to fail (strict: it says so when the cause is mended):
-- TP > 1: the TP collectives of a box with AIConfigurator's or its own measured tables
-  come from those tables (measured on one chassis, whatever the box's links), those of
-  a box without from NCCL's ring model on the datasheet links, which on PCIe is several
-  times faster than every measured PCIe box (8 GPUs, 512 KB: ring model 37-49 us, the
-  RTX PRO 6000 box measured 156 us, AIConfigurator's L40S box 500 us). The collective
-  model is being reworked (costs/primitives.py `collective`).
+- TP > 1 on the L40S: its TP collectives come from AIConfigurator's NCCL table, whose
+  chassis reached 1.5 GB/s of all-reduce bus bandwidth over 8 GPUs (500 us at 512 KB),
+  as if P2P were off beyond a pair, while the preset states P2P; boxes without a table
+  get NCCL's own model on their links (costs/collectives.py, docs/collectives.md).
+- TP2, RTX PRO 6000 Workstation against Server: the Server's measured custom
+  all-reduce table against NCCL's model for the Workstation, which has no table.
 - TP1: a GPU without tables is costed by the roofline's efficiency curves, fitted on
   every measured GPU; they take 93.5% of the datasheet bandwidth for a large bf16 GEMV,
   where the L40S's measured tables reach about 76%, so an L40 (the L40S's bandwidth,
@@ -44,8 +44,15 @@ WORK = dict(model="llama-3.1-8b", input_len=64, output_len=16)
 SPLITS = ((1, 1), (1, 8), (2, 8), (8, 8))  # (tp, conc)
 
 COLLECTIVES = (
-    "TP collectives from measured tables on one side, NCCL's ring model on datasheet links on the "
-    "other (the collective model, costs/primitives.py; docs/boxes.md)"
+    "the L40S's TP collectives come from AIConfigurator's NCCL table, measured in a chassis whose 4- and "
+    "8-GPU all-reduce reaches 4.9 and 1.5 GB/s of bus bandwidth (as if P2P were off beyond a pair), "
+    "while the l40s-8x preset states P2P over PCIe Gen4; the others get NCCL's model on their links "
+    "(costs/collectives.py; docs/collectives.md)"
+)
+CUSTOM_AR = (
+    "at TP2 the RTX PRO 6000 Server box's all-reduce is its measured custom all-reduce table (4.5 us "
+    "at small messages); the Workstation box has none and gets NCCL's model (9 us): the custom kernel "
+    "is not modelled without a table (costs/collectives.py)"
 )
 FITTED_GEMV = (
     "kernels from the L40S's measured tables against the roofline curves fitted on every measured GPU, "
@@ -59,9 +66,7 @@ KNOWN = {
     ("l40s-8x", "l40-8x", 8): COLLECTIVES,
     ("l40s-8x", "l4-8x", 8): COLLECTIVES,
     ("l40s-8x", "a10g-8x", 8): COLLECTIVES,
-    ("rtx-pro-6000-server-8x", "l40-8x", 8): COLLECTIVES,
-    ("rtx-pro-6000-server-8x", "rtx-6000-ada-8x", 8): COLLECTIVES,
-    ("rtx-pro-6000-workstation-8x", "rtx-pro-6000-server-8x", 2): COLLECTIVES,
+    ("rtx-pro-6000-workstation-8x", "rtx-pro-6000-server-8x", 2): CUSTOM_AR,
 }
 
 
@@ -71,10 +76,6 @@ KNOWN_BIG = {
     ("l40s-8x", "a10g-8x"),
     ("l40s-8x", "l4-8x"),
     ("l40s-8x", "l40-8x"),
-    ("rtx-pro-6000-server-8x", "l40-8x"),
-    ("rtx-pro-6000-server-8x", "rtx-4090-8x"),
-    ("rtx-pro-6000-server-8x", "rtx-6000-ada-8x"),
-    ("rtx-pro-6000-server-8x", "rtx-a6000-8x"),
 }
 
 
