@@ -116,7 +116,8 @@ def predict(
 
 def trace(tp: int = 1, pp: int = 1, conc: int | None = None, **kwargs: Any) -> tuple[dict, Result]:
     """Simulate one scenario (the keywords of `predict`, intervals aside; passed on as
-    given, build_scenario and simulate check them) keeping every row, and return its Chrome / Perfetto trace object (report/trace.py) and Result."""
+    given, build_scenario and simulate check them) keeping every row, and return its
+    Chrome / Perfetto trace object (report/trace.py) and Result."""
     from .report.trace import build_trace
 
     run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
