@@ -11,7 +11,7 @@ predicts a scenario and its changed copy.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .base.errors import require
 from .measure.metrics import Result
@@ -19,10 +19,12 @@ from .report import sensitivity as tornado
 from .report.uncertainty import WORKLOAD_METHODS, attach
 from .scenario.build import build_scenario
 from .scenario.whatif import check
-from .sim.runner import CI_TARGET
+from .sim.runner import CI_TARGET, SimulateKeywords
 from .sim.runner import simulate as run_scenario
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
+
     from .measure.record import Record
     from .scenario.build import Scenario
 
@@ -32,6 +34,13 @@ __all__ = ["CI_TARGET", "RUN_KEYS", "predict", "run", "sensitivity", "simulate",
 RUN_KEYS = ("warmup_requests", "measure_requests", "max_measure_requests", "ci_target")
 # intervals: None (none), else how their workload part is estimated
 INTERVALS = (None, *WORKLOAD_METHODS)
+
+
+class RunKeywords(SimulateKeywords, total=False):
+    """`simulate`'s keywords beside the scenario (what `run` passes on): the runner's,
+    and the intervals."""
+
+    intervals: str | None
 
 
 def simulate(
@@ -66,7 +75,7 @@ def simulate(
     return rec, result
 
 
-def run(scenario: Scenario, **kwargs: object) -> Result:
+def run(scenario: Scenario, **kwargs: Unpack[RunKeywords]) -> Result:
     """Run a built scenario and return its Result (the keywords of `simulate`)."""
     return simulate(scenario, **kwargs)[1]
 
@@ -83,9 +92,10 @@ def predict(
     intervals: bool = False,
     ensemble: bool = False,
     record: str = "summary",
-    **kwargs: object,
+    **kwargs: Any,
 ) -> Result:
-    """Predict one scenario. Keyword arguments are those of `build_scenario`
+    """Predict one scenario. Keyword arguments are those of `build_scenario` (passed on
+    as given: it checks each, whatever its type, as the command line's values are)
     (model, profile, engine, box, layers, rate_rps, num_requests, trace, input_len,
     output_len, seed) and the engine's knobs (e.g. max_running_requests).
     `intervals=True` adds prediction intervals (pipesim.report.uncertainty), their workload
@@ -104,9 +114,10 @@ def predict(
     )
 
 
-def trace(tp: int = 1, pp: int = 1, conc: int | None = None, **kwargs: object) -> tuple[dict, Result]:
-    """Simulate one scenario (the keywords of `predict`, intervals aside) keeping every
-    row, and return its Chrome / Perfetto trace object (report/trace.py) and Result."""
+def trace(tp: int = 1, pp: int = 1, conc: int | None = None, **kwargs: Any) -> tuple[dict, Result]:
+    """Simulate one scenario (the keywords of `predict`, intervals aside; passed on as
+    given, build_scenario and simulate check them) keeping every row, and return its
+    Chrome / Perfetto trace object (report/trace.py) and Result."""
     from .report.trace import build_trace
 
     run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}

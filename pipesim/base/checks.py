@@ -11,7 +11,7 @@ import json
 import math
 import numbers
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import UserError, require
 
@@ -37,23 +37,28 @@ MAX_SIM_S = 1e6  # simulated-time horizon: a run stops here whatever its state
 MAX_JSON_DEPTH = 200  # nesting of a JSON or TOML file
 
 
-def is_int(value: object) -> bool:
-    """A whole number given as one: Python or numpy integers, never a bool or a float."""
+def is_int(value: object) -> TypeGuard[int]:
+    """A whole number given as one: Python or numpy integers, never a bool or a float.
+    The guard lets the checker treat it as the int it converts to (a numpy integer
+    compares and converts as one); bool is tested first, as typeshed does not make it
+    an Integral and the checker would call a test after the Integral one unreachable."""
     return (
-        isinstance(value, numbers.Integral)
-        and not isinstance(value, bool)
+        not isinstance(value, bool)
+        and isinstance(value, numbers.Integral)
         and type(value).__name__ != "bool_"
     )
 
 
-def is_number(value: object) -> bool:
-    """A real number (int or float, Python or numpy), never a bool or a string."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+def is_number(value: object) -> TypeGuard[float]:
+    """A real number (int or float, Python or numpy), never a bool or a string; the
+    checker treats it as the float it converts to."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and type(value).__name__ != "bool_"
 
 
 def whole(value: object, what: str, lo: int = 1, hi: int | None = None) -> int:
     """`value` as an int in [lo, hi]; one line naming `what` otherwise."""
-    require(is_int(value) and int(value) >= lo, f"{what} must be a whole number >= {lo}, got {value!r}")
+    if not (is_int(value) and int(value) >= lo):
+        raise UserError(f"{what} must be a whole number >= {lo}, got {value!r}")
     if hi is not None:
         require(int(value) <= hi, f"{what} {value} is above the limit of {hi}")
     return int(value)
@@ -61,12 +66,12 @@ def whole(value: object, what: str, lo: int = 1, hi: int | None = None) -> int:
 
 def number(value: object, what: str, lo: float = 0.0, *, above: bool = False) -> float:
     """`value` as a finite float >= lo (> lo when `above`)."""
-    ok = (
+    if not (
         is_number(value)
         and math.isfinite(float(value))
         and (float(value) > lo if above else float(value) >= lo)
-    )
-    require(ok, f"{what} must be a finite number {'>' if above else '>='} {lo:g}, got {value!r}")
+    ):
+        raise UserError(f"{what} must be a finite number {'>' if above else '>='} {lo:g}, got {value!r}")
     return float(value)
 
 
@@ -117,7 +122,7 @@ def parse_json(text: str, what: str) -> Any:
         raise _too_deep(what) from None
 
 
-def parse_toml(text: str, what: str) -> dict:
+def parse_toml(text: str, what: str) -> dict[str, Any]:
     """TOML text -> dict, with the same depth guard as JSON."""
     from .toml import toml_reader
 

@@ -15,8 +15,9 @@ class UserError(ValueError):
         super().__init__(" ".join(str(message).split()))
 
 
-def require(condition: bool, message: str) -> None:
-    """Raise `UserError(message)` unless `condition` holds."""
+def require(condition: object, message: str) -> None:
+    """Raise `UserError(message)` unless `condition` holds (is truthy: a non-empty list
+    of points, a found table, as callers pass)."""
     if not condition:
         raise UserError(message)
 

@@ -110,7 +110,7 @@ def _relevant(p: Point) -> list[str]:
     return hs
 
 
-def _solve_alone(base: Profile, p: Point, h: str):
+def _solve_alone(base: Profile, p: Point, h: str) -> float | None:
     """The value of `h` alone that makes the point's prediction meet its measurement."""
     lo, hi, _ = FITTABLE[h]
     target = p.value
@@ -131,7 +131,7 @@ def steps(profile: Profile) -> int:
     return len(profile.measured) + len(_hypotheses(profile))
 
 
-def diagnose(profile: str | Path | Profile, on_point: Callable[[], None] | None = None) -> Diagnosis:
+def diagnose(profile: str | Path | Profile, on_point: Callable[[], object] | None = None) -> Diagnosis:
     """Each measured point of a profile (a name, a directory or a loaded one) against
     its tables alone, the gap charged to each hypothesis, and each fitted to all points.
     `on_point()` after each point and each hypothesis fit (progress: `steps`)."""

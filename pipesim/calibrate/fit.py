@@ -95,21 +95,21 @@ class _Objective:
         self.units = np.array([FITTABLE[n][2] for n in names])
         self.evaluations = 0
 
-    def profile_at(self, u) -> Profile:
+    def profile_at(self, u: np.ndarray) -> Profile:
         return self.profile.with_params(
             **{n: float(v) for n, v in zip(self.names, np.asarray(u) * self.units)}
         )
 
-    def predictions(self, u) -> list[float]:
+    def predictions(self, u: np.ndarray) -> list[float]:
         self.evaluations += len(self.points)
         prof = self.profile_at(u)
         return [predict_point(prof, p) for p in self.points]
 
-    def __call__(self, u):
+    def __call__(self, u: np.ndarray) -> np.ndarray:
         return np.array([p.error(v) for p, v in zip(self.points, self.predictions(u))])
 
 
-def _solve(obj: _Objective, start) -> np.ndarray:
+def _solve(obj: _Objective, start: np.ndarray) -> np.ndarray:
     lo = np.array([FITTABLE[n][0] for n in obj.names]) / obj.units
     hi = np.array([FITTABLE[n][1] for n in obj.names]) / obj.units
     x0 = np.clip(np.asarray(start, dtype=float), lo, hi)
@@ -121,7 +121,17 @@ def _solve(obj: _Objective, start) -> np.ndarray:
             for x, lo_, hi_ in zip(x0, lo, hi)
         ]
         x0 = min((np.array(c) for c in itertools.product(*axes)), key=lambda c: float(np.sum(obj(c) ** 2)))
-    sol = least_squares(obj, x0, bounds=(lo, hi), diff_step=1e-2, xtol=1e-4, ftol=1e-4, max_nfev=60)
+    # diff_step is array_like (scipy's documentation): a scalar is the same step for every
+    # parameter, which scipy-stubs' narrower annotation (arrays, sequences) leaves out
+    sol = least_squares(
+        obj,
+        x0,
+        bounds=(lo, hi),
+        diff_step=1e-2,  # type: ignore[arg-type]
+        xtol=1e-4,
+        ftol=1e-4,
+        max_nfev=60,
+    )
     return sol.x
 
 

@@ -15,7 +15,7 @@ from ..profiles.profile import Profile
 from .fit import predict_point
 
 
-def validate(profile: Profile, on_point: Callable[[], None] | None = None) -> pd.DataFrame:
+def validate(profile: Profile, on_point: Callable[[], object] | None = None) -> pd.DataFrame:
     """One row per measured point: measured (value or band), predicted, error in %
     (0 inside a band, else against the nearer edge). `on_point()` after each (progress)."""
     require(
@@ -52,13 +52,12 @@ def table(df: pd.DataFrame, profile: Profile, max_error: float) -> str:
         f"validation of {profile.name} ({len(df)} measured points)",
         f"  {'point':28s} {'metric':18s} {'measured':>13s} {'predicted':>10s} {'error':>8s}",
     ]
-    for r in df.itertuples():
-        meas = (
-            f"{r.measured_lo:g}" if r.measured_lo == r.measured_hi else f"{r.measured_lo:g}-{r.measured_hi:g}"
-        )
-        flag = "" if abs(r.error_pct) <= max_error else "  <- outside"
+    for r in df.to_dict("records"):
+        lo, hi = r["measured_lo"], r["measured_hi"]
+        meas = f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"
+        flag = "" if abs(r["error_pct"]) <= max_error else "  <- outside"
         lines.append(
-            f"  {r.point:28s} {r.metric:18s} {meas:>13s} {r.predicted:10.1f} {r.error_pct:+7.1f}%{flag}"
+            f"  {r['point']:28s} {r['metric']:18s} {meas:>13s} {r['predicted']:10.1f} {r['error_pct']:+7.1f}%{flag}"
         )
     lines.append(f"  MAPE {mape(df):.1f}% (max allowed per point {max_error:g}%)")
     fit = profile.meta.get("fit", {})
@@ -98,7 +97,7 @@ class Validation:
 
 
 def check(
-    profile: str | Path | Profile, max_error_pct: float, on_point: Callable[[], None] | None = None
+    profile: str | Path | Profile, max_error_pct: float, on_point: Callable[[], object] | None = None
 ) -> Validation:
     """Validate a profile (a name, a directory or a loaded one) against its measured points."""
     from ..profiles.profile import load_profile

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from typing import TextIO
 
 import click
 
@@ -35,7 +36,14 @@ def main(argv: list[str] | None = None) -> None:
     with warnings.catch_warnings():
         shown = warnings.showwarning
 
-        def show(message, category, filename, lineno, file=None, line=None) -> None:
+        def show(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: TextIO | None = None,
+            line: str | None = None,
+        ) -> None:
             if issubclass(category, PipesimWarning):
                 click.echo(f"pipesim: warning: {message}", err=True)
             else:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, TypedDict
 
 import click
 
 from ..base.checks import MAX_BATCH_TOKENS, MAX_CONCURRENCY, MAX_RUNNING, MAX_SWEEP_SCENARIOS
 from ..base.errors import require
-from ..explore.two_stage import MAX_SIMULATE
+from ..explore.screen import MAX_SIMULATE
 from .options import (
     DEFAULT_CONC_TEXT,
     apply_options,
@@ -83,11 +84,21 @@ def load_grid_options(gpus_help: str, conc_help: str, rate_help: str) -> Callabl
     return decorate
 
 
-def load_kwargs(conc: str | None, rate: str | None, num_requests: int | None) -> dict:
+class LoadKeywords(TypedDict, total=False):
+    """The sweep's keywords for its loads (`load_kwargs`)."""
+
+    conc: list[int]
+    rate: list[float]
+    num_requests: int
+
+
+def load_kwargs(conc: str | None, rate: str | None, num_requests: int | None) -> LoadKeywords:
     """The sweep's keywords for the loads: the concurrencies (the default list when none is
     given) and, with --rate, the arrival rates and the requests per point (0 or unset: the
     sweep's 200)."""
-    load = dict(conc=parse_ints(DEFAULT_CONC_TEXT if conc is None else conc, "--conc", MAX_CONCURRENCY))
+    load = LoadKeywords(
+        conc=parse_ints(DEFAULT_CONC_TEXT if conc is None else conc, "--conc", MAX_CONCURRENCY)
+    )
     if rate is not None:
         load["rate"] = parse_floats(rate, "--rate")
         if num_requests:
@@ -363,7 +374,8 @@ def search(
             f"figure file '{plot_file}' must end in .png or .svg",
         )
     table = read_table(from_file) if from_file else None
-    limits = {
+    # option values passed on as given: search checks each
+    limits: dict[str, Any] = {
         k: parse_number(v, "--" + k.replace("_", "-"))
         for k, v in dict(
             min_per_request_tok_s=min_per_request_tok_s,
@@ -373,7 +385,7 @@ def search(
             max_tpot_p99_ms=max_tpot_p99_ms,
         ).items()
     }
-    run = {}
+    run: dict[str, Any] = {}
     if table is None:  # a table given: nothing is swept, and --gpus/--conc/--rate go unread
         run.update(load_kwargs(conc, rate, num_requests))
         run.update(
@@ -384,7 +396,7 @@ def search(
         )
         run.update(parallel_grid_kwargs(dp, enable_dp_attention, enable_expert_parallel))
         run.update(two_stage_kwargs(simulate_all, simulate, running_caps, chunks, expert_parallel))
-        gpus = parse_ints(gpus, "--gpus")
+        run["gpus"] = parse_ints(gpus, "--gpus")
     else:
         require(
             not (running_caps or chunks or expert_parallel),
@@ -392,8 +404,7 @@ def search(
             "a table given with --from is searched as it is",
         )
     result = run_search(
-        gpus,
-        objective,
+        objective=objective,
         splits=parse_splits(splits),
         table=table,
         across_conditions=across_conditions,

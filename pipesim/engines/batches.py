@@ -57,6 +57,10 @@ class Request:
         return self.input_len + self.generated
 
 
+# one prompt chunk of a micro-batch: (request, chunk tokens, prefix tokens before it)
+PrefillChunk = tuple[Request, int, int]
+
+
 class MicroBatch:
     __slots__ = ("seq", "slot", "decode", "prefill", "shape", "returned", "it", "cpu_launch_s", "rank")
 

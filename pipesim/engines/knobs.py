@@ -16,10 +16,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from functools import cache
 from types import NoneType, UnionType
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hints
 
 from ..base.checks import flag, is_number, whole
 from ..base.errors import require
+
+if TYPE_CHECKING:
+    from .protocol import EngineConfig
 
 KEY = "pipesim.knob"  # the metadata key of a declaration
 
@@ -72,7 +75,7 @@ def _kind(hint: object) -> type:
         (hint,) = (a for a in get_args(hint) if a is not NoneType)
     if hint not in (int, float, bool):
         raise TypeError(f"an engine knob is an int, a float or a bool, not {hint}")
-    return hint  # type: ignore[return-value]
+    return hint
 
 
 def _text(value: object) -> str:
@@ -120,9 +123,11 @@ def check_values(config: type, values: dict) -> dict:
         if k.kind is bool:
             out[name] = flag(v, k.flags[0])
         elif k.kind is int:
+            assert k.bounds is not None  # knobs(): every number knob declares its bounds
             lo, hi = k.bounds
             out[name] = whole(v, k.flags[0], int(lo), int(hi))
         else:
+            assert k.bounds is not None
             lo, hi = k.bounds
             require(
                 is_number(v) and lo < float(v) < hi,
@@ -132,10 +137,12 @@ def check_values(config: type, values: dict) -> dict:
     return out
 
 
-def by_name(configs: Iterable[type]) -> dict[str, tuple[Knob, tuple[type, ...]]]:
+def by_name(
+    configs: Iterable[type[EngineConfig]],
+) -> dict[str, tuple[Knob, tuple[type[EngineConfig], ...]]]:
     """Every engine's knobs by name, with the configs that declare each; one name in
     two engines must be one flag of one kind (it becomes one command-line option)."""
-    out: dict[str, tuple[Knob, tuple[type, ...]]] = {}
+    out: dict[str, tuple[Knob, tuple[type[EngineConfig], ...]]] = {}
     for config in configs:
         for k in knobs(config):
             if k.name in out:
@@ -150,7 +157,7 @@ def by_name(configs: Iterable[type]) -> dict[str, tuple[Knob, tuple[type, ...]]]
     return out
 
 
-def markdown(configs: Iterable[type]) -> str:
+def markdown(configs: Iterable[type[EngineConfig]]) -> str:
     """The knob table of docs/engines.md, one row per engine knob."""
     rows = [
         "| engine | flag | keyword | default | what it sets | engine source |",

@@ -37,7 +37,7 @@ from .routing import RoundRobin
 if TYPE_CHECKING:
     from ..inputs.model import Model
     from ..inputs.plan import Plan
-    from .batches import MicroBatch, Request
+    from .batches import MicroBatch, PrefillChunk, Request
 
 MiB = 2**20
 
@@ -281,7 +281,7 @@ class SGLangScheduler:
         self.sim, self.s = sim, settings
         self.slot_running: list[list] = [[] for _ in range(settings.slots)]
         self.inflight: list = [None] * settings.slots
-        self.chunked = None  # request whose prompt is partly prefilled
+        self.chunked: Request | None = None  # request whose prompt is partly prefilled
         self.cpu_s = sim.cpu_iteration_s
         self.ratio = NewTokenRatio()  # schedule_conservativeness 1.0 (SGLang's default)
 
@@ -369,7 +369,7 @@ class SGLangScheduler:
         running[:] = [r for r in running if r.queued is None]
         self.ratio.value = retract_estimate(running)
 
-    def _prefill(self, slot: int) -> list:
+    def _prefill(self, slot: int) -> list[PrefillChunk]:
         """`PrefillAdder` over the waiting queue (docs/engines.md §4): a request is
         admitted while its prefill + min(max_new, CLIP) + one page is below the free KV
         less the reservation: the slot's running requests' remaining outputs (clipped)
@@ -377,7 +377,7 @@ class SGLangScheduler:
         admitted in this pass (a truncated chunk reserves none)."""
         sim, s = self.sim, self.s
         budget = s.prefill_budget
-        chunks = []
+        chunks: list[PrefillChunk] = []
         if self.chunked is not None:  # a chunked request continues in any slot
             r = self.chunked
             chunk = min(r.prefill_len - r.scheduled, budget, sim.kv_free)

@@ -324,7 +324,7 @@ class VLLMScheduler:
         self.step += 1
         return decode, prefill
 
-    def _allocate(self, r, n: int, fresh: bool = False, hit: int = 0) -> bool:
+    def _allocate(self, r: Request, n: int, fresh: bool = False, hit: int = 0) -> bool:
         """`KVCacheManager.allocate_slots`: the blocks `r` needs for `n` more computed
         tokens (ceil(computed / block_size) in all), or False when the pool lacks them.
         A resuming request's `hit` cached tokens are counted as needed too (its blocks
@@ -340,7 +340,7 @@ class VLLMScheduler:
         self.computed[r.rid] = computed
         return True
 
-    def _cache_hit(self, r) -> int:
+    def _cache_hit(self, r: Request) -> int:
         """`get_computed_blocks`: tokens of a waiting request's own prefix still cached,
         whole blocks, at most num_tokens - 1 (the last token is always computed)."""
         if self.free_queue is None:
@@ -348,7 +348,7 @@ class VLLMScheduler:
         cap = (r.input_len + r.generated - 1) // VLLM_BLOCK_SIZE * VLLM_BLOCK_SIZE
         return min(self.free_queue.hit(r.rid), cap)
 
-    def _preempt(self, r) -> None:
+    def _preempt(self, r: Request) -> None:
         """`_preempt_request`: free its blocks, num_computed_tokens = 0, to the front of
         the waiting queue (recompute: it prefills prompt and outputs again, less the
         prefix still cached when it resumes, with prefix caching on)."""

@@ -21,6 +21,7 @@ from ..scenario.build import build_scenario, scenario_steps
 
 if TYPE_CHECKING:
     from ..scenario.build import Scenario
+    from .objectives import Row
 
 KEY_COLUMNS = ("box", "engine", "input_len", "output_len", "gpus", "tp", "pp", "dp", "conc", "rate_rps")
 # the swept lists of scenario inputs: build_scenario's argument -> what the user calls it
@@ -153,7 +154,7 @@ def scenario_key(sc: Scenario, load: float, open_loop: bool) -> tuple:
     )
 
 
-def row_key(row: Mapping[str, object]) -> tuple:
+def row_key(row: Row) -> tuple:
     """The key of a sweep row (a dict or a table row), typed as `scenario_key` gives it."""
     box, engine, inp, out, g, tp, pp, dp, c, r = (row[k] for k in KEY_COLUMNS)
     return (str(box), str(engine), str(inp), str(out), int(g), int(tp), int(pp), int(dp), int(c), float(r))
@@ -198,11 +199,13 @@ def build_grid(
     split_list.sort(key=lambda s: (s[0] * s[1] * (1 if attn else s[2]), s[0], s[1], s[2]))
     check_sweep_size(len(combos), len(split_list), len(loads))
     several = len(combos) > 1
-    points, reasons, seen = [], {}, {}
+    points: list[Point] = []
+    reasons: dict[str, str] = {}
+    seen: dict[tuple, int] = {}  # scenario key -> its combination
     for i, combo in enumerate(combos):
         given = {k: v for k, v in combo.items() if v is not None}
         for tp, pp, dp in split_list:
-            failed = {}
+            failed: dict[float, str] = {}
             for load in loads:
                 load_kw = dict(rate_rps=load) if open_loop else dict(concurrency=int(load))
                 try:

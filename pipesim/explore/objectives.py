@@ -3,7 +3,7 @@ point's load, limits and uncertainty are written."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import Any, Protocol
 
 # objective -> (column, larger is better, label)
 OBJECTIVES = {
@@ -32,11 +32,22 @@ COLUMN_NAMES = {
 }
 
 
-def load_text(r: Mapping[str, object], lc: str) -> str:
+class Row(Protocol):
+    """A point of a sweep table as these read it: a table row (a pandas Series) or a
+    dict of one (`to_dict("records")`); its cells are of the column's type."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+    def get(self, key: str, default: Any = None, /) -> Any: ...
+
+    def __contains__(self, key: object, /) -> bool: ...
+
+
+def load_text(r: Row, lc: str) -> str:
     return f"{r['rate_rps']:g} req/s" if lc == "rate_rps" else f"C={int(r['conc'])}"
 
 
-def constraint_texts(constraints: dict, lc: str = "conc") -> list[str]:
+def constraint_texts(constraints: dict[str, float], lc: str = "conc") -> list[str]:
     out = [CONSTRAINTS[k][2].format(v) for k, v in constraints.items()]
     if lc == "rate_rps":
         out.append("not overloaded (saturation.py)")
@@ -47,7 +58,7 @@ def _constraint_text(key: str, value: float) -> str:
     return CONSTRAINTS[key][2].format(value)
 
 
-def interval_text(r: Mapping[str, object], col: str) -> str:
+def interval_text(r: Row, col: str) -> str:
     """A point's uncertainty on `col`, where the table has one: a prediction interval
     (`<col>_lo` / `<col>_hi` columns) or, for throughput, the 95% CI half-width."""
     lo, hi = r.get(f"{col}_lo"), r.get(f"{col}_hi")
@@ -59,7 +70,7 @@ def interval_text(r: Mapping[str, object], col: str) -> str:
     return ""
 
 
-def noise(row: Mapping[str, object], objective: str) -> float:
+def noise(row: Row, objective: str) -> float:
     """The 95% half-width of a point's objective: throughput has one, latencies none."""
     if objective not in ("throughput", "throughput-per-gpu") or "output_throughput_ci_tok_s" not in row:
         return 0.0

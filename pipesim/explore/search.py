@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -13,9 +14,13 @@ from ..base.errors import UserError, require
 from .conditions import condition_text, conditions
 from .objectives import COLUMN_NAMES, CONSTRAINTS, OBJECTIVES, constraint_texts, interval_text, load_text
 from .objectives import noise as _noise
+from .screen import MAX_SIMULATE
 from .search_why import explain, gpu_ms_per_token
 from .sweep import DEFAULT_CONC, load_column, sweep
-from .two_stage import MAX_SIMULATE, model_text, two_stage
+from .two_stage import model_text, two_stage
+
+if TYPE_CHECKING:
+    from .objectives import Row
 
 
 @dataclass(frozen=True)
@@ -104,11 +109,11 @@ class Searches:
         return "\n\n".join(blocks).rstrip()
 
 
-def _ms(v) -> str:
+def _ms(v: float | None) -> str:
     return "-" if v is None or v != v else f"{v:,.0f} ms"
 
 
-def _point_text(r) -> str:
+def _point_text(r: Row) -> str:
     tpot = r.get("tpot_ms_p99")
     return (
         f"{r['output_throughput_tok_s']:,.1f}{interval_text(r, 'output_throughput_tok_s')} output tok/s "
@@ -157,7 +162,7 @@ def _carried(part: pd.DataFrame) -> tuple[pd.Series | None, pd.Series | None]:
     return (ok.iloc[-1] if len(ok) else None), first_fail
 
 
-def _misses(r, constraints: dict) -> str:
+def _misses(r: Row, constraints: dict[str, float]) -> str:
     """What a point misses: each constraint it breaks, with its value."""
     out = []
     for k, limit in constraints.items():
@@ -190,12 +195,13 @@ def search(
     running_caps: Sequence[int] | None = None,
     chunks: Sequence[int] | None = None,
     expert_parallel: Sequence[bool] | None = None,
-    **kwargs: object,
+    **kwargs: Any,
 ) -> Search | Searches:
     """The best split and load by `objective` (one of OBJECTIVES) among the points that
     meet the constraints (an overloaded open-loop point never does). Runs
     `sweep(gpus, conc, rate=rate, splits=splits, **kwargs)` unless a sweep `table` is
-    given; `splits` [(tp, pp), ...] limits it to those splits.
+    given (`kwargs` passed on as given: sweep and build_scenario check each);
+    `splits` [(tp, pp), ...] limits it to those splits.
 
     max-load: per split the largest load (concurrency, or arrival rate with `rate`)
     that qualifies together with every smaller swept load; splits ranked by it.
@@ -225,7 +231,7 @@ def search(
             f"{k} must be a number >= 0, got {v!r}",
         )
     if splits is not None:
-        splits = [tuple(s) for s in splits]
+        splits = [(tp, pp) for tp, pp in splits]
     screened = ""
     if table is None and screen:
         table, screened = two_stage(
@@ -300,14 +306,15 @@ def search(
     return Searches(tuple(results), tuple(failed), df, screened)
 
 
-def _search_one(df: pd.DataFrame, objective: str, constraints: dict) -> Search:
+def _search_one(df: pd.DataFrame, objective: str, constraints: dict[str, float]) -> Search:
     """The search of one condition's rows (`qualifies` and `load` set)."""
     lc = load_column(df)
     ok_mask = df.qualifies
     ok = df[ok_mask]
     if ok.empty:
-        fastest = df.loc[df.per_request_tok_s.idxmax()]
-        quickest = df.loc[df.ttft_ms_p99.idxmin()]
+        # by position: the table's index is unique, so the row of idxmax's label
+        fastest = df.iloc[df.per_request_tok_s.argmax()]
+        quickest = df.iloc[df.ttft_ms_p99.argmin()]
         raise UserError(
             f"no split and {'arrival rate' if lc == 'rate_rps' else 'concurrency'} meets "
             + " and ".join(constraint_texts(constraints, lc))
@@ -321,6 +328,7 @@ def _search_one(df: pd.DataFrame, objective: str, constraints: dict) -> Search:
         for _, part in df.groupby(["gpus", "split"], sort=True):
             carried, fail = _carried(part)
             if carried is None:
+                assert fail is not None  # no load carried: the smallest one fails
                 unqualified.append(
                     f"{fail['split']} carries none of the swept loads: at {load_text(fail, lc)} "
                     f"it misses {_misses(fail, constraints)}"

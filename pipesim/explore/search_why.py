@@ -26,7 +26,7 @@ def gpu_ms_per_token(row: pd.Series) -> dict[str, float]:
     }
 
 
-def _per_token(win, runner) -> str:
+def _per_token(win: pd.Series, runner: pd.Series) -> str:
     w, r = gpu_ms_per_token(win), gpu_ms_per_token(runner)
     text = lambda d: " + ".join(f"{k} {v:,.2f}" for k, v in d.items())  # noqa: E731
     diff = {k: r[k] - w[k] for k in w}  # > 0: the winner spends less on it
@@ -126,7 +126,7 @@ def explain(win: pd.Series, runner: pd.Series | None, objective: str, df: pd.Dat
 
 
 def _explain_max_load(win: pd.Series, runner: pd.Series | None, lc: str) -> str:
-    def one(r) -> str:
+    def one(r: pd.Series) -> str:
         nxt = r.get("next_fail")
         return (
             f"{r['split']} carries {load_text(r, lc)} ({r['output_throughput_tok_s']:,.1f} output tok/s, TPOT p99 "

@@ -65,14 +65,15 @@ def options_text(kwargs: dict, run_kwargs: dict, open_loop: bool) -> str:
     return json.dumps(opts, sort_keys=True, separators=(",", ":"), default=repr)
 
 
-def _plain(value):
+def _plain(value: object) -> object:
     """A value JSON can hold: a Profile or Model object by its name and parameters."""
     if isinstance(value, (str, int, float, bool)):
         return value
-    if hasattr(value, "name") and hasattr(value, "params") and is_dataclass(value.params):
+    params = getattr(value, "params", None)
+    if hasattr(value, "name") and is_dataclass(params) and not isinstance(params, type):
         return {
             "name": value.name,
-            "params": asdict(value.params),
+            "params": asdict(params),
             "foreign": getattr(value, "foreign", None),
         }
     if hasattr(value, "name"):
@@ -206,6 +207,7 @@ class PartWriter:
         """The rows done, written before `columns` had all their members, rewritten
         with them (the new ones empty) before the first new row is appended."""
         self.file.close()
+        assert self.done is not None  # widened on resume only: the rows done were read
         text = self.done.reindex(columns=columns).to_csv(index=False, lineterminator="\n")
         write_atomic(self.part, lambda tmp: tmp.write_text(text, encoding="utf-8"))
         self.file = open(self.part, "a", encoding="utf-8", newline="")

@@ -11,19 +11,21 @@ sent to each worker once; `combo` (box, engine, lengths) travels with its task.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ..base.errors import UserError
 
 if TYPE_CHECKING:
-    from dask.distributed import Client
+    from dask.distributed import Client, Future
 
-Task = tuple  # (tp, pp, load, combo)
+Task = tuple[int, int, float, dict]  # (tp, pp, load, combo)
+# fn(tp, pp, load, shared, run_kwargs, open_loop, combo) -> one row
+RowFn = Callable[[int, int, float, dict, dict, bool, dict], dict]
 
 
 def run_tasks(
-    fn: Callable[..., dict],
+    fn: RowFn,
     tasks: Sequence[Task],
     shared: dict,
     run_kwargs: dict,
@@ -43,7 +45,9 @@ def run_tasks(
     return _run_local(n, fn, tasks, shared, run_kwargs, open_loop)
 
 
-def _run_local(n, fn, tasks, shared, run_kwargs, open_loop) -> Iterator[dict]:
+def _run_local(
+    n: int, fn: RowFn, tasks: Sequence[Task], shared: dict, run_kwargs: dict, open_loop: bool
+) -> Iterator[dict]:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     pool = ProcessPoolExecutor(max_workers=n, initializer=_die_with_parent, initargs=(os.getpid(),))
@@ -100,14 +104,24 @@ def connect(address: str) -> Client:
         raise UserError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
 
 
-def _run_dask(address, fn, tasks, shared, run_kwargs, open_loop) -> Iterator[dict]:
+def _run_dask(
+    address: str, fn: RowFn, tasks: Sequence[Task], shared: dict, run_kwargs: dict, open_loop: bool
+) -> Iterator[dict]:
     from dask.distributed import as_completed as dask_completed
 
     client = connect(address)  # before the first row is asked for: said at once
     return _dask_rows(client, dask_completed, fn, tasks, shared, run_kwargs, open_loop)
 
 
-def _dask_rows(client, dask_completed, fn, tasks, shared, run_kwargs, open_loop) -> Iterator[dict]:
+def _dask_rows(
+    client: Client,
+    dask_completed: Callable[..., Iterable[Future]],
+    fn: RowFn,
+    tasks: Sequence[Task],
+    shared: dict,
+    run_kwargs: dict,
+    open_loop: bool,
+) -> Iterator[dict]:
     with client:  # closing the client releases the futures not yet run
         [remote] = client.scatter([shared], broadcast=True, hash=False)
         futures = [

@@ -39,9 +39,8 @@ def stage_weight_bytes(model: Model, plan: Plan, stage: int) -> float:
     if plan.dp == 1 and plan.ep == 1:
         return (layers + embed + head) / plan.tp
     routed = sum(model.routed_expert_bytes(i) for i in plan.stage_layers(stage))
-    per_rank = (
-        plan.experts_per_rank(model.moe.n_routed_experts) / model.moe.n_routed_experts if routed else 0.0
-    )
+    moe = model.moe  # routed bytes only where there are experts
+    per_rank = plan.experts_per_rank(moe.n_routed_experts) / moe.n_routed_experts if routed and moe else 0.0
     experts = routed * per_rank / plan.moe_tp
     if not plan.dp_attention:
         return (layers - routed + embed + head) / plan.attn_tp + experts

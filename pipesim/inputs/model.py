@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..base.checks import MAX_CONFIG_SIZE, MAX_JSON_DEPTH, MAX_LAYERS, is_number, read_text, too_deep
 from ..base.errors import UserError, require
@@ -115,6 +115,7 @@ class Model:
         attn = self.attention_params() * attn_bytes
         if self.is_moe_layer(layer):
             m = self.moe
+            assert m is not None  # is_moe_layer: a MoE model
             routed = m.n_routed_experts * self.expert_params() * (over or self.expert_dtype).bytes_per_param
             shared = m.n_shared_experts * self.expert_params() * attn_bytes
             router = self.hidden * m.n_routed_experts * 2
@@ -126,6 +127,7 @@ class Model:
         part expert parallel divides by ep instead of by TP."""
         if not self.is_moe_layer(layer):
             return 0.0
+        assert self.moe is not None  # is_moe_layer: a MoE model
         return self.moe.n_routed_experts * self.expert_params() * self.expert_dtype.bytes_per_param
 
     def embedding_bytes(self, dtype: str | WeightFormat | None = None) -> float:
@@ -265,7 +267,8 @@ def _text(cfg: dict, name: str) -> dict:
     return inner
 
 
-def _get(cfg: dict, key: str, name: str, default=None):
+def _get(cfg: dict[str, Any], key: str, name: str, default: object = None) -> Any:
+    """A field of the config (a JSON value), else `default`; a number is finite and >= 0."""
     cfg = _text(cfg, name)
     if key in cfg and cfg[key] is not None:
         value = cfg[key]
@@ -279,7 +282,7 @@ def _get(cfg: dict, key: str, name: str, default=None):
     return value
 
 
-def _int(cfg: dict, key: str, name: str, default=None, lo: int = 0) -> int:
+def _int(cfg: dict[str, Any], key: str, name: str, default: object = None, lo: int = 0) -> int:
     """A whole-number field of the config in [lo, its limit], or a UserError naming it."""
     value = _get(cfg, key, name, default)
     if not is_number(value) or value != int(value) or value < lo:

@@ -34,6 +34,7 @@ always 16-bit here (the engines quantize lm_head only on an explicit flag).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..base.checks import is_int
@@ -152,17 +153,18 @@ def weight_formats(quant: dict, name: str = "model") -> tuple[WeightFormat, Weig
     raise UserError(f"quantization '{method}' is not modelled; supported: {SUPPORTED}")
 
 
-def _num(value, key: str, name: str, allow_negative: bool = False) -> int:
-    ok = isinstance(value, int) and not isinstance(value, bool) and (allow_negative or value > 0)
-    require(
-        ok,
-        f"model config {name}: quantization_config '{key}' = {value!r} must be a whole number"
-        + ("" if allow_negative else " >= 1"),
-    )
+def _num(value: object, key: str, name: str, allow_negative: bool = False) -> int:
+    if not (isinstance(value, int) and not isinstance(value, bool) and (allow_negative or value > 0)):
+        raise UserError(
+            f"model config {name}: quantization_config '{key}' = {value!r} must be a whole number"
+            + ("" if allow_negative else " >= 1")
+        )
     return value
 
 
-def _fp8(block, scale_bits: int, compute: str = "fp8", label: str = "tensor") -> WeightFormat:
+def _fp8(
+    block: Sequence[int] | None, scale_bits: int, compute: str = "fp8", label: str = "tensor"
+) -> WeightFormat:
     suffix = "" if compute == "fp8" else "-weight-only"
     if block:
         n, k = block
@@ -170,12 +172,14 @@ def _fp8(block, scale_bits: int, compute: str = "fp8", label: str = "tensor") ->
     return WeightFormat(f"fp8-{label}{suffix}", "fp8", 8, compute=compute)
 
 
-def _apply_ignore(attn: WeightFormat, experts: WeightFormat, ignore) -> tuple[WeightFormat, WeightFormat]:
+def _apply_ignore(
+    attn: WeightFormat, experts: WeightFormat, ignore: object
+) -> tuple[WeightFormat, WeightFormat]:
     """16-bit for the module classes the config's unquantized list names."""
-    require(
-        ignore is None or isinstance(ignore, (list, tuple)),
-        f"model config: quantization_config's list of unquantized modules must be a list, got {ignore!r}",
-    )
+    if not (ignore is None or isinstance(ignore, (list, tuple))):
+        raise UserError(
+            f"model config: quantization_config's list of unquantized modules must be a list, got {ignore!r}"
+        )
     text = " ".join(str(x) for x in (ignore or []))
     return (BF16 if _ATTENTION.search(text) else attn), (BF16 if _EXPERTS.search(text) else experts)
 

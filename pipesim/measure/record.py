@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .request_tally import RequestTally
-from .rows import Batch, Interval, Recorder, TokenReturn, hop_name
+from .rows import Batch, IntervalRow, Recorder, TokenReturn, hop_name
 from .tally import StepTally
 
 
@@ -101,14 +101,14 @@ class Record:
     figures (`steps`, `requests`) and, for a kept record (`kept`: the trace), every
     row; a summary record's row lists are empty."""
 
-    compute: tuple[list[Interval], ...]  # per stage
-    comm: tuple[list[Interval], ...]  # per stage: TP collectives
-    hops: dict[str, list[Interval]]  # hop name -> its transfers (empty without PP)
+    compute: tuple[list[IntervalRow], ...]  # per stage
+    comm: tuple[list[IntervalRow], ...]  # per stage: TP collectives
+    hops: dict[str, list[IntervalRow]]  # hop name -> its transfers (empty without PP)
     hop_names: tuple[str, ...]  # per stage: the hop out of it (empty without PP)
-    cpu: list[Interval]
+    cpu: list[IntervalRow]
     tokens: list[TokenReturn]
     batches: list[Batch]
-    link_wait: list[Interval]
+    link_wait: list[IntervalRow]
     stage_gpus: tuple[tuple[int, ...], ...]  # per stage: its TP group
     layers_per_stage: tuple[int, ...]
     slots: int  # micro-batch slots of the engine (1: none)

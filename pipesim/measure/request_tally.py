@@ -102,6 +102,7 @@ class RequestTally:
         """(output tokens, latency seconds) of the measured requests in completion order:
         a closed loop's batch means (steady.py). `queued`: latency from admission."""
         rows = self._rows
+        assert rows is not None, "a closed loop keeps its rows"
         start = rows["admit_s"] if queued else rows["arrival_s"]
         out = np.frombuffer(rows["output_len"], dtype=np.int64).astype(float)
         return out, np.frombuffer(rows["finish_s"]) - np.frombuffer(start)

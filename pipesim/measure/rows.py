@@ -24,6 +24,10 @@ class Interval(NamedTuple):
     end_s: float
 
 
+# an interval row as the lists hold it: a plain (start_s, end_s) tuple or an Interval
+IntervalRow = tuple[float, float]
+
+
 class Batch(NamedTuple):
     """A micro-batch as the engine launched it."""
 
@@ -53,13 +57,13 @@ class Recorder:
     __slots__ = ("compute", "comm", "hops", "cpu", "tokens", "batches", "link_wait", "evictions", "kv_free")
 
     def __init__(self, stages: int) -> None:
-        self.compute: list[list[Interval]] = [[] for _ in range(stages)]
-        self.comm: list[list[Interval]] = [[] for _ in range(stages)]  # TP collectives
-        self.hops: list[list[Interval]] = [[] for _ in range(stages)]  # hop out of each stage
-        self.cpu: list[Interval] = []  # scheduler CPU on the first stage
+        self.compute: list[list[IntervalRow]] = [[] for _ in range(stages)]
+        self.comm: list[list[IntervalRow]] = [[] for _ in range(stages)]  # TP collectives
+        self.hops: list[list[IntervalRow]] = [[] for _ in range(stages)]  # hop out of each stage
+        self.cpu: list[IntervalRow] = []  # scheduler CPU on the first stage
         self.tokens: list[TokenReturn] = []
         self.batches: list[Batch] = []
-        self.link_wait: list[Interval] = []  # waits for a shared PCIe link
+        self.link_wait: list[IntervalRow] = []  # waits for a shared PCIe link
         # (time_s, rid): a running request evicted for KV (SGLang retract, vLLM preempt)
         self.evictions: list[tuple[float, int]] = []
         self.kv_free: list[tuple[float, int]] = []  # (launch_s, KV tokens free), per batch

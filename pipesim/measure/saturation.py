@@ -152,8 +152,9 @@ def saturation(arrival_s: ArrayLike, first_token_s: ArrayLike, finish_s: ArrayLi
     if len(arr) < 3 or arr.max() <= arr.min():
         return None
     tally = SaturationTally(float(arr.min()), float(arr.max()))
-    times = np.concatenate((arr, np.asarray(first_token_s, dtype=float), np.asarray(finish_s, dtype=float)))
-    kinds = np.repeat([0, 1, 2], [len(arr), len(times) - len(arr) - len(finish_s), len(finish_s)])
+    first, finish = np.asarray(first_token_s, dtype=float), np.asarray(finish_s, dtype=float)
+    times = np.concatenate((arr, first, finish))
+    kinds = np.repeat([0, 1, 2], [len(arr), len(first), len(finish)])
     feed = (tally.arrival, tally.first_token, tally.finish)
     for i in np.argsort(times, kind="stable"):
         feed[kinds[i]](float(times[i]))

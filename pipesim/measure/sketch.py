@@ -53,10 +53,11 @@ def percentile(values: ArrayLike, q: float) -> float:
     interpolated at (n - 1) q / 100, numpy's lerp included (_function_base_impl.py
     `_lerp`), computed directly: np.percentile calls np.unique, which imports
     numpy.ma (tens of milliseconds of a prediction)."""
-    n = len(values)
+    x = np.asarray(values, dtype=float)
+    n = len(x)
     if not n:
         return float("nan")
-    x = np.sort(np.asarray(values, dtype=float))
+    x = np.sort(x)
     pos = (n - 1) * (q / 100)
     lo = int(pos)
     t = pos - lo
@@ -188,36 +189,36 @@ class Percentiles:
 
     def __init__(self, exact_values: int | None = None) -> None:
         self.exact_values = EXACT_VALUES if exact_values is None else exact_values
-        self._values: array | None = array("d")
-        self.sketch: QuantileSketch | None = None
+        self._values = array("d")  # the values while exact; emptied once they are sketched
+        self.sketch: QuantileSketch | None = None  # None: exact
 
     def add(self, x: float) -> None:
         """Add one finite value."""
-        if self._values is None:
+        if self.sketch is not None:
             self.sketch.add(x)
             return
         self._values.append(x)
         if len(self._values) > self.exact_values:
             self.sketch = QuantileSketch()
             self.sketch.extend(self._values)
-            self._values = None
+            self._values = array("d")
 
     @property
     def exact(self) -> bool:
-        return self._values is not None
+        return self.sketch is None
 
     @property
     def count(self) -> int:
-        return len(self._values) if self._values is not None else self.sketch.count
+        return self.sketch.count if self.sketch is not None else len(self._values)
 
     @property
     def mean(self) -> float:
-        if self._values is None:
+        if self.sketch is not None:
             return self.sketch.mean
         return float(np.frombuffer(self._values).mean()) if self._values else float("nan")
 
     def percentile(self, q: float) -> float:
         """`percentile`'s rule, q in percent; nan when empty."""
-        if self._values is None:
+        if self.sketch is not None:
             return self.sketch.percentile(q)
         return percentile(np.frombuffer(self._values), q)

@@ -135,11 +135,12 @@ def slot_orbits(values: ArrayLike, shift: int) -> np.ndarray:
 
 
 def closed_loop_ci(
-    concurrency: int, output_tokens: ArrayLike, latency_s: ArrayLike, period_requests: int = 0
+    concurrency: float, output_tokens: ArrayLike, latency_s: ArrayLike, period_requests: int = 0
 ) -> tuple[float, float]:
     """(output tok/s, 95% half-width) from completed requests in completion order: over
     the whole periods of `period_requests` when they repeat (`period`; at least two of
-    them), else in BATCHES batches."""
+    them), else in BATCHES batches. `concurrency`: the clients, or the engine's mean
+    load when more clients queue than it admits (stopping.py)."""
     out = np.asarray(output_tokens, dtype=float)
     lat = np.asarray(latency_s, dtype=float)
     if len(out) < BATCHES or lat.sum() <= 0:
@@ -164,9 +165,11 @@ def queue_wait_s(concurrency: int, engine_load: float, mean_admitted_s: float) -
 
 def window_ci(tokens: ArrayLike, t0: float, t1: float) -> tuple[float, float]:
     """(output tok/s, 95% half-width) over [t0, t1] from (time, tokens) records."""
-    if t1 <= t0 or len(tokens) == 0:
+    if t1 <= t0:
         return float("nan"), float("inf")
     a = np.asarray(tokens, dtype=float).reshape(-1, 2)
+    if len(a) == 0:
+        return float("nan"), float("inf")
     inside = (a[:, 0] > t0) & (a[:, 0] <= t1)
     edges = np.linspace(t0, t1, BATCHES + 1)
     rates = np.histogram(a[inside, 0], bins=edges, weights=a[inside, 1])[0] / ((t1 - t0) / BATCHES)
@@ -210,6 +213,7 @@ class TimeHistogram:
 
     def _double(self) -> None:
         b = self._bins
+        assert b is not None  # called only once the points are binned
         half = b.reshape(-1, 2).sum(axis=1)
         b[: len(half)], b[len(half) :] = half, 0.0
         self._width *= 2
@@ -222,7 +226,8 @@ class TimeHistogram:
     def span_weights(self, t0: float, t1: float) -> np.ndarray:
         """The weight in each of `BATCHES` equal spans of [t0, t1], read off the bins'
         cumulative weight (interpolated inside the bin each edge cuts)."""
-        cum = np.concatenate(([0.0], np.cumsum(self._bins)))
+        assert self._bins is not None, "span_weights reads the bins: the points are no longer kept"
+        cum = np.concatenate((np.zeros(1), np.cumsum(self._bins)))
         edges = np.linspace(t0, t1, BATCHES + 1) / self._width
         return np.diff(np.interp(edges, np.arange(self.nbins + 1), cum))
 

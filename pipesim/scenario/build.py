@@ -76,7 +76,7 @@ class Scenario:
 
     def describe(self) -> dict:
         """Every resolved input, for reports and --json."""
-        m = self.memory
+        m, net = self.memory, self.box.network
         return {
             "box": self.box.name,
             "gpu": self.box.gpu.name,
@@ -108,9 +108,9 @@ class Scenario:
                 {
                     "nodes": self.box.nodes,
                     "gpus_per_node": self.box.gpus_per_node,
-                    "network": self.box.network.name,
+                    "network": net.name,
                 }
-                if self.box.nodes > 1
+                if self.box.nodes > 1 and net is not None  # a cluster: boxes joined by a network
                 else {}
             ),
             **({"whatif": dict(self.whatif)} if self.whatif else {}),
@@ -129,7 +129,7 @@ class Scenario:
 def foreign_reasons(profile: Profile, box: Box, engine: str) -> list[str]:
     """What differs between where a profile was measured and the run it would cost:
     its box (the one-node box, for a cluster), the box's GPU, the engine."""
-    measured_on = profile.box_spec or load_box(profile.box)
+    measured_on = profile.box_spec if isinstance(profile.box_spec, Box) else load_box(profile.box)
     out = []
     if measured_on.gpu.name != box.gpu.name:
         out.append(f"GPU {measured_on.gpu.name} vs {box.gpu.name}")
@@ -269,11 +269,12 @@ def _profile_and_box(
     from ..profiles.catalogue import profile_for_box
     from ..profiles.profile import DEFAULT_PROFILE, Profile, load_profile
 
-    default_engine = load_profile(DEFAULT_PROFILE).engine if profile is None else None
-    if profile is None and (box is not None or engine not in (None, default_engine)):
-        bx = box if isinstance(box, Box) else load_box(box or load_profile(DEFAULT_PROFILE).box)
-        model_name = model.name if isinstance(model, Model) else (model or DEFAULT_MODEL)
-        return profile_for_box(bx, engine or default_engine, model_name, engine_version), bx
+    if profile is None:
+        default_engine = load_profile(DEFAULT_PROFILE).engine
+        if box is not None or engine not in (None, default_engine):
+            bx = box if isinstance(box, Box) else load_box(box or load_profile(DEFAULT_PROFILE).box)
+            model_name = model.name if isinstance(model, Model) else (model or DEFAULT_MODEL)
+            return profile_for_box(bx, engine or default_engine, model_name, engine_version), bx
     prof = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
     require(
         engine_version is None or engine_version == prof.engine_version,
@@ -350,7 +351,17 @@ def workload_steps(w: Workload, running_cap: int) -> tuple[float, str]:
     return batch_steps(1, out, batch), f"{n} requests, {out} output tokens / batch {batch}"
 
 
-def _workload(concurrency, rate_rps, num_requests, trace, input_len, output_len, seed) -> Workload:
+def _workload(
+    concurrency: int | None,
+    rate_rps: float | None,
+    num_requests: int | None,
+    trace: str | None,
+    input_len: str | int,
+    output_len: str | int,
+    seed: int,
+) -> Workload:
+    """The workload build_scenario's keywords describe, each checked (a caller may pass
+    anything: the types are what is accepted, not what arrives)."""
     require(
         is_int(seed) and 0 <= seed < MAX_SEED, f"seed must be a whole number >= 0 and < 2**63, got {seed!r}"
     )

@@ -11,6 +11,7 @@ the host loop's (host_loop.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -215,6 +216,7 @@ class RankSchedule:
                     placed += [(b / events, j)] * events
                 st = self.state(placed, queued, clients)
                 arrivals = max(1.0, st.request_rate * st.round_s / len(sizes))
+            assert st is not None  # the loop ran
             states = [st]
         notes: list[str] = []
         domain = "in"
@@ -230,7 +232,7 @@ class RankSchedule:
         return RankEstimate(tuple(states), domain, tuple(notes))
 
     def state(
-        self, placed: list[tuple[float, int]], queued: bool, clients: int, train: bool = False
+        self, placed: Sequence[tuple[float, int]], queued: bool, clients: int, train: bool = False
     ) -> State:
         """The steady state with the cohorts `placed` ((prompts, slot) each, entering
         once per request lifetime) (module docstring). `train`: fixed lengths, so the
@@ -297,8 +299,8 @@ class RankSchedule:
         return State(tuple(sizes), round_s, max(lat), ttft, tpot, rate, rate * out_len)
 
     def _train(
-        self, placed: list[tuple[float, int]], order: list[int], prompts: list[Pass], decodes: list[Pass]
-    ) -> tuple[float, list[float], list[float]]:
+        self, placed: Sequence[tuple[float, int]], order: list[int], prompts: list[Pass], decodes: list[Pass]
+    ) -> tuple[float, list[int], list[float]]:
         """A lifetime's prompts as consecutive rounds: round r carries every slot's r-th
         cohort's prompt (SGLang: instead of the slot's decode; vLLM: with it) and the
         other slots' decodes. Returns the train's seconds, the decode steps each cohort's requests take
@@ -395,7 +397,7 @@ class RankSchedule:
         return round_s / weight, extra_s / weight, lat_s / weight, tuple(at)
 
 
-def _slot_sizes(placed: list[tuple[float, int]]) -> list[int]:
+def _slot_sizes(placed: Sequence[tuple[float, int]]) -> list[int]:
     """Requests per occupied slot, in slot order, of cohorts placed (prompts, slot)."""
     slots: dict[int, float] = {}
     for n, j in placed:

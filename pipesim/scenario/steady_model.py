@@ -131,7 +131,9 @@ def steady_state(
     if workload.kind == "closed":
         est = rank.closed(adm.admitted, workload.concurrency, fixed=fixed)
     else:
-        last = ArrivalPlan(workload, np.random.default_rng(workload.seed)).span_s[1]
+        span = ArrivalPlan(workload, np.random.default_rng(workload.seed)).span_s
+        assert span is not None  # an open loop's plan knows its first and last arrival
+        last = span[1]
         est = rank.open(
             workload.rate_rps / plan.dp, max(1, adm.cap // plan.dp), workload.num_requests // plan.dp, last
         )

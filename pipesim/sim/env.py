@@ -12,7 +12,7 @@ from collections.abc import Callable
 from heapq import heappush
 
 import simpy
-from simpy.events import NORMAL, Event
+from simpy.events import NORMAL, Event, EventPriority
 
 
 class CountingEnvironment(simpy.Environment):
@@ -27,11 +27,11 @@ class CountingEnvironment(simpy.Environment):
         super().__init__()
         self.scheduled = 0
 
-    def schedule(self, event: simpy.Event, priority: int = NORMAL, delay: float = 0) -> None:
+    def schedule(self, event: simpy.Event, priority: EventPriority = NORMAL, delay: float = 0) -> None:
         self.scheduled = n = self.scheduled + 1
         heappush(self._queue, (self._now + delay, priority, n, event))
 
-    def call_at(self, t: float, callback: Callable[[simpy.Event], object]) -> None:
+    def call_at(self, t: float, callback: Callable[[simpy.Event], None]) -> None:
         """Run `callback(event)` at simulated time `t`: one event, as
         `timeout(t - now).callbacks.append(callback)` schedules it (the same time, to
         the bit, and the same order), without a Timeout's construction: nothing waits

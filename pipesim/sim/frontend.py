@@ -23,13 +23,16 @@ from ..engines.batches import Request
 from ..engines.protocol import DPRouter
 from ..inputs.workload import ArrivalPlan, Workload
 from ..profiles.profile import Params
+from .env import CountingEnvironment
 from .instance import EngineInstance
 
 
 class FrontEnd:
     """Arrivals, the tokenizer, routing and the detokenizer of one run."""
 
-    def __init__(self, env: simpy.Environment, workload: Workload, params: Params, stop: simpy.Event) -> None:
+    def __init__(
+        self, env: CountingEnvironment, workload: Workload, params: Params, stop: simpy.Event
+    ) -> None:
         self.env, self.workload, self.stop = env, workload, stop
         self.rng = np.random.default_rng(workload.seed)
         # an open loop's arrival times, drawn before any request length (workload.py)
@@ -71,6 +74,7 @@ class FrontEnd:
                 self.arrive(c)
             return
         if w.kind == "poisson":
+            assert self.plan is not None  # an open loop has its arrival plan
             for gap in self.plan.gaps():
                 yield env.timeout(gap)
                 self.arrive()
@@ -83,8 +87,9 @@ class FrontEnd:
     def arrive(self, client: int = -1, input_len: int | None = None, output_len: int | None = None) -> None:
         """A request arrives now: lengths drawn (or given, a trace's), then tokenized."""
         w = self.workload
-        if input_len is None:
+        if input_len is None:  # drawn in this order: input, then output
             input_len = int(w.input_len.sample(self.rng, 1)[0])
+        if output_len is None:
             output_len = int(w.output_len.sample(self.rng, 1)[0])
         req = Request(self.arrived, self.env.now, input_len, output_len, client)
         self.arrived += 1
@@ -96,7 +101,7 @@ class FrontEnd:
             return
         # the tokenizer handles requests one at a time
         done = self._tokenizer_free_s = max(self.env.now, self._tokenizer_free_s) + self._tokenize_s
-        self.env.call_at(done, lambda _ev, req=req: self.enqueue(req))
+        self.env.call_at(done, lambda _ev: self.enqueue(req))
 
     def enqueue(self, req: Request) -> None:
         """The request reaches an instance's waiting queue (the router's pick)."""
@@ -118,7 +123,8 @@ class FrontEnd:
             done = self._detok_free_s = (
                 max(now, self._detok_free_s) + self._detok_step_s + self._detok_token_s * produced
             )
-            self.env.call_at(done, lambda _ev, clients=[r.client for r in finished]: self._resend(clients))
+            clients = [r.client for r in finished]
+            self.env.call_at(done, lambda _ev: self._resend(clients))
             return
         for r in finished:
             self.arrive(r.client)

@@ -34,9 +34,15 @@ class Backend(Protocol):
 class Host(Protocol):
     """What an instance asks of the simulation that holds it (simulation.py)."""
 
-    env: simpy.Environment
     cpu_iteration_s: float
-    backend: Backend
+
+    # read-only here: the simulation's own are of narrower types (its counting
+    # environment, its one back end)
+    @property
+    def env(self) -> simpy.Environment: ...
+
+    @property
+    def backend(self) -> Backend: ...
 
     def admit(self, req: Request) -> None: ...
 

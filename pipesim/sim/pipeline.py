@@ -125,14 +125,15 @@ class Pipeline:
             if comm_s:
                 if not self._ring_own[s]:  # booked at its own time: one event
                     held[s] = True
-                    self.env.call_at(
-                        end, lambda _ev, s=s, mb=mb, comm_s=comm_s: self._collective(s, mb, comm_s)
-                    )
+                    self._collective_at(end, s, mb, comm_s)
                     return
                 c0, end = self.links.book(self._ring[s], end, comm_s)
                 self.rec.comm[s].append((c0, end))
             free_s[s] = end
             self._leave(s, mb, end)
+
+    def _collective_at(self, t: float, s: int, mb: MicroBatch, comm_s: float) -> None:
+        self.env.call_at(t, lambda _ev: self._collective(s, mb, comm_s))
 
     def _collective(self, s: int, mb: MicroBatch, comm_s: float) -> None:
         """A TP collective on links other users share, booked at its start (now)."""
@@ -166,11 +167,11 @@ class Pipeline:
         if self.pp == 1:
             self._return_at(mb, t)
         elif s == self.pp - 1 and self.depth:
-            self.env.call_at(t, lambda _ev, mb=mb: self._park(mb))
+            self.env.call_at(t, lambda _ev: self._park(mb))
         elif self._hop_own[s]:
             self._hop(s, mb, t)
         else:
-            self.env.call_at(t, lambda _ev, s=s, mb=mb: self._hop(s, mb, self.env.now))
+            self.env.call_at(t, lambda _ev: self._hop(s, mb, self.env.now))
 
     def _hop(self, s: int, mb: MicroBatch, ready_s: float) -> None:
         if s == self.pp - 1:
@@ -206,7 +207,7 @@ class Pipeline:
     def _return_at(self, mb: MicroBatch, t: float) -> None:
         """Trigger `mb.returned` at `t` (one event), the request bookkeeping first, so
         that the engine, waiting on it, resumes with the finished requests."""
-        self.env.succeed_at(mb.returned, t, lambda mb=mb: self._complete(mb))
+        self.env.succeed_at(mb.returned, t, lambda: self._complete(mb))
 
     # ---- what the record says of the stages --------------------------------------------
     @property

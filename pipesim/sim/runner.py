@@ -4,6 +4,7 @@ rule), the simulation the plan needs, and its `Result`. `api.py` builds on it.""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, TypedDict
 
 from ..base.checks import MAX_SIM_S
 from ..base.errors import UserError, require
@@ -14,12 +15,25 @@ from ..scenario.admission import admission
 from ..scenario.build import Scenario
 from .simulation import RECORD_MODES, Simulation
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
+
 # A run stops at the request target; MAX_SIM_S, a bound on simulated time, only
 # guards against a scenario that cannot make progress.
 CI_TARGET = 0.02  # stop when the throughput's 95% CI half-width is within 2% of it
 
 
-def run(scenario: Scenario, **kwargs: object) -> Result:
+class SimulateKeywords(TypedDict, total=False):
+    """`simulate`'s keywords beside the scenario: what `run` and api.py pass on."""
+
+    warmup_requests: int | None
+    measure_requests: int | None
+    max_measure_requests: int | None
+    ci_target: float | None
+    record: str
+
+
+def run(scenario: Scenario, **kwargs: Unpack[SimulateKeywords]) -> Result:
     """Simulate a built scenario and return its metrics (see `simulate`)."""
     return simulate(scenario, **kwargs)[1]
 

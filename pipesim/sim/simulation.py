@@ -83,8 +83,8 @@ class Simulation:
         self.stop = env.event()
         self.frontend = FrontEnd(env, workload, params, self.stop)
         plan_s = self.frontend.plan
-        self.done = RequestTally(
-            closed=closed, keep_rows=self.full, arrivals_s=None if closed else plan_s.span_s
+        self.done = RequestTally(  # an open loop's arrival plan: None for a closed loop
+            closed=closed, keep_rows=self.full, arrivals_s=None if plan_s is None else plan_s.span_s
         )
         self.running = 0  # admitted, not finished, over every instance
         self.completed = 0
@@ -113,6 +113,7 @@ class Simulation:
         self.instances = [EngineInstance(self, r, settings.kv_tokens, plan.pp) for r in range(self.dp)]
         self._seq = 0
         complete = lambda mb: self.complete(mb)  # noqa: E731 (looked up per call: tests wrap it)
+        self.backend: Pipeline | LockStep | Replicas
         if not self.ranked:
             self.backend = Pipeline(
                 env,
@@ -254,6 +255,7 @@ class Simulation:
         if not self.ranked:
             inst.kv_free += freed_kv
             inst.running -= left
+        assert inst.scheduler is not None  # set as each instance is made (__init__)
         inst.scheduler.on_return(mb, finished)
         if not mb.returned.triggered:
             mb.returned.succeed(finished)
@@ -310,11 +312,12 @@ class Simulation:
     def summary(self) -> dict:
         """What the DP ranks did (Result.data_parallel): requests routed to each, and in
         lock step the share of steps each rank ran a dummy batch in; empty with one."""
-        if not self.ranked:
+        backend = self.backend
+        if isinstance(backend, Pipeline):  # not ranked
             return {}
         return {
             "ranks": self.dp,
-            "lock_step": isinstance(self.backend, LockStep),
+            "lock_step": isinstance(backend, LockStep),
             "requests_per_rank": list(self.frontend.per_rank),
-            **self.backend.summary(),
+            **backend.summary(),
         }

@@ -102,6 +102,7 @@ class StoppingRule:
         """The measured requests' period and slot rotation (steady.period), on every
         time a request's figures read, its slot and its output."""
         rows = requests.rows()
+        assert rows is not None, "a closed loop keeps its rows"
         start = rows["arrival_s"]
         times = np.column_stack([rows[c] - start for c in ("admit_s", "first_token_s", "finish_s")])
         return period(rows["output_len"], times, rows["slot"], self.slots)
@@ -109,4 +110,5 @@ class StoppingRule:
     def _ci(self, out: np.ndarray, latency_s: np.ndarray, period_requests: int) -> tuple[float, float]:
         """Closed-loop output rate and its 95% half-width from the measured requests."""
         clients = self._load() if self.queued else self.concurrency
+        assert clients is not None, "a closed loop's clients: only a closed loop measures a CI"
         return closed_loop_ci(clients, out, latency_s, period_requests)

@@ -7,6 +7,8 @@ import datetime as dt
 import json
 import os
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from ...profiles.tables import sig6
@@ -44,7 +46,7 @@ def _comm_worker(
     )
     out = open(os.path.join(out_dir, f"rank{rank}.jsonl"), "a")
 
-    def timed(op) -> float:
+    def timed(op: Callable[[], object]) -> float:
         for _ in range(warmup):
             op()
         if not cuda:
@@ -65,7 +67,7 @@ def _comm_worker(
         torch.cuda.synchronize()
         return median([a.elapsed_time(b) for a, b in ev])
 
-    def emit(row):
+    def emit(row: dict) -> None:
         out.write(json.dumps(row) + "\n")
         out.flush()
 
@@ -102,7 +104,7 @@ def _comm_worker(
                         for _ in range(warmup + reps):
                             dist.send(x, dst)
                     else:
-                        ms = timed(lambda x=x, src=src: dist.recv(x, src))
+                        ms = timed(partial(dist.recv, x, src))
                         emit({"table": "p2p", "key": [src, dst, 2 * x.numel()], "ms": ms})
                 if cuda:
                     torch.cuda.synchronize()

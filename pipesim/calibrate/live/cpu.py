@@ -20,7 +20,7 @@ def plain_layer_launch_us(torch: ModuleType, bench: Bench, ops: Ops, model: Mode
     x = ops.randn(1, m.hidden)
     norm_w = ops.randn(m.hidden)
 
-    def rmsnorm(h):
+    def rmsnorm(h: Any) -> Any:
         v = h.float().pow(2).mean(-1, keepdim=True)
         return (h.float() * torch.rsqrt(v + 1e-6)).to(ops.dtype) * norm_w
 
@@ -46,7 +46,7 @@ def plain_layer_launch_us(torch: ModuleType, bench: Bench, ops: Ops, model: Mode
     q = ops.randn(1, m.heads, m.head_dim if not m.mla else m.mla.qk_rope_head_dim)
     cos, sin = ops.randn(q.shape[-1]), ops.randn(q.shape[-1])
 
-    def rope():
+    def rope() -> Any:
         half = q.shape[-1] // 2
         return q * cos + torch.cat((-q[..., half:], q[..., :half]), -1) * sin
 
@@ -65,7 +65,7 @@ def plain_layer_launch_us(torch: ModuleType, bench: Bench, ops: Ops, model: Mode
             ops.gemm("bf16", 1, m.hidden, m.intermediate)(),
         ]
 
-    def layer():
+    def layer() -> Any:
         h = rmsnorm(x)
         for f in fns:
             f()

@@ -7,7 +7,7 @@ import datetime as dt
 from types import ModuleType
 
 from ...profiles.tables import sig6
-from .timing import Bench
+from .timing import Bench, Factory, Timed
 
 
 def _driver_version() -> str:
@@ -54,17 +54,17 @@ def describe_gpu(torch: ModuleType, bench: Bench) -> dict:
         }
     props = torch.cuda.get_device_properties(dev)
 
-    def timed(make):
+    def timed(make: Factory) -> float:
         ms, _ = bench.time_ms(make, graph=False, reps=10)
         torch.cuda.empty_cache()
         return ms
 
-    def copy():
+    def copy() -> Timed:
         src = torch.empty(2**30 // 2, dtype=torch.bfloat16, device=dev).normal_()
         dst = torch.empty_like(src)
         return lambda: dst.copy_(src)
 
-    def matmul():
+    def matmul() -> Timed:
         a, b = (torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16) for _ in range(2))
         return lambda: a @ b
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from ...inputs.model import Model
 from .specs import Spec, route
+from .timing import Factory, Timed
 
 
 class Ops:
@@ -20,11 +21,11 @@ class Ops:
     inputs of the model's shapes (random data, never zeros: zeros run faster than real
     data) and returns the closure to time."""
 
-    def __init__(self, torch, device, model: Model):
+    def __init__(self, torch: ModuleType, device: Any, model: Model):
         self.torch, self.device, self.model = torch, device, model
         self.F = torch.nn.functional
         self.dtype = torch.bfloat16
-        self.moe_impl = None  # "grouped_mm" or "per-expert loop", chosen on first use
+        self.moe_impl: str | None = None  # "grouped_mm" or "per-expert loop", chosen on first use
         self.sm_count = (
             torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
         )
@@ -33,7 +34,7 @@ class Ops:
         x = self.torch.randn(*shape, device=self.device, dtype=self.dtype)
         return x.mul_(scale) if scale != 1.0 else x
 
-    def build(self, spec: Spec) -> Callable[[], Callable[[], object]]:
+    def build(self, spec: Spec) -> Factory | list[Factory]:
         """The factory of the closure to time, or a list of alternative factories (the
         faster is kept)."""
         return getattr(self, spec.table)(*spec.key)
@@ -47,8 +48,8 @@ class Ops:
         return n
 
     # -- GEMM and attention ----------------------------------------------------------
-    def gemm(self, dtype: str, m: int, n: int, k: int) -> Callable[[], object]:
-        def make():
+    def gemm(self, dtype: str, m: int, n: int, k: int) -> Factory:
+        def make() -> Timed:
             w, x = self.randn(n, k, scale=0.02), self.randn(m, k)
             return lambda: self.F.linear(x, w)
 
@@ -56,11 +57,11 @@ class Ops:
 
     def gqa_decode(
         self, heads: int, kv_heads: int, head_dim: int, batch: int, context: int
-    ) -> Callable[[], object]:
+    ) -> Factory | list[Factory]:
         group = heads // kv_heads
         splits = self.splits(batch * kv_heads, context)
 
-        def make(split: bool):
+        def make(split: bool) -> Timed:
             q = self.randn(batch, kv_heads, group, head_dim)
             k = self.randn(batch, kv_heads, context, head_dim)
             v = self.randn(batch, kv_heads, context, head_dim)
@@ -72,12 +73,10 @@ class Ops:
         sdpa = lambda: make(False)  # noqa: E731
         return sdpa if splits == 1 else [sdpa, lambda: make(True)]
 
-    def gqa_prefill(
-        self, heads: int, kv_heads: int, head_dim: int, batch: int, isl: int
-    ) -> Callable[[], object]:
+    def gqa_prefill(self, heads: int, kv_heads: int, head_dim: int, batch: int, isl: int) -> Factory:
         sdpa = self.F.scaled_dot_product_attention
 
-        def make():
+        def make() -> Timed:
             q = self.randn(batch, heads, isl, head_dim)
             k = self.randn(batch, kv_heads, isl, head_dim)
             v = self.randn(batch, kv_heads, isl, head_dim)
@@ -93,12 +92,13 @@ class Ops:
 
         return make
 
-    def mla_decode(self, heads: int, batch: int, context: int) -> Callable[[], object]:
+    def mla_decode(self, heads: int, batch: int, context: int) -> Factory:
         a = self.model.mla
+        assert a is not None  # specs.plan_specs asks an MLA model only
         latent, rope = a.kv_lora_rank, a.qk_rope_head_dim
         scale = (a.qk_nope_head_dim + a.qk_rope_head_dim) ** -0.5
 
-        def make():
+        def make() -> Timed:
             q = self.randn(batch, 1, heads, latent + rope)  # q_nope already absorbed into the latent
             cache = self.randn(batch, 1, context, latent + rope)  # c_kv and k_rope of each cached token
             # one latent KV "head" shared by all query heads; the values are the latent part
@@ -108,11 +108,12 @@ class Ops:
 
         return make
 
-    def mla_prefill(self, heads: int, batch: int, isl: int) -> Callable[[], object]:
+    def mla_prefill(self, heads: int, batch: int, isl: int) -> Factory:
         a = self.model.mla
+        assert a is not None  # specs.plan_specs asks an MLA model only
         d = a.qk_nope_head_dim + a.qk_rope_head_dim
 
-        def make():
+        def make() -> Timed:
             q, k, v = (self.randn(batch, heads, isl, d) for _ in range(3))  # v (v_head_dim) padded to d
             return lambda: self.F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -129,7 +130,7 @@ class Ops:
         moe_tp: int,
         distribution: str,
         tokens: int,
-    ) -> Callable[[], object]:
+    ) -> Factory:
         torch = self.torch
         i = inter // moe_tp
         rng = np.random.default_rng(zlib.crc32(repr((distribution, tokens, experts, topk)).encode()))
@@ -137,7 +138,7 @@ class Ops:
         if self.moe_impl is None:
             self.moe_impl = self._pick_moe_impl()
 
-        def make():
+        def make() -> Timed:
             w13, w2 = (
                 self.randn(experts, 2 * i, hidden, scale=0.02),
                 self.randn(experts, hidden, i, scale=0.02),
@@ -175,10 +176,10 @@ class Ops:
         return "grouped_mm" if ok else "per-expert loop"
 
     # -- sampling -------------------------------------------------------------------------
-    def sampling(self, mode: str, batch: int) -> Callable[[], object]:
+    def sampling(self, mode: str, batch: int) -> Factory:
         torch = self.torch
 
-        def make():
+        def make() -> Timed:
             logits = self.randn(batch, self.model.vocab)
             if mode == "greedy":
                 return lambda: torch.argmax(logits, dim=-1)
@@ -187,14 +188,12 @@ class Ops:
         return make
 
 
-def grouped_mm_fn(torch: ModuleType) -> Callable | None:
+def grouped_mm_fn(torch: ModuleType) -> Callable[..., Any] | None:
     """torch's grouped GEMM (public from 2.10, private since 2.8), or None."""
     return getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
-def split_kv_attention(
-    torch: ModuleType, q: Any, k: Any, v: Any, scale: float, splits: int
-) -> Callable[[], object]:
+def split_kv_attention(torch: ModuleType, q: Any, k: Any, v: Any, scale: float, splits: int) -> Timed:
     """Decode attention the way flash-decoding does it, unfused: the context cut into
     `splits` chunks attended in parallel (so a small batch still fills the GPU), then
     merged by each chunk's log-sum-exp. q (b, h, g, d): the g query heads that share
@@ -204,7 +203,7 @@ def split_kv_attention(
     k5 = k.unflatten(2, (splits, c))
     v5 = v.unflatten(2, (splits, c))
 
-    def attend():
+    def attend() -> Any:
         s = torch.matmul(q.unsqueeze(2), k5.transpose(-1, -2)).float().mul_(scale)  # (b, h, S, g, c)
         lse = torch.logsumexp(s, -1, keepdim=True)
         o = torch.matmul(torch.exp(s - lse).to(q.dtype), v5)  # (b, h, S, g, dv)
@@ -214,7 +213,7 @@ def split_kv_attention(
     return attend
 
 
-def _combine(torch, y, order, gate, tokens: int):
+def _combine(torch: ModuleType, y: Any, order: Any, gate: Any, tokens: int) -> Any:
     """Each token's top-k expert outputs, weighted and summed: gather the sorted rows back
     to token order and reduce with one batched GEMV (no atomics, as engines' moe_sum)."""
     inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
@@ -223,17 +222,18 @@ def _combine(torch, y, order, gate, tokens: int):
     return torch.bmm(gate.view(tokens, 1, topk).to(rows.dtype), rows).view(tokens, -1)
 
 
-def moe_grouped(torch: ModuleType, x: Any, ids: Any, gate: Any, w13: Any, w2: Any) -> Callable[[], object]:
+def moe_grouped(torch: ModuleType, x: Any, ids: Any, gate: Any, w13: Any, w2: Any) -> Timed:
     """Routed experts with one grouped GEMM per projection. Everything stays on the
     GPU (no host sync), so the layer can be captured in a CUDA graph."""
     gmm = grouped_mm_fn(torch)
+    assert gmm is not None  # called where this torch has it (Ops._pick_moe_impl)
     experts, two_i, _ = w13.shape
     i = two_i // 2
     tokens, topk = ids.shape
     F = torch.nn.functional
     ones = torch.ones(ids.numel(), dtype=torch.int32, device=ids.device)
 
-    def layer():
+    def layer() -> Any:
         flat = ids.reshape(-1)
         order = torch.argsort(flat)
         counts = torch.zeros(experts, dtype=torch.int32, device=ids.device).scatter_add_(0, flat, ones)
@@ -246,9 +246,7 @@ def moe_grouped(torch: ModuleType, x: Any, ids: Any, gate: Any, w13: Any, w2: An
     return layer
 
 
-def moe_loop(
-    torch: ModuleType, x: Any, ids: Any, gate: Any, w13: Any, w2: Any, counts: Any
-) -> Callable[[], object]:
+def moe_loop(torch: ModuleType, x: Any, ids: Any, gate: Any, w13: Any, w2: Any, counts: Any) -> Timed:
     """Routed experts as one GEMM pair per expert that received tokens (the fallback
     where torch has no grouped GEMM): reads only the touched experts' weights."""
     i = w13.shape[1] // 2
@@ -257,7 +255,7 @@ def moe_loop(
     bounds = np.concatenate(([0], np.cumsum(counts)))
     segments = [(e, int(bounds[e]), int(bounds[e + 1])) for e in range(len(counts)) if counts[e]]
 
-    def layer():
+    def layer() -> Any:
         order = torch.argsort(ids.reshape(-1), stable=True)
         xs = x.index_select(0, order // topk)
         ys = torch.empty_like(xs)

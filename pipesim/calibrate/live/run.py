@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
+from typing import TypeVar
 
 from ...base.errors import UserError
-from ...inputs.model import load_model, read_hf_config
+from ...inputs.model import Model, load_model, read_hf_config
 from ...profiles.tables import TABLE_COLUMNS, sig6
 from .comm import link_summary, measure_comm
 from .cpu import graph_loop_floor_ms, plain_layer_launch_us
@@ -32,11 +35,13 @@ from .specs import Grids, Record, Spec, plan_specs
 from .tables import box_name_or_dict, profile_meta, slug, write_live_profile
 from .timing import Bench, import_torch, require_cuda
 
+T = TypeVar("T")
+
 # Spare seconds kept for writing the profile when the budget decides what to skip.
 WRITE_RESERVE_S = 10.0
 
 
-def _progress(items, desc: str):
+def _progress(items: list[T], desc: str) -> Iterable[T]:
     """tqdm over items when tqdm is installed (the live extra), else the items."""
     try:
         from tqdm import tqdm
@@ -94,10 +99,10 @@ def measure_specs(
 
 
 def _decode_loop_costs(
-    torch,
+    torch: ModuleType,
     bench: Bench,
     ops: Ops,
-    model,
+    model: Model,
     cfg: dict | None,
     grids: Grids,
     deadline: float,

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...base.errors import UserError
+from ...inputs.box import Box
 from ...inputs.model import Model
+from ...inputs.quantization import WeightFormat
 from ...profiles.profile import Params, Profile
 from ...profiles.tables import Tables
 
@@ -56,7 +58,7 @@ class Record:
     method: str = ""  # "graph", "eager", "cpu"
 
 
-def _probe_box():
+def _probe_box() -> Box:
     """An 8-GPU box, only so that the cost model can be asked which shapes it needs."""
     from ...inputs.box import box_from_dict
 
@@ -91,7 +93,7 @@ def gemm_shapes(model: Model, tp: int) -> list[tuple[int, int]]:
     class GemmShapeCollector(CostModel):
         """A cost model that notes the (n, k) of every GEMM it is asked for."""
 
-        def gemm(self, m, n, k, dtype):
+        def gemm(self, m: int, n: int, k: int, dtype: WeightFormat | str) -> tuple[float, str]:
             if (n, k) not in seen:
                 seen.append((n, k))
             return 1e-6, "table"
@@ -127,6 +129,8 @@ def plan_specs(model: Model, grids: Grids = Grids()) -> list[Spec]:
     for tp in tps:
         out = req if tp == 1 else opt
         heads = model.heads // tp
+        dec_key: tuple[int, ...]
+        pre_key: tuple[int, ...]
         if model.mla:
             dec_key, pre_key, dec, pre = (heads,), (heads,), "mla_decode", "mla_prefill"
         else:

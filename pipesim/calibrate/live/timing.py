@@ -18,10 +18,15 @@ import statistics
 import time
 from collections.abc import Callable, Iterable
 from types import ModuleType
+from typing import Any
 
 from ...base.errors import UserError
 
 NEEDS_TORCH = "live calibration needs torch: pip install 'pipesim[live]'"
+
+# torch is no dependency of the type check: its tensors and devices are Any here
+Timed = Callable[[], Any]  # one call of the operation timed (its result, a tensor, unread)
+Factory = Callable[[], Timed]  # fresh inputs and weights of the operation, then its closure
 
 # Copies of an operation timed back to back: together COLD_FACTOR x the L2 cache, at most MAX_COPIES.
 COLD_FACTOR, MAX_COPIES = 3.0, 32
@@ -51,10 +56,10 @@ class Bench:
     """Times operations on one device (see the module docstring). On a CPU device (the
     tests) it times wall clock, with no graphs, flush or sleep."""
 
-    def __init__(self, torch, device, reps: int, warmup: int):
+    def __init__(self, torch: ModuleType, device: Any, reps: int, warmup: int):
         self.torch, self.device, self.reps, self.warmup = torch, device, reps, warmup
         self.cuda = device.type == "cuda"
-        self.flush = None
+        self.flush: Any | None = None  # on CUDA: the tensor read to flush the L2 cache
         self.cycles_per_us = 0.0
         self.l2_bytes = 0
         if self.cuda:
@@ -82,9 +87,7 @@ class Bench:
         torch.cuda.synchronize()
         return cycles / max(e0.elapsed_time(e1) * 1e3, 1.0)
 
-    def time_ms(
-        self, make: Callable[[], Callable[[], object]], graph: bool = True, reps: int | None = None
-    ) -> tuple[float, str]:
+    def time_ms(self, make: Factory, graph: bool = True, reps: int | None = None) -> tuple[float, str]:
         """(median milliseconds of one call, method) of the closure that `make()` returns
         (a fresh one, with its own inputs, each time it is called)."""
         torch, reps = self.torch, reps or self.reps
@@ -104,7 +107,7 @@ class Bench:
         copies = max(1, min(MAX_COPIES, math.ceil(COLD_FACTOR * self.l2_bytes / max(working_set, 1))))
         fns += [make() for _ in range(copies - 1)]
 
-        def all_copies():
+        def all_copies() -> None:
             for f in fns:
                 f()
 
@@ -129,9 +132,11 @@ class Bench:
         sleep = int(self.cycles_per_us * min(20_000.0, max(20.0, 3.0 * enqueue_us)))
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        flush = self.flush
+        assert flush is not None  # made with the CUDA device
         for i in range(reps):
             # a read leaves clean lines in L2: the timed work pays no write-back for the flush
-            self.flush.amax()
+            flush.amax()
             if sleep:
                 torch.cuda._sleep(sleep)
             starts[i].record()
