@@ -25,7 +25,10 @@ class Memory:
 
 def stage_weight_bytes(model: Model, plan: Plan, stage: int) -> float:
     """Weights one GPU of `stage` holds: its layers split over TP, plus the embedding
-    (first stage) and lm_head (last stage), vocab-parallel over TP.
+    (first stage) and lm_head (last stage), vocab-parallel over TP. A tied lm_head is the
+    embedding itself on a single stage; under PP the last stage holds its own copy (vLLM's
+    Llama-family models build `embed_tokens` on the last rank too when
+    `tie_word_embeddings`, to tie the lm_head to).
 
     With expert or data parallel (docs/parallel.md §3) the routed experts are split
     over the MoE group: the fullest EP rank's `experts_per_rank` experts, each split
@@ -35,7 +38,8 @@ def stage_weight_bytes(model: Model, plan: Plan, stage: int) -> float:
     router and dense MLP layers over all `tp` GPUs of the stage."""
     layers = sum(model.layer_weight_bytes(i) for i in plan.stage_layers(stage))
     embed = model.embedding_bytes() if stage == 0 else 0.0
-    head = model.embedding_bytes() if stage == plan.pp - 1 else 0.0
+    shared = model.tied_embeddings and plan.pp == 1
+    head = model.embedding_bytes() if stage == plan.pp - 1 and not shared else 0.0
     if plan.dp == 1 and plan.ep == 1:
         return (layers + embed + head) / plan.tp
     routed = sum(model.routed_expert_bytes(i) for i in plan.stage_layers(stage))
