@@ -137,15 +137,23 @@ def small_kv_scenario(engine: str, tokens_wanted: int = 1500, **workload):
     """Llama-3.1-8B on PP2 with the memory fraction set so the KV pool holds about
     `tokens_wanted` tokens (a few requests), so the KV cache decides admission.
     `workload` overrides the closed loop of 16 clients, prompts 100:200, outputs 10:60."""
+    from pipesim.engines.reserve import startup_bytes
     from pipesim.inputs.memory import stage_weight_bytes
 
     profile = profile_for(engine)
+    loads = ("concurrency", "input_len", "output_len", "seed", "rate_rps", "num_requests")
+    knobs = {k: v for k, v in workload.items() if k not in loads}  # engine knobs: they move what is held
     base = pipesim.build_scenario(
-        tp=1, pp=2, concurrency=1, model="llama-3.1-8b", engine=engine, profile=profile
+        tp=1, pp=2, concurrency=1, model="llama-3.1-8b", engine=engine, profile=profile, **knobs
     )
     worst = max(stage_weight_bytes(base.model, base.plan, s) for s in range(2))
     per_token = max(base.memory.kv_bytes_per_token)
-    frac = (worst + tokens_wanted * per_token) / base.box.gpu.memory_bytes
+    want = worst + tokens_wanted * per_token
+    if engine == "sglang":  # fraction x (memory - context - communicators) - weights (engines/reserve.py)
+        frac = want / (base.box.gpu.memory_bytes - sum(startup_bytes(base.box, base.plan)))
+    else:  # memory x utilization - weights - what vLLM holds back, which the utilization does not move
+        held = max(sum(b for _, b in stage) for stage in base.memory.rule.held)
+        frac = (want + held) / base.box.gpu.memory_bytes
     knob = {"mem_fraction_static": frac} if engine == "sglang" else {"gpu_memory_utilization": frac}
     load = {"concurrency": 16, "input_len": "100:200", "output_len": "10:60", "seed": 9, **workload}
     if "rate_rps" in workload:

@@ -37,7 +37,7 @@ SCENARIOS: dict[str, dict] = {
     "sglang-tp4pp2-c32-intervals": dict(tp=4, pp=2, conc=32, intervals=True),
     "sglang-pp8-depth8-c64": dict(pp=8, conc=64, pp_async_batch_depth=8),
     "sglang-tp8-c512-above-cap": dict(tp=8, conc=512, **SHORT),
-    "sglang-pp8-tight-kv": dict(pp=8, conc=64, output_len=400, mem_fraction_static=0.79),
+    "sglang-pp8-tight-kv": dict(pp=8, conc=64, output_len=400, mem_fraction_static=0.803),
     "sglang-tp8-poisson": dict(tp=8, rate_rps=2.0, num_requests=100),
     "sglang-tp2pp4-poisson-intervals": dict(tp=2, pp=4, rate_rps=1.0, num_requests=80, intervals=True),
     "sglang-tp8-random-lengths": dict(tp=8, conc=32, input_len="100:500", output_len="100:300", seed=3),

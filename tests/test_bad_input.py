@@ -152,6 +152,16 @@ CASES = [
     (["predict", "--conc", "1", "--profile", "nope"], "unknown profile 'nope'; known:", None),
     (["predict", "--conc", "1", "--profile", "{t}/empty"], "unknown profile", None),
     (["predict", "--tp", "8", "--conc", "1", "--input-len", "100000000"], "the KV cache holds", None),
+    (
+        "predict --box h200-1x --engine vllm --model llama-3.1-70b --conc 1 --gpu-memory-utilization 0.96".split(),
+        "llama-3.1-70b leaves no KV cache at tp=1 pp=1",
+        None,
+    ),
+    (
+        "predict --engine vllm --box l4-8x --model llama-3.1-8b --tp 2 --conc 1 --gpu-memory-utilization 0.99".split(),
+        "vLLM would refuse to start",
+        None,
+    ),
     (["predict", "--conc", "1", *FAST[:2], "--input-len", "0"], "need 1 <= LO <= HI", None),
     (["predict", "--conc", "1", *FAST[:2], "--output-len", "9:3"], "need 1 <= LO <= HI", None),
     (["predict", "--conc", "1", *FAST[:2], "--input-len", "a:b"], "is not a token count", None),

@@ -44,6 +44,9 @@ CASES = [
      lambda e: e["max_prefill_tokens"] == 4096),
     ("sglang", ["--mem-fraction-static", "0.6"], dict(mem_fraction_static=0.6), "mem_fraction_static",
      lambda e: e["mem_fraction_static"] == 0.6),
+    # init_memory_pool: max_total_num_tokens = min(profiled, max_total_tokens)
+    ("sglang", ["--max-total-tokens", "5000"], dict(max_total_tokens=5000), "max_total_tokens",
+     lambda e: e["kv_tokens"] == 5000),
     # --disable-cuda-graph: no batch size is captured (cuda_graph_max_bs 0: every batch eager)
     ("sglang", ["--disable-cuda-graph"], dict(disable_cuda_graph=True), "disable_cuda_graph",
      lambda e: e["cuda_graph_max_bs"] == 0),
@@ -139,7 +142,7 @@ def test_a_typo_on_the_command_line_is_one_line(capsys):
     assert err.count("\n") == 1
     assert err.strip().endswith(
         "max_num_seqs is not a sglang knob; sglang knobs: chunked_prefill_size, cuda_graph_max_bs, "
-        "disable_cuda_graph, max_prefill_tokens, max_running_requests, mem_fraction_static, "
+        "disable_cuda_graph, max_prefill_tokens, max_running_requests, max_total_tokens, mem_fraction_static, "
         "pp_async_batch_depth, pp_max_micro_batch_size"
     )
 

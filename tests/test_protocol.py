@@ -107,6 +107,7 @@ def test_every_engine_config_has_what_engine_config_declares():
         "derived_from",
         "validate",
         "memory_fraction",
+        "memory_rule",
         "resolve",
     }
     for name, cls in ENGINES.items():

@@ -37,8 +37,8 @@ DRY = {
 }
 # command prefix -> what its output must say (a regular expression)
 EXPECT = {
-    "pipesim predict --tp 1 --pp 8 --conc 64 --output-len 1000 --mem-fraction-static 0.79": "mem_fraction_static "
-    r"0\.79 \[user\].*KV 29,323 tokens(.|\n)*KV retractions [1-9]",
+    "pipesim predict --tp 1 --pp 8 --conc 64 --output-len 1000 --mem-fraction-static 0.803": "mem_fraction_static "
+    r"0\.803 \[user\].*KV 30,033 tokens(.|\n)*KV retractions [1-9]",
     "pipesim predict --tp 1 --pp 8 --conc 64 --profile rtx-pro-6000-sglang-healthy --max-running-requests 64": "per-slot cap 8",
     "pipesim predict --tp 2 --pp 4 --rate 2": "req/s arrive",
     "pipesim predict --tensor-parallel-size 2 --pipeline-parallel-size 4 --max-concurrency 64": "TP2 x PP4",

@@ -221,6 +221,10 @@ def scenario_for(run: dict, totals: dict | None = None, path: str = "user") -> S
     knobs = knobs_for(run["engine"], run["launch_flags"])
     parallel = parallel_for(run)
     prof = profile_for(box, run["engine"], model, path)
+    version = run.get("engine_version")
+    if prof.name.startswith("roofline-") and isinstance(version, str) and version.strip():
+        # the engine sizes its KV pool by its release's rules (docs/engines.md §9)
+        prof = replace(prof, engine_version=version.strip())
     conc, rate, n = run["concurrency"], run["request_rate"], run["num_prompts"]
     conc = None if conc is None or pd.isna(conc) else int(conc)
     n = None if n is None or pd.isna(n) else int(n)

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 import simpy
 
 if TYPE_CHECKING:
+    from ..inputs.box import Box
+    from ..inputs.memory import MemoryRule
     from ..inputs.model import Model
     from ..inputs.plan import Plan
     from .batches import MicroBatch, Request
@@ -118,6 +120,9 @@ class EngineConfig(Protocol):
     def validate(self) -> None: ...  # every knob within its declaration; UserError otherwise
 
     def memory_fraction(self, gpu_memory_bytes: float, tp: int, pp: int) -> float: ...
+
+    # how the engine sizes its KV pool at `version` (engines/reserve.py; "": not known)
+    def memory_rule(self, box: Box, plan: Plan, model: Model, version: str) -> MemoryRule: ...
 
     def resolve(
         self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int

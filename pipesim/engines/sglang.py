@@ -28,13 +28,16 @@ from typing import TYPE_CHECKING, ClassVar
 
 import simpy
 
-from ..base.checks import MAX_ASYNC_DEPTH, MAX_BATCH_TOKENS, MAX_RUNNING
+from ..base.checks import MAX_ASYNC_DEPTH, MAX_BATCH_TOKENS, MAX_CONFIG_SIZE, MAX_RUNNING
 from .knobs import check_values, knob
 from .kv import CLIP_MAX_NEW_TOKENS, NewTokenRatio, retract_estimate, take
 from .protocol import EngineSimulation
+from .reserve import sglang_rule
 from .routing import RoundRobin
 
 if TYPE_CHECKING:
+    from ..inputs.box import Box
+    from ..inputs.memory import MemoryRule
     from ..inputs.model import Model
     from ..inputs.plan import Plan
     from .batches import MicroBatch, PrefillChunk, Request
@@ -106,6 +109,13 @@ class SGLangConfig:
         bounds=(0, 1),
         source="server_args.py `_handle_gpu_memory_settings`",
     )
+    max_total_tokens: int | None = knob(
+        None,
+        help="cap on the KV pool's tokens (the profiled pool when larger)",
+        default_text="the profiled pool",
+        bounds=(1, MAX_CONFIG_SIZE),
+        source="server_args.py `max_total_tokens`; model_runner.py `init_memory_pool`",
+    )
     disable_cuda_graph: bool = knob(
         False,
         help="launch every kernel eagerly: no CUDA graphs",
@@ -164,6 +174,11 @@ class SGLangConfig:
         if mem_mb > 60 * 1024:
             reserved = max(reserved, 10 * 1024)
         return round((mem_mb - reserved) / mem_mb, 3)
+
+    def memory_rule(self, box: Box, plan: Plan, model: Model, version: str) -> MemoryRule:
+        """How SGLang sizes its KV pool (engines/reserve.py; the same rule in every 0.5.x)."""
+        fraction = self.memory_fraction(box.gpu.memory_bytes, plan.tp, plan.pp)
+        return sglang_rule(fraction, box, plan, self.max_total_tokens)
 
     def chunk_size(self, gpu_memory_bytes: float) -> int:
         """`chunked_prefill_size` default by GPU memory (server_args.py)."""

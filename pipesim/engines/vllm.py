@@ -31,9 +31,12 @@ from ..base.checks import MAX_BATCH_TOKENS, MAX_RUNNING
 from .knobs import check_values, knob
 from .kv import VLLM_BLOCK_SIZE, FreeBlockQueue, blocks_for, take
 from .protocol import EngineSimulation
+from .reserve import vllm_rule
 from .routing import LeastLoaded
 
 if TYPE_CHECKING:
+    from ..inputs.box import Box
+    from ..inputs.memory import MemoryRule
     from ..inputs.model import Model
     from ..inputs.plan import Plan
     from .batches import MicroBatch, Request
@@ -114,10 +117,22 @@ class VLLMConfig:
     def memory_fraction(self, gpu_memory_bytes: float, tp: int, pp: int) -> float:
         return self.gpu_memory_utilization
 
-    def resolve(self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int) -> VLLMSettings:
+    def batch_limits(self, gpu_memory_bytes: float) -> tuple[int, int]:
+        """(max_num_seqs, max_num_batched_tokens): given, else `get_batch_defaults` by GPU memory."""
         big = gpu_memory_bytes >= 70 * GiB
         seqs = self.max_num_seqs or (1024 if big else 256)
-        tokens = self.max_num_batched_tokens or (8192 if big else 2048)
+        return seqs, self.max_num_batched_tokens or (8192 if big else 2048)
+
+    def memory_rule(self, box: Box, plan: Plan, model: Model, version: str) -> MemoryRule:
+        """How vLLM sizes its KV pool at `version` (engines/reserve.py): its profiling run
+        at the batch limits, the CUDA graphs it captures unless eager."""
+        seqs, tokens = self.batch_limits(box.gpu.memory_bytes)
+        sizes = () if self.enforce_eager else capture_sizes(seqs, tokens)
+        util = self.gpu_memory_utilization
+        return vllm_rule(util, seqs, tokens, sizes, box, plan, model, version)
+
+    def resolve(self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int) -> VLLMSettings:
+        seqs, tokens = self.batch_limits(gpu_memory_bytes)
         # async scheduling: None means on unless incompatible since vllm PR #27614 (2025-12,
         # VllmConfig "Enable async scheduling unless there is an incompatible option");
         # with PP the V1 model runner does not overlap (max_concurrent_batches = pp), so

@@ -1,14 +1,17 @@
 """Model architecture: what a decoder-only transformer is made of, from an HF config.
 
 Two attention families, each with dense or mixture-of-experts MLPs:
-- GQA models (Llama, Qwen dense): attention with `num_key_value_heads`, SwiGLU MLP; with
-  routed experts (Qwen3-MoE, GLM-4.5/4.6 with a shared expert and the first
-  `first_k_dense_replace` layers dense, gpt-oss with every layer MoE);
-- MLA + MoE models (DeepSeek-V3, Kimi K2.x): Multi-head Latent Attention, routed and
+- GQA models (Llama, Mistral, Qwen, Phi-3/4, Gemma 2): attention with
+  `num_key_value_heads`, a gated MLP; with routed experts (Mixtral, OLMoE, Qwen2/3-MoE,
+  GLM-4.5/4.6 with a shared expert and the first `first_k_dense_replace` layers dense,
+  gpt-oss with every layer MoE);
+- MLA + MoE models (DeepSeek-V2/V3, Kimi K2.x): Multi-head Latent Attention, routed and
   shared experts, the first `first_k_dense_replace` layers dense.
-Not priced: attention biases and sinks (a few parameters per head), gpt-oss's 128-token
-sliding window on every other layer (those layers are priced and cached as full attention,
-an upper bound on their attention time and KV memory), multi-token-prediction layers.
+Which architectures, and how each config names its sizes: architectures.py.
+Not priced: attention biases and sinks (a few parameters per head), norms, sliding windows
+(gpt-oss's 128 tokens on every other layer, Gemma 2's 4096 on every other layer: those
+layers are priced and cached as full attention, an upper bound on their attention time
+and KV memory), multi-token-prediction layers.
 
 Sizes are counted from the config (parameters x bytes per parameter), never looked up.
 """
@@ -17,13 +20,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..base.checks import MAX_CONFIG_SIZE, MAX_JSON_DEPTH, MAX_LAYERS, is_number, read_text, too_deep
 from ..base.errors import UserError, require
+from .architectures import ARCHITECTURES, MODEL_TYPES, check_moe_layers, shared_experts, tied_embeddings
 from .quantization import BF16, BYTES_PER_PARAM, KV_BYTES_PER_ELEMENT, WeightFormat, as_format, weight_formats
 
 if TYPE_CHECKING:
@@ -74,6 +78,7 @@ class Model:
     expert_dtype: WeightFormat = BF16  # routed experts
     embed_dtype: WeightFormat = BF16  # embedding and lm_head
     kv_cache_dtype: str = "bf16"  # bf16 | fp8 (quantization.kv_cache_dtype reads the engines' names)
+    tied_embeddings: bool = False  # the lm_head is the embedding (tie_word_embeddings)
 
     # ---- structure -------------------------------------------------------------
     def is_moe_layer(self, layer: int) -> bool:
@@ -135,10 +140,27 @@ class Model:
         return self.vocab * self.hidden * (as_format(dtype) or self.embed_dtype).bytes_per_param
 
     def total_weight_bytes(self, dtype: str | WeightFormat | None = None) -> float:
-        """Every layer, the embedding and the lm_head (untied), as `layer_weight_bytes`."""
+        """Every layer, the embedding and the lm_head (once when tied), as `layer_weight_bytes`."""
+        embeddings = 1 if self.tied_embeddings else 2
         return sum(
             self.layer_weight_bytes(i, dtype) for i in range(self.num_layers)
-        ) + 2 * self.embedding_bytes(dtype)
+        ) + embeddings * self.embedding_bytes(dtype)
+
+    def params(self, active: bool = False) -> int:
+        """Parameters, as model cards count them: every layer (attention, router, experts or
+        MLP) plus the embedding and the lm_head (once when tied). `active`: those one token
+        uses, the routed experts counted `topk` times instead of all (the cards' "active")."""
+        total = (1 if self.tied_embeddings else 2) * self.vocab * self.hidden
+        for i in range(self.num_layers):
+            total += self.attention_params()
+            if not self.is_moe_layer(i):
+                total += self.dense_mlp_params()
+                continue
+            m = self.moe
+            assert m is not None  # an MoE layer is one of a model with an MoE section
+            routed = m.topk if active else m.n_routed_experts
+            total += (routed + m.n_shared_experts) * self.expert_params() + self.hidden * m.n_routed_experts
+        return total
 
     # ---- KV cache -----------------------------------------------------------------
     @property
@@ -292,31 +314,6 @@ def _int(cfg: dict[str, Any], key: str, name: str, default: object = None, lo: i
     return int(value)
 
 
-# Architectures of the two families this module models (HF `architectures`, `model_type`);
-# any other is refused rather than modelled as one of them.
-ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM",
-    "DeepseekV2ForCausalLM",
-    "DeepseekV3ForCausalLM",
-    "Glm4MoeForCausalLM",
-    "GptOssForCausalLM",
-)
-MODEL_TYPES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "qwen3_moe",
-    "deepseek_v2",
-    "deepseek_v3",
-    "kimi_k2",
-    "glm4_moe",
-    "gpt_oss",
-)
 # torch_dtype of unquantized weights: all served in 16 bits (see `_weight_dtypes`)
 TORCH_DTYPES = ("bfloat16", "float16", "float32", "auto")
 
@@ -354,7 +351,8 @@ def _check_kind(cfg: dict, name: str) -> None:
 def from_hf_config(cfg: dict, name: str = "model") -> Model:
     """Build a `Model` from a Hugging Face-style config dict."""
     require(isinstance(cfg, dict), f"model config {name} is not a JSON object")
-    _check_kind(_text(cfg, name), name)
+    text = _text(cfg, name)
+    _check_kind(text, name)
     g = lambda k, d=None, lo=1: _int(cfg, k, name, d, lo)  # noqa: E731
     hidden, heads = g("hidden_size"), g("num_attention_heads")
     mla = None
@@ -387,7 +385,12 @@ def from_hf_config(cfg: dict, name: str = "model") -> Model:
             f"model config {name}: num_experts_per_tok = {moe.topk} is more than the "
             f"{n_experts} experts; allowed: 1 to {n_experts}",
         )
-    quant = cfg.get("quantization_config") or _text(cfg, name).get("quantization_config") or {}
+    if moe:
+        check_moe_layers(text, name)
+        fused = shared_experts(text, moe.moe_intermediate, name)
+        if fused is not None:  # Qwen2-MoE's shared expert (architectures.py)
+            moe = replace(moe, n_shared_experts=fused)
+    quant = cfg.get("quantization_config") or text.get("quantization_config") or {}
     require(
         isinstance(quant, dict),
         f"model config {name}: 'quantization_config' must be a JSON object, got {type(quant).__name__}",
@@ -412,5 +415,6 @@ def from_hf_config(cfg: dict, name: str = "model") -> Model:
         moe=moe,
         attn_dtype=attn_dtype,
         expert_dtype=expert_dtype,
+        tied_embeddings=tied_embeddings({**cfg, **text}),  # a multimodal config may tie at its top level
     )
     return model

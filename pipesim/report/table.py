@@ -120,6 +120,8 @@ def table(result: Result) -> str:
             f"gpu_memory_utilization {eng['gpu_memory_utilization']:g}{src('gpu_memory_utilization')}  "
             f"KV {sc['kv_cache_tokens']:,} tokens"
         )
+    if sc.get("kv_reservation"):
+        lines.append(_memory_line(sc["kv_reservation"]))
     sh = r.time_shares
     lines += [
         "",
@@ -199,6 +201,17 @@ def _correction(basis: dict) -> list[str]:
         f"(the corpus residuals' median for the {basis['unmeasured_share']:.0%} of stage time priced by the "
         f"roofline or borrowed; simulated {simulated})"
     ]
+
+
+def _memory_line(kv: dict) -> str:
+    """'  memory per GPU (stage 7): 95.6 GiB x 0.848 = 81.1 - weights 75.3 - ... = KV 4.5 GiB':
+    how the engine sized its KV pool on the GPUs that bind it (engines/reserve.py)."""
+    held = "".join(f" - {what} {gib:.2f}" for what, gib in kv["held_gib"].items())
+    cap = f", capped at --max-total-tokens {kv['max_total_tokens']:,}" if "max_total_tokens" in kv else ""
+    return (
+        f"  memory per GPU (stage {kv['stage']}): {kv['gpu_memory_gib']:.1f} GiB x {kv['fraction']:g} = "
+        f"{kv['budget_gib']:.1f} - weights {kv['weights_gib']:.1f}{held} = KV {kv['kv_gib']:.2f} GiB{cap}"
+    )
 
 
 def _parallel(sc: dict) -> str:

@@ -103,6 +103,7 @@ class Scenario:
             "workload": self.workload.describe(),
             "weights_per_gpu_gib": [round(w / 2**30, 2) for w in m.weights_per_gpu_bytes],
             "kv_cache_tokens": m.kv_tokens,
+            "kv_reservation": m.describe(self.box.gpu.memory_bytes),
             **({"kv_cache_dtype": self.model.kv_cache_dtype} if self.model.kv_cache_dtype != "bf16" else {}),
             **(
                 {
@@ -236,8 +237,7 @@ def build_scenario(
         moe_a2a="none" if moe_a2a_backend is None else moe_a2a_backend,
     )
     mdl.check_plan(plan)
-    fraction = config.memory_fraction(bx.gpu.memory_bytes, tp, pp)
-    memory = plan_memory(bx, mdl, plan, fraction, engine_name)
+    memory = plan_memory(bx, mdl, plan, config.memory_rule(bx, plan, mdl, prof.engine_version))
 
     workload = _workload(concurrency, rate_rps, num_requests, trace, input_len, output_len, seed)
     need = workload.max_request_tokens
