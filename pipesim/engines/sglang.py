@@ -22,15 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar
 
 import simpy
 
 from ..base.checks import MAX_ASYNC_DEPTH, MAX_BATCH_TOKENS, MAX_RUNNING
+from .graphs import padded_size
+from .graphs import sglang_capture_sizes as capture_sizes
 from .knobs import check_values, knob
-from .kv import CLIP_MAX_NEW_TOKENS, NewTokenRatio, retract_estimate, take
+from .kv import CLIP_MAX_NEW_TOKENS, NewTokenRatio, decode_memory, retract_decode, take
 from .protocol import EngineSimulation
 from .routing import RoundRobin
 
@@ -40,24 +41,6 @@ if TYPE_CHECKING:
     from .batches import MicroBatch, Request
 
 MiB = 2**20
-
-
-@lru_cache(maxsize=64)
-def capture_sizes(max_bs: int) -> tuple[int, ...]:
-    """Decode batch sizes SGLang captures CUDA graphs for, up to `cuda_graph_max_bs`
-    (server_args.py `_generate_cuda_graph_batch_sizes`, no speculative decoding;
-    docs/engines.md §5)."""
-    sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
-    return tuple(b for b in sizes if b <= max_bs)
-
-
-def padded_size(sizes: tuple[int, ...], n: int) -> int:
-    """The captured size a batch of `n` is padded to (`bisect_left`, as the graph
-    runners do), or 0 when `n` is above every captured size (eager)."""
-    from bisect import bisect_left
-
-    i = bisect_left(sizes, n)
-    return sizes[i] if i < len(sizes) else 0
 
 
 @dataclass(frozen=True)
@@ -311,43 +294,13 @@ class SGLangScheduler:
         if prefill:
             return [], prefill
         running = self.slot_running[slot]
-        if running and self._decode_memory(running):
+        if running and decode_memory(self.sim, running, self.ratio):
             return list(running), []
         return None
 
-    def _decode_memory(self, running: list) -> bool:
-        """`update_running_batch` (docs/engines.md §4): a decode step needs one KV token
-        per request (page size 1, `check_decode_mem`); without them `retract_decode`
-        evicts requests, else the ratio decays. Takes the step's tokens; False when
-        not even one request can decode (SGLang asserts there)."""
-        sim = self.sim
-        if sim.kv_free < len(running):
-            self.retract(running)
-        else:
-            self.ratio.step()
-        if sim.kv_free < len(running):
-            return False
-        for r in running:  # kv.take of one token each, inlined: once per request per step
-            r.kv_reserved += 1
-        sim.kv_free -= len(running)
-        return True
-
     def retract(self, running: list) -> None:
-        """`ScheduleBatch.retract_decode`: order by (outputs, -prompt) descending and
-        evict from the end (fewest outputs, then longest prompt) until the rest can
-        decode one step, at least one and never the last; the evicted free their KV and
-        join the back of the waiting queue (`_extend_requests_to_queue`), to re-prefill
-        prompt and outputs; the ratio becomes `retract_estimate` of the kept."""
-        sim = self.sim
-        keep = sorted(running, key=lambda r: (r.generated, -r.input_len), reverse=True)
-        first = True
-        while (first or sim.kv_free < len(keep)) and len(keep) > 1:
-            first = False
-            r = keep.pop()
-            r.slot = -1
-            sim.requeue(r, front=False)
-        running[:] = [r for r in running if r.queued is None]
-        self.ratio.value = retract_estimate(running)
+        """`retract_decode` on this scheduler's ratio (kv.py)."""
+        retract_decode(self.sim, running, self.ratio)
 
     def _prefill(self, slot: int) -> list:
         """`PrefillAdder` over the waiting queue (docs/engines.md §4): a request is

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, ClassVar
 import simpy
 
 from ..base.checks import MAX_BATCH_TOKENS, MAX_RUNNING
+from .graphs import padded_size
+from .graphs import vllm_capture_sizes as capture_sizes
 from .knobs import check_values, knob
 from .kv import VLLM_BLOCK_SIZE, FreeBlockQueue, blocks_for, take
 from .protocol import EngineSimulation
@@ -39,17 +41,6 @@ if TYPE_CHECKING:
     from .batches import MicroBatch, Request
 
 GiB = 2**30
-# vllm/config/vllm.py `_set_cudagraph_sizes`: the largest capture size by default is
-# min(max_num_seqs x 2, 512), and no larger than max_num_batched_tokens
-CUDAGRAPH_MAX_TOKENS = 512
-
-
-def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
-    """Token counts vLLM captures CUDA graphs for by default
-    ([1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16); docs/engines.md §5)."""
-    top = min(max_num_seqs * 2, CUDAGRAPH_MAX_TOKENS, max_num_batched_tokens)
-    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
-    return tuple(b for b in sizes if b <= top)
 
 
 @dataclass(frozen=True)
@@ -155,8 +146,6 @@ class VLLMSettings:
     def graph_tokens(self, decode: int, prefill_tokens: int) -> int:
         """Tokens the batch runs at: padded to the next captured size (the CUDA-graph
         dispatcher, docs/engines.md §5); 0 when it runs eagerly."""
-        from .sglang import padded_size
-
         return (
             padded_size(self.cudagraph_capture_sizes, decode + prefill_tokens)
             if self.cudagraph_capture_sizes
