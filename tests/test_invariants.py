@@ -59,7 +59,6 @@ KNOWN = {
     ("l40s-8x", "l40-8x", 8): COLLECTIVES,
     ("l40s-8x", "l4-8x", 8): COLLECTIVES,
     ("l40s-8x", "a10g-8x", 8): COLLECTIVES,
-    ("rtx-pro-6000-server-8x", "l40-8x", 8): COLLECTIVES,
     ("rtx-pro-6000-server-8x", "rtx-6000-ada-8x", 8): COLLECTIVES,
     ("rtx-pro-6000-workstation-8x", "rtx-pro-6000-server-8x", 2): COLLECTIVES,
 }
@@ -72,7 +71,6 @@ KNOWN_BIG = {
     ("l40s-8x", "l4-8x"),
     ("l40s-8x", "l40-8x"),
     ("rtx-pro-6000-server-8x", "l40-8x"),
-    ("rtx-pro-6000-server-8x", "rtx-4090-8x"),
     ("rtx-pro-6000-server-8x", "rtx-6000-ada-8x"),
     ("rtx-pro-6000-server-8x", "rtx-a6000-8x"),
 }

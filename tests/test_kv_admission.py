@@ -22,6 +22,7 @@ class FakeSim:
         self.waiting: deque = deque()
         self.kv_free, self.running, self.pp = kv_free, 0, pp
         self.cpu_iteration_s = 0.0
+        self.host = None  # the host loop's costs: `form` reads none
         self.requeued: list = []
 
     def admit(self, req: Request) -> None:

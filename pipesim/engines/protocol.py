@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 import simpy
 
 if TYPE_CHECKING:
+    from ..costs.host import HostCosts
     from ..inputs.model import Model
     from ..inputs.plan import Plan
     from .batches import MicroBatch, Request
@@ -31,7 +32,8 @@ class EngineSimulation(Protocol):
     waiting: deque[Request]  # arrived, not yet admitted, in arrival order
     running: int  # admitted, not finished
     kv_free: int  # KV-cache tokens no request holds (engines take them as batches form)
-    cpu_iteration_s: float  # scheduler CPU time per formed batch (profile)
+    cpu_iteration_s: float  # the profile's own extra scheduler CPU per iteration
+    host: HostCosts  # the host loop's terms: what the engine loop's CPU costs (costs/host.py)
     pp: int  # pipeline stages the batches run through (1 for a DP rank)
 
     def next_iteration(self) -> None: ...  # the first rank starts its next slot iteration (SGLang PP)
@@ -43,6 +45,9 @@ class EngineSimulation(Protocol):
     def launch(self, slot: int, decode: list, prefill: list) -> MicroBatch: ...
 
     def cpu(self, seconds: float) -> Generator[simpy.Event, None, None]: ...
+
+    # the engine loop's CPU, by part (scheduler, input_prep, broadcast, output_step, launch)
+    def charge(self, parts: Sequence[tuple[str, float]]) -> Generator[simpy.Event, None, None]: ...
 
     def wait_arrival(self) -> simpy.Event: ...
 
@@ -108,6 +113,7 @@ class EngineConfig(Protocol):
 
     def memory_fraction(self, gpu_memory_bytes: float, tp: int, pp: int) -> float: ...
 
+    # `version`: the engine release (its host-loop rules; None: the newest modelled)
     def resolve(
-        self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int
+        self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int, version: str | None = None
     ) -> EngineSettings: ...

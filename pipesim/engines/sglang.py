@@ -28,11 +28,13 @@ from typing import TYPE_CHECKING, ClassVar
 import simpy
 
 from ..base.checks import MAX_ASYNC_DEPTH, MAX_BATCH_TOKENS, MAX_RUNNING
+from ..profiles.hostloop import newest as newest_version
 from .graphs import padded_size
 from .graphs import sglang_capture_sizes as capture_sizes
 from .knobs import check_values, knob
 from .kv import CLIP_MAX_NEW_TOKENS, NewTokenRatio, decode_memory, retract_decode, take
 from .protocol import EngineSimulation
+from .releases import HostRules, sglang_rules
 from .routing import RoundRobin
 
 if TYPE_CHECKING:
@@ -101,6 +103,11 @@ class SGLangConfig:
         bounds=(1, MAX_RUNNING),
         source="server_args.py `cuda_graph_max_bs`, `_generate_cuda_graph_batch_sizes`",
     )
+    disable_overlap_schedule: bool = knob(
+        False,
+        help="no overlap scheduler: the next batch is scheduled after this one's results (on from 0.3.6 otherwise)",
+        source="server_args.py `disable_overlap_schedule` (store_true); scheduler.py `event_loop_overlap`",
+    )
 
     name: ClassVar[str] = "sglang"
     title: ClassVar[str] = "SGLang"
@@ -152,7 +159,9 @@ class SGLangConfig:
         gb = gpu_memory_bytes / MiB / 1024
         return 2048 if gb < 35 else 4096 if gb < 60 else 8192 if gb < 160 else 16384
 
-    def resolve(self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int) -> SGLangSettings:
+    def resolve(
+        self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int, version: str | None = None
+    ) -> SGLangSettings:
         # model_runner.py: req pool = clamp(kv_tokens / context_len * 512, 2048, 4096);
         # max_running_requests = min(kv_tokens // 2, req pool) unless given.
         pool = min(max(int(kv_tokens / model.max_context * 512), 2048), 4096)
@@ -175,6 +184,13 @@ class SGLangConfig:
             kv_tokens=kv_tokens,
             mem_fraction_static=self.memory_fraction(gpu_memory_bytes, plan.tp, plan.pp),
             cuda_graph_max_bs=0 if self.disable_cuda_graph else self.graph_max_bs(gpu_memory_bytes, plan.tp),
+            host=sglang_rules(
+                version or newest_version("sglang"),
+                plan.pp,
+                plan.tp,
+                plan.dp_attention,
+                self.disable_overlap_schedule,
+            ),
         )
 
 
@@ -191,6 +207,8 @@ class SGLangSettings:
     kv_tokens: int
     mem_fraction_static: float
     cuda_graph_max_bs: int  # 0: CUDA graphs disabled
+    # the overlap scheduler, by release (releases.py); by default none, the loop's thread launching
+    host: HostRules = HostRules("", "", overlap=False, launch_on_loop=True)
 
     @property
     def running_cap(self) -> int:
@@ -245,57 +263,110 @@ class SGLangScheduler:
         self.slot_running: list[list] = [[] for _ in range(settings.slots)]
         self.inflight: list = [None] * settings.slots
         self.chunked = None  # request whose prompt is partly prefilled
-        self.cpu_s = sim.cpu_iteration_s
+        self.host = sim.host  # the host loop's terms (costs/host.py)
         self.ratio = NewTokenRatio()  # schedule_conservativeness 1.0 (SGLang's default)
 
     def run(self) -> Generator[simpy.Event, object, None]:
-        """One pass per slot, in SGLang's order (`event_loop_pp`, docs/engines.md §2-3):
-        every slot iteration costs the rank's CPU (`cpu_iteration_ms`: receive requests,
-        form the batch, process the results), empty slots included while the server is
-        busy. It launches this slot's batch, then blocks until the *next* slot's outputs
-        have arrived and processes them, so its CPU time sits between a batch's return
-        and the next launch; with async depth d there are pp + d slots, up to pp + d
-        batches in flight, and the GPUs can work through queued batches meanwhile."""
-        sim, n = self.sim, self.s.slots
+        """The overlap scheduler's loop where it is on (pp = 1), else the slot loop."""
+        return self._overlap() if self.s.host.overlap else self._slots()
+
+    def _slots(self) -> Generator[simpy.Event, object, None]:
+        """One pass per slot, in SGLang's order (`event_loop_pp`, docs/engines.md §2-3;
+        with pp = 1 and no overlap, `event_loop_normal`): every slot iteration costs the
+        rank's CPU (receive requests, form the batch, process the results: costs/host.py
+        sched + prep + broadcast, or an empty iteration's), empty slots included while
+        the server is busy. It launches this slot's batch, launches its kernels (the
+        scheduler's own thread runs the forward), then blocks until the *next* slot's
+        outputs have arrived and processes them, so its CPU time sits between a batch's
+        return and the next launch; with async depth d there are pp + d slots, up to
+        pp + d batches in flight, and the GPUs can work through queued batches meanwhile."""
+        sim, n, host = self.sim, self.s.slots, self.host
         inflight = self.inflight
         busy = 0  # batches in flight
-        owed = 0.0  # CPU of empty iterations not yet charged (one event for a run of them)
+        owed = 0  # empty iterations not yet charged (one event for a run of them)
         while True:
             worked = False
             for slot in range(n):
                 sim.next_iteration()
                 batch = self.form(slot)
                 nxt = (slot + 1) % n
-                if batch is not None or busy:
-                    owed += self.cpu_s
+                if batch is None and busy:
+                    owed += 1
                 if batch is not None:
-                    yield from sim.cpu(owed)
-                    owed = 0.0
-                    inflight[slot] = sim.launch(slot, *batch)
+                    yield from self._launch(slot, batch, owed)
+                    owed = 0
                     busy += 1
                     worked = True
                 mb = inflight[nxt]
                 if mb is not None:
                     if owed:
-                        yield from sim.cpu(owed)
-                        owed = 0.0
+                        yield from sim.charge(host.empty(owed))
+                        owed = 0
                     yield mb.returned  # outputs relayed from the last stage
                     inflight[nxt] = None
                     busy -= 1
                     worked = True
             if not worked:
-                owed = 0.0
+                owed = 0
                 self.ratio.reset()  # the server idles (self_check_during_idle)
                 yield sim.wait_arrival()
 
+    def _launch(
+        self, slot: int, batch: tuple[list, list], empties: int = 0
+    ) -> Generator[simpy.Event, None, None]:
+        """Charge the iteration's CPU (and `empties` empty ones before it), launch the
+        slot's batch, and launch its kernels where the scheduler's thread does."""
+        sim, host = self.sim, self.host
+        decode, prefill = batch
+        parts = host.before_launch(len(decode) + len(prefill), sum(c for _, c, _ in prefill))
+        if empties:
+            parts = (*parts, *host.empty(empties))
+        yield from sim.charge(parts)
+        mb = self.inflight[slot] = sim.launch(slot, decode, prefill)
+        mb.host_s = sum(s for _, s in parts)  # every PP rank runs the same iteration (pipeline.py)
+        if self.s.host.launch_on_loop:
+            yield from sim.charge((("launch", host.launch_s(0, mb.shape.graphed, bool(prefill))),))
+
+    def _overlap(self) -> Generator[simpy.Event, object, None]:
+        """The overlap scheduler (`event_loop_overlap`, docs/host-loop.md §3.2): it forms
+        and launches batch n+1 (its requests' last tokens still futures) before it takes
+        batch n's results, so its CPU runs while the GPU computes batch n and the GPU
+        runs the two back to back; the forward thread launches the kernels."""
+        sim = self.sim
+        prev = None
+        while True:
+            sim.next_iteration()
+            batch = self.form(0)
+            mb = None
+            if batch is not None:
+                yield from self._launch(0, batch)
+                mb = self.inflight[0]
+            if prev is not None:
+                yield prev.returned
+            elif mb is None:
+                self.ratio.reset()  # the server idles (self_check_during_idle)
+                yield sim.wait_arrival()
+            prev = mb
+
     def form(self, slot: int) -> tuple[list, list] | None:
-        """(decode requests, prefill chunks) for this slot's turn, or None."""
+        """(decode requests, prefill chunks) for this slot's turn, or None. With the
+        overlap scheduler a request whose token is still in flight decodes again (its
+        input a future), but not past its last token."""
         prefill = self._prefill(slot)
         if prefill:
             return [], prefill
         running = self.slot_running[slot]
-        if running and decode_memory(self.sim, running, self.ratio):
-            return list(running), []
+        ready = (
+            [r for r in running if r.generated + r.inflight < r.output_len]
+            if self.s.host.overlap
+            else running
+        )
+        if ready and decode_memory(self.sim, ready, self.ratio):
+            if ready is not running:
+                running[:] = [r for r in running if r.queued is None]
+            return list(ready), []
+        if ready is not running:
+            running[:] = [r for r in running if r.queued is None]
         return None
 
     def retract(self, running: list) -> None:
@@ -332,8 +403,8 @@ class SGLangScheduler:
             offset += min(r.output_len - r.generated, CLIP_MAX_NEW_TOKENS)
         while sim.waiting and budget > 0 and room > 0:
             r = sim.waiting[0]
-            if sim.running >= s.max_running_requests:
-                break
+            if sim.running >= s.max_running_requests or r.inflight:
+                break  # (in flight: retracted while the overlap scheduler's batch carries it)
             prefill = r.input_len + r.generated
             max_new = min(r.output_len - r.generated, CLIP_MAX_NEW_TOKENS)
             if prefill + max_new + 1 >= sim.kv_free - offset:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .rows import Recorder, upto
+from .rows import HOST_PARTS, Recorder, upto
 from .steady import TimeHistogram
 
 if TYPE_CHECKING:
@@ -168,6 +168,7 @@ class StepTally:
         self._open_idle_s = list(zeros)  # an idle stretch running into the next stretch
         self.hop_s = list(zeros)  # busy seconds of the hop out of each stage
         self.cpu_s = self.link_wait_s = 0.0
+        self.host_s: dict[str, float] = dict.fromkeys(HOST_PARTS, 0.0)  # busy seconds by host part
         self.tokens = 0.0  # output tokens returned in the window
         # ... and when: an open loop's batch means (a closed loop's come from its requests)
         self.token_times = TimeHistogram() if open_loop else None
@@ -203,6 +204,9 @@ class StepTally:
         cpu = rows_array(rec.cpu)
         self.cpu_s += busy_in(cpu, lo, hi)
         self.link_wait_s += busy_in(rec.link_wait, lo, hi)
+        for part, rows in rec.host.items():
+            if rows:
+                self.host_s[part] += busy_in(rows, lo, hi)
         hops = [rows_array(h) for h in rec.hops]
         for s in range(n):
             self.hop_s[s] += busy_in(hops[s], lo, hi)

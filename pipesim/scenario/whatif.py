@@ -10,7 +10,8 @@ Each knob changes what the profile or box says, never the simulator:
   links, NVLink) carries this many times its bandwidth; it speeds PP hops and the
   P2P part of collectives priced from the topology, not the measured all-reduce
   table (that is `allreduce_scale`);
-- `cpu_iteration_ms`: the scheduler's CPU time per iteration, set outright.
+- `cpu_iteration_ms`: extra scheduler CPU time per loop iteration, set outright (on top
+  of the engine's host loop, costs/host.py).
 
 `pipesim.predict(..., kernel_scale=0.5)` and the same flags on the command line
 (`--kernel-scale 0.5`) take them; `pipesim.whatif(base, **changes)` (api.py) predicts a
