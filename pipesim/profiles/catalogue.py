@@ -112,14 +112,17 @@ def profile_for_box(box: Box, engine: str, model: str | None, version: str | Non
     choice = choose(box, engine, model, version)
     if choice.kind == "profile":
         return load_profile(choice.name)
-    if choice.kind == "roofline":
-        require(
-            version is None,
-            f"--engine-version {version}: box {box.name} has no measured tables to pick a version of",
-        )
+    if choice.kind == "roofline":  # the version then picks only the host loop's rules (build.py)
         return first_principles_profile(box, engine)
     if choice.kind == "shipped" and derived.index(choice.name) is not None:
-        prof = _shipped_profile(choice.name, engine, version)
+        measured = measured_version(choice.name, engine, version)
+        prof = _shipped_profile(choice.name, engine, measured)
+        if measured != version:
+            near = (
+                f" (AIConfigurator did not measure {engine} {version}, the version asked: the newest tables)"
+            )
+            sources = {t: v + near for t, v in prof.meta["table_sources"].items()}
+            prof = replace(prof, meta={**prof.meta, "table_sources": sources, "sources": sources})
     else:
         root = data_root()
         require(
@@ -134,6 +137,13 @@ def profile_for_box(box: Box, engine: str, model: str | None, version: str | Non
         )
         prof = _catalogue_profile(str(folder), engine, version)
     return replace(prof, box=box.name, box_spec=box)
+
+
+def measured_version(system: str, engine: str, version: str | None) -> str | None:
+    """The version whose shipped tables a run of `engine` `version` reads: that one when
+    AIConfigurator measured it, else the newest tables (None), as without a version: the
+    engine version itself picks the host loop's rules (profiles/hostloop.py)."""
+    return version if version in derived.versions(system, engine) else None
 
 
 def table_source(box: Box, engine: str, model: str | None = None) -> str:
