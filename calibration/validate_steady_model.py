@@ -7,8 +7,9 @@ profile, Llama-3.1-70B and Qwen3-30B-A3B with SGLang's defaults), on the referen
 (8 x RTX PRO 6000); then a KV-tight case, PP with async depth 1 and 2, data parallel,
 lengths that vary, open loops, and the host loop by release (Llama-3.1-8B, TP1, one
 H100: vLLM V0 0.6.3.post1, V1 0.19 with and without async scheduling and eager, SGLang
-0.5.14 with and without the overlap scheduler and eager, C in {1 .. 256}). Each case is
-built once and given to both.
+0.5.14 with and without the overlap scheduler and eager, C in {1 .. 256}) and the
+output path that four replicas share (Qwen3-30B-A3B, TP2 x DP4 on 8 x H200, C in
+{256, 512, 1024}). Each case is built once and given to both.
 
     python calibration/validate_steady_model.py --out calibration/steady_model_errors.csv
 
@@ -113,6 +114,10 @@ def grid() -> list[dict]:
             for e in ("sglang", "vllm")
             for tp, pp in ((8, 1), (2, 4))
             for r in (0.25, 1.0, 3.0)
+        ),
+        *(  # four replicas behind one front end: its output path near and past saturation
+            dict(case="output-path", model="qwen3-30b-a3b", box="h200-sxm-8x", tp=2, dp=4, concurrency=c)
+            for c in (256, 512, 1024)
         ),
         *(
             dict(case="host-loop", model="llama-3.1-8b", box="h100-sxm-8x", tp=1, pp=1, concurrency=c, **mode)

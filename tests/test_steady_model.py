@@ -366,6 +366,21 @@ def test_the_output_path_caps_the_estimate():
     prof = sc.profile.with_params(detokenize_token_us=1000.0, detokenize_step_us=0.0, stream_token_us=0.0)
     est = estimate(replace(sc, profile=prof))
     assert est.output_throughput_tok_s == pytest.approx(1 / 1.68e-3, rel=1e-9)
+    # a client sees its tokens as the process passes them: their spacing stretches by
+    # the process's load (the simulation's TPOT grows so, its TTFT hardly)
+    free = estimate(replace(sc, profile=sc.profile.with_params(detokenize_token_us=0.0)))
+    assert est.tpot_ms > 2 * free.tpot_ms
+
+
+def test_data_parallel_ranks_share_one_output_path():
+    """Four SGLang replicas (DP4) behind one front end (sim/frontend.py): the detokenizer
+    at 1 ms per token caps the whole engine at 595 tok/s, not each rank."""
+    sc = pipesim.build_scenario(
+        engine="sglang", **{**LLAMA, "dp": 4, "concurrency": 256, "output_len": "100"}
+    )
+    prof = sc.profile.with_params(detokenize_token_us=1000.0, detokenize_step_us=0.0, stream_token_us=0.0)
+    est = estimate(replace(sc, profile=prof))
+    assert est.output_throughput_tok_s == pytest.approx(1 / 1.68e-3, rel=1e-9)
 
 
 def test_a_later_pp_rank_launches_after_its_own_run_of_the_iteration(profile):

@@ -385,11 +385,12 @@ class RankSchedule:
             ttft = tokenize + turn_s + ahead_s + engine_ttft + out_s
             rate = A / (busy + out_s + tokenize + turn_s + ahead_s)
         tpot = (busy - engine_ttft) / max(out_len - 1.0, 1.0)
-        # the output path and the API process are serial: past saturation they set the
-        # pace, and the clients' wait for their backlog delays each first token
-        load = host.busy(rate * out_len * k / A, A / k, rate)  # steps of A / k tokens
+        # the output path and the API process are serial, one of each for every DP rank
+        # (sim/frontend.py): past saturation they set the pace, a client sees its tokens
+        # as they pass them
+        load = host.busy(self.dp * rate * out_len * k / A, A / k, self.dp * rate)  # steps of A / k tokens
         if load > 1.0:
-            ttft += (load - 1.0) * max(clients, A) / rate
+            tpot *= load
             rate /= load
         return State(tuple(sizes), round_s, max(lat), ttft, tpot, rate, rate * out_len)
 
