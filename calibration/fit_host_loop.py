@@ -75,7 +75,7 @@ def _cell(e: pd.DataFrame, by: str, key: str) -> str:
     return f"{r.median_abs:.1f} | {r.mean_abs:.1f} | {r.median_signed:+.1f}"
 
 
-def report(whole: H.Fit, folds: list, before: pd.DataFrame, after: pd.DataFrame, seconds: float) -> str:
+def report(whole: H.Fit, folds: list, before: pd.DataFrame, after: pd.DataFrame, simulations: int) -> str:
     held_after = pd.concat([f.after for f in folds])
     eb, ea, eh = errors(before), errors(after), errors(held_after)
     knobs = list(START)
@@ -88,7 +88,7 @@ def report(whole: H.Fit, folds: list, before: pd.DataFrame, after: pd.DataFrame,
         "path: the catalogue's profile for the box, the run's engine release and flags). Loss: the mean over",
         "(run, residual group) of |log(measured / predicted)|. Publishers: "
         + ", ".join(f"{f.held_out} ({len(f.before.run_id.unique())} runs)" for f in folds)
-        + f". The fit took {seconds / 60:.0f} min of simulation.",
+        + f". {simulations} simulations of a (run, knob values), shared by the folds.",
         "",
         "## Fitted values",
         "",
@@ -118,8 +118,9 @@ def report(whole: H.Fit, folds: list, before: pd.DataFrame, after: pd.DataFrame,
         "shipped (host_cpu_factor 1.68). *Fitted*: the values fitted on every run (in sample). *Held out*: each",
         "publisher's runs with the values fitted without it (leave one publisher out).",
         "",
-        "| | numbers | defaults | fitted, in sample | held out |",
-        "|---|---|---|---|---|",
+        "| | numbers | defaults: median | mean | signed | fitted, in sample: median | mean | signed "
+        "| held out: median | mean | signed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         f"| all | {len(before)} | {_cell(eb, 'all', 'all')} | {_cell(ea, 'all', 'all')} | {_cell(eh, 'all', 'all')} |",
     ]
     for by, label in (("metric", "metric"), ("pub", "publisher")):
@@ -176,13 +177,11 @@ def main() -> None:
         print(f"  {time.strftime('%H:%M:%S')} simulating {n} runs ({done[0]} so far)", flush=True)
 
     ev.on_batch = batch
-    start = time.perf_counter()
     whole, folds = H.lopo(ev, GRID, search=H.grid_fit)
-    seconds = time.perf_counter() - start
     if args.cache:
         args.cache.write_bytes(pickle.dumps(ev.cache))
     before, after = ev.rows([{}, whole.theta], whole.runs)
-    args.report.write_text(report(whole, folds, before, after, seconds))
+    args.report.write_text(report(whole, folds, before, after, len(ev.cache)))
     args.json.write_text(
         json.dumps(
             {
