@@ -154,9 +154,11 @@ def test_each_number_compared_once_with_its_error_and_band(chk):
         for r in df.itertuples():  # itl_ms_mean (row 003) is not a pipesim metric: left out
             assert r.error_pct == pytest.approx((r.predicted - r.measured) / r.measured * 100)
             assert r.lo < r.hi and r.inside == (r.lo <= r.measured <= r.hi)
-            # the band is the prediction's, centred where the corpus residuals put it
+            # the band is the prediction's, centred where the corpus residuals put it (a
+            # catalogue profile's measured share: the residuals of measured tables)
+            tables = U.table_residuals() if r.table_band else None
             c, below, above = U.band_log(
-                r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel)
+                r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel), None, tables
             )
             assert (r.lo, r.hi) == pytest.approx(
                 (r.predicted * math.exp(c - below), r.predicted * math.exp(c + above))
