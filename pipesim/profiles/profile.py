@@ -203,7 +203,7 @@ def _shipped():
     try:
         return resources.files("pipesim.data.profiles")
     except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "calibration" / "profiles"
+        return Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 
 
 def profile_names() -> list[str]:
