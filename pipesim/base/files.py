@@ -1,6 +1,6 @@
-"""Files pipesim writes and reads back: output paths checked before any work, atomic
-writes (a reader sees the old file or the whole new one, never half), and the sweep
-table as .csv or .parquet.
+"""Files pipesim writes and reads back: output paths checked before any work, and the
+sweep table as .csv or .parquet, written atomically (writes.py: a reader sees the old
+file or the whole new one, never half).
 
 pandas is imported inside the table functions only, so importing this module (as the
 command line and the trace writer do) stays light.
@@ -8,13 +8,12 @@ command line and the trace writer do) stays light.
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import UserError, require
+from .writes import check_target, write_atomic
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -89,12 +88,15 @@ def csv_kwargs() -> dict:
     return {"dtype": {c: str for c in TEXT_TABLE_COLUMNS}, **exact}
 
 
-def check_out_path(path: str | Path, suffixes: tuple[str, ...], what: str) -> Path:
-    """An output file: an allowed suffix and an existing directory, checked before any work."""
+def check_out_path(
+    path: str | Path, suffixes: tuple[str, ...], what: str, inputs: Mapping[str, Path] | None = None
+) -> Path:
+    """An output file, checked before any work: an allowed suffix, and what every write
+    needs (writes.check_target: no symbolic link, an existing directory, none of the
+    command's `inputs`)."""
     out = Path(path)
     require(out.suffix.lower() in suffixes, f"{what} file '{out}' must end in {' or '.join(suffixes)}")
-    parent = out.parent if str(out.parent) else Path(".")
-    require(parent.is_dir(), f"directory '{parent}' of the {what} file does not exist")
+    check_target(out, what, inputs)
     if out.suffix.lower() == ".parquet":
         try:
             import pyarrow  # noqa: F401
@@ -121,24 +123,9 @@ def ensure_dir(path: str | Path, what: str) -> Path:
     return folder
 
 
-def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
-    """Call write(temporary path) in the same directory, then rename it over `path`."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent or ".")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_table(df: pd.DataFrame, path: str | Path) -> Path:
+def write_table(df: pd.DataFrame, path: str | Path, inputs: Mapping[str, Path] | None = None) -> Path:
     """A sweep table as .csv or .parquet (by the file's suffix)."""
-    out = check_out_path(path, TABLE_SUFFIXES, "output")
+    out = check_out_path(path, TABLE_SUFFIXES, "output", inputs)
     if out.suffix.lower() == ".parquet":
         return write_atomic(out, lambda tmp: df.to_parquet(tmp, index=False))
     return write_atomic(out, lambda tmp: df.to_csv(tmp, index=False))

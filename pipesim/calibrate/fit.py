@@ -191,9 +191,10 @@ def fit_profile(
     """Fit `names` to a profile's measured points and write the profile again (in
     place unless `out`) with the fitted values, their sources, a summary and
     fit_report.md."""
-    from ..profiles.profile import check_profile_out, load_profile, rewrite_profile
+    from ..profiles.profile import load_profile
+    from ..profiles.writing import check_profile_out, rewrite_profile
 
-    check_profile_out(out or profile_dir)
+    check_profile_out(profile_dir if out is None else out)
     prof = load_profile(profile_dir)
     result = fit(prof, names, loo=loo, on_solve=on_solve)
     params = {**prof.meta.get("params", {}), **result.params}

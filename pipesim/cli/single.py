@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import click
 
@@ -48,6 +49,17 @@ def split_options(tp_help: str, pp_help: str, conc_help: str) -> Callable[[Calla
         return apply_options(f, options)
 
     return decorate
+
+
+def scenario_inputs(opts: dict, **more: object) -> dict[str, Path]:
+    """The files a scenario's flags name (a model config, a box, a trace): what an
+    output of the command must not be written over (writes.check_target)."""
+    from ..base.writes import input_paths
+
+    return input_paths(
+        **{f"--{k}": opts.get(k) for k in ("model", "box", "profile")},
+        **{f"--{k}": v for k, v in more.items()},
+    )
 
 
 def scenario_keywords(opts: dict) -> dict:
@@ -132,6 +144,10 @@ def predict(
     require(
         not ensemble or intervals, "--ensemble estimates the intervals: drop --no-intervals or --ensemble"
     )
+    if plot_file:
+        from ..base.files import check_out_path
+
+        check_out_path(plot_file, (".png", ".pdf", ".svg"), "figure", scenario_inputs(opts, trace=trace))
     scenario = build_scenario(
         tp=tp,
         pp=pp,
@@ -171,7 +187,7 @@ def trace(tp: int, pp: int, conc: int | None, out: str, **opts: object) -> None:
     from ..base.files import check_out_path
     from ..report.trace import write_trace
 
-    check_out_path(out, (".json",), "trace")
+    check_out_path(out, (".json",), "trace", scenario_inputs(opts))
     obj, result = api.trace(tp, pp, conc, **scenario_keywords(opts))
     write_trace(out, obj)
     meta = obj["otherData"]

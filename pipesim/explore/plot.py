@@ -9,8 +9,6 @@ with the inline backend shows the returned figures as they are.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,13 +16,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ..base.errors import require
-from ..base.files import check_out_path, ensure_dir, write_atomic
+from ..base.files import check_out_path, ensure_dir
+from ..base.writes import write_atomic, write_files
 from .conditions import condition_slug, condition_text, conditions
 from .plot_bubble import bubble_cause
 from .plot_parts import _annotate_apart, _conc_axis, _figure, _mark_caps, _splits, _subtitle
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from .search import Search, Searches
 
@@ -365,18 +364,8 @@ def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", pref
     ]
     # all figures or none: each is drawn to a temporary file first, then all are renamed into place
     paths = [check_out_path(folder / file, (".png", ".svg"), "figure") for _, _, file in jobs]
-    temps: list[Path] = []
-    try:
-        for (name, part, _), path in zip(jobs, paths):
-            fig = makers[name](part)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=folder)
-            os.close(fd)
-            temps.append(Path(tmp))
-            fig.savefig(tmp, format=fmt)
-            os.chmod(tmp, 0o644)
-        for tmp, path in zip(temps, paths):
-            os.replace(tmp, path)
-    finally:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
-    return paths
+
+    def draw(name: str, part: pd.DataFrame) -> Callable[[Path], None]:
+        return lambda tmp: makers[name](part).savefig(tmp, format=fmt)
+
+    return write_files([(path, draw(name, part)) for (name, part, _), path in zip(jobs, paths)])

@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import io
 import os
+import re
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..base.errors import UserError, require
+from ..base.writes import write_atomic
 from .curves import Surface, group_curves
 
 if TYPE_CHECKING:
@@ -41,6 +43,7 @@ TEXT_COLUMNS = {"dtype", "distribution", "op", "impl"}
 CACHE_VERSION = 1  # of the parsed-table cache's layout (`cached_columns`)
 CACHE_MIN_BYTES = 64 * 1024  # smaller table files parse in milliseconds: not worth a cached copy
 CACHE_MAX_FILES = 64  # cached tables kept, the most recently used (a copied profile is a new key)
+CACHED_NAME = re.compile(r"[a-z_]+-[0-9a-f]{24}\.npz")  # a cached table's file (`cached_columns`)
 
 
 def sig6(x: float) -> float:
@@ -247,11 +250,9 @@ def cached_columns(f: Path | Traversable, table: str) -> dict[str, np.ndarray]:
     if cached is not None:
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(f".{os.getpid()}.tmp.npz")
-            np.savez(tmp, **cols)
-            os.replace(tmp, cached)
+            write_atomic(cached, lambda tmp: np.savez(tmp, **cols))
             _trim_cache(cached.parent)
-        except OSError:
+        except (OSError, UserError):  # a cache folder that cannot be written (or a link): no copy
             pass
     return cols
 
@@ -260,6 +261,8 @@ def _trim_cache(folder: Path) -> None:
     """Drop the least recently used cached tables beyond CACHE_MAX_FILES."""
     entries = []
     for p in folder.glob("*.npz"):
+        if not CACHED_NAME.fullmatch(p.name):  # only the cache's own copies: a user's file stays
+            continue
         try:
             entries.append((p.stat().st_mtime_ns, p))
         except OSError:  # removed meanwhile by another process

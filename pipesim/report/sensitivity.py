@@ -226,5 +226,9 @@ def plot(sens: Sensitivity, path: str) -> None:
     sc = sens.scenario
     ax.set_title(f"TP{sc['tp']} x PP{sc['pp']}: each item -+{sens.step:.0%}")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    from ..base.writes import write_atomic
+
+    try:
+        write_atomic(path, lambda tmp: fig.savefig(tmp))
+    finally:
+        plt.close(fig)

@@ -301,7 +301,8 @@ def _jsonable(v: object) -> object:
 
 def write_trace(path: str | Path, trace_obj: dict) -> None:
     """Write the trace JSON atomically (a reader never sees half a file)."""
-    from ..base.files import check_out_path, write_atomic
+    from ..base.files import check_out_path
+    from ..base.writes import write_atomic
 
     out = check_out_path(path, (".json",), "trace")
     write_atomic(

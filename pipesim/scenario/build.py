@@ -185,6 +185,14 @@ def build_scenario(
     for flag, v in (("dp_attention", dp_attention), ("enable_expert_parallel", enable_expert_parallel)):
         require(isinstance(v, bool), f"{flag} must be true or false, got {v!r}")
     nodes = whole(nodes, "--nodes", 1)  # its limit is on the GPUs it makes (hardware.cluster)
+    named = dict(model=model, profile=profile, box=box, engine=engine, trace=trace, network=network)
+    named.update(engine_version=engine_version, kv_cache_dtype=kv_cache_dtype)
+    named.update(moe_distribution=moe_distribution, moe_a2a_backend=moe_a2a_backend)
+    for key, given in named.items():  # given empty, never read as not given (the default in its place)
+        require(
+            not (isinstance(given, str) and not given.strip()),
+            f"--{key.replace('_', '-')} is empty; give a value, or leave the flag out for the default",
+        )
     if layers is not None:
         require(
             isinstance(layers, (tuple, list)) and all(is_int(n) for n in layers),
