@@ -25,6 +25,7 @@ moe.py's.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -37,6 +38,7 @@ from ..profiles.curves import bracket, grid_provenance, weakest
 from ..profiles.profile import Profile
 from .collectives import Collectives, ring_bw
 from .roofline import PROVENANCE_FITTED, shipped_fit
+from .routing import busiest_rank, routed_time
 
 ACT_BYTES = 2  # activations are bf16
 # A profile with none of these measured has never timed a kernel on its GPU: its
@@ -129,11 +131,24 @@ class Primitives:
     def moe(self, tokens: int, tp: int) -> tuple[float, str]:
         """Routed experts of one MoE layer for `tokens` tokens, split over `tp` ranks."""
         mo, m = self.model.moe, self.model
+        assert mo is not None  # asked only of a MoE model's layers
         base = (m.expert_dtype.kernel, m.hidden, mo.moe_intermediate, mo.topk, mo.n_routed_experts, tp)
-        for dist in (self.params.moe_distribution, "balanced"):
-            curve = self.profile.moe.get(base + (dist,))
-            if curve is not None:
-                return curve(tokens) * 1e-3, curve.provenance(tokens)
+        experts, topk = mo.n_routed_experts, mo.topk
+
+        def model_s(d: str) -> float:
+            """The roofline at routing `d` (costs/routing.py: the distinct experts it touches)."""
+            _, touched = busiest_rank(tokens, experts, topk, 1, d)
+            nbytes = (
+                touched * m.expert_params() * m.expert_dtype.bytes_per_param / tp
+                + ACT_BYTES * tokens * m.hidden * 2
+            )
+            return self.roofline(nbytes, 2.0 * tokens * topk * m.expert_params() / tp, m.expert_dtype.compute)
+
+        measured = routed_time(
+            self.profile.tables.moe_by_routing, base, self.params.moe_distribution, tokens, model_s
+        )
+        if measured is not None:
+            return measured
         touched = distinct_experts(tokens, mo.n_routed_experts, mo.topk)
         nbytes = (
             touched * m.expert_params() * m.expert_dtype.bytes_per_param / tp
@@ -164,19 +179,25 @@ class Primitives:
     def attention_prefill(self, chunk: int, prefix: int, tp: int) -> tuple[float, str]:
         """Causal attention of a `chunk`-token chunk after `prefix` cached tokens.
 
-        The table holds whole prompts (prefix 0); causal work grows as
-        chunk * (prefix + chunk / 2), so a prefix scales it by (chunk + 2 prefix) / chunk.
+        The table holds whole prompts (prefix 0). A chunk's causal work is
+        chunk * (prefix + chunk / 2) query-key pairs, a whole prompt's of L tokens L^2 / 2:
+        the chunk is read at the prompt length of equal work, sqrt(chunk (chunk + 2 prefix)),
+        where the table's time already holds its kernel's fixed cost once (scaling the
+        chunk's own time by its work ratio charged that cost 1 + 2 prefix / chunk times: a
+        one-token chunk after 500 tokens at a thousand kernel launches). Never above the
+        same tokens prefilled whole, prefix + chunk: that prompt does the chunk's work and more.
         """
         m = self.model
         heads = m.heads // tp
-        scale = (chunk + 2.0 * prefix) / chunk
         surface = (
             self.profile.mla_prefill.get((heads,))
             if m.mla
             else self.profile.gqa_prefill.get((heads, max(m.kv_heads // tp, 1), m.head_dim))
         )
         if surface is not None:
-            return surface(1, chunk) * 1e-3 * scale, surface.provenance(1, chunk)
+            equal = math.sqrt(chunk * (chunk + 2.0 * prefix))
+            at = min((equal, prefix + chunk), key=lambda isl: surface(1, isl))
+            return surface(1, at) * 1e-3, surface.provenance(1, at)
         qk = (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim) if m.mla else 2 * m.head_dim
         flops = 2.0 * heads * chunk * (prefix + chunk / 2.0) * qk
         nbytes = ACT_BYTES * chunk * m.hidden * 3 / tp

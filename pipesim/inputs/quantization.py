@@ -74,6 +74,8 @@ FP8_BLOCK = WeightFormat("fp8-block128x128", "fp8", 8, 128 * 128, 32, compute="f
 # Kimi K2.x: int4, one bf16 scale per group of 32, symmetric (4 + 16/32 = 4.5 bits)
 INT4_G32 = WeightFormat("int4-g32", "int4", 4, 32, 16)
 FORMATS = {"bf16": BF16, "fp8": FP8_BLOCK, "int4": INT4_G32}
+# the kernel families a format's GEMM runs (WeightFormat.kernel): the `dtype` of the profile's tables
+KERNELS = ("bf16", "fp8", "int4", "int8", "nvfp4", "mxfp4")
 BYTES_PER_PARAM = {k: f.bytes_per_param for k, f in FORMATS.items()}
 
 SUPPORTED = (

@@ -20,11 +20,13 @@ from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..base.checks import is_number, parse_toml, read_text
+from ..base.checks import MAX_GPUS, is_number, parse_toml, read_text, whole
 from ..base.errors import require
 from ..base.writes import lock, old_versions
+from ..inputs.routing import exponent
+from .bounds import check_tables, datasheet
 from .measured import read_points
 from .tables import TABLE_COLUMNS, Tables, cached_columns
 
@@ -62,20 +64,30 @@ class Params:
         require(
             not unknown, f"{origin}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(known)}"
         )
-        values = {}
+        values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in data:
                 continue
             v = data[f.name]
-            if f.name == "moe_distribution":
+            if f.name == "moe_distribution":  # an enumerated value: parsed, never read as another
+                exponent(v, f"{origin}: parameter moe_distribution")
                 values[f.name] = str(v)
                 continue
+            above = f.name in POSITIVE
             require(
-                is_number(v) and math.isfinite(v) and v >= 0,
-                f"{origin}: parameter {f.name} = {v!r} must be a finite number >= 0",
+                is_number(v) and math.isfinite(v) and (v > 0 if above else v >= 0),
+                f"{origin}: parameter {f.name} = {v!r} must be a finite number {'>' if above else '>='} 0"
+                + (" (a scale: 0 would make every such cost free)" if above else ""),
             )
-            values[f.name] = int(v) if f.name == "custom_allreduce_max_gpus" else float(v)
+            if f.name == "custom_allreduce_max_gpus":
+                values[f.name] = whole(v, f"{origin}: parameter {f.name}", 0, MAX_GPUS)
+                continue
+            values[f.name] = float(v)
         return cls(**values)
+
+
+# parameters that scale a cost: 0 would make it free (the what-if flags refuse it too, whatif.py)
+POSITIVE = ("kernel_scale", "allreduce_scale")
 
 
 # The Params a fit may move (calibrate/fit.py) and the tornado may step (report/sensitivity.py):
@@ -240,17 +252,7 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
     folder = Path(folder_text)
     meta_file = folder.joinpath("profile.toml")
     meta = parse_toml(read_text(meta_file, "profile file"), str(meta_file))
-    for key in ("name", "box", "engine"):
-        require(key in meta, f"{meta_file}: missing '{key}'")
-    for key, v in meta.items():
-        if key in META_TABLES:
-            require(isinstance(v, dict), f"{meta_file}: '{key}' must be a table, got {type(v).__name__}")
-        elif key in META_STRINGS:
-            require(isinstance(v, str), f"{meta_file}: '{key}' must be a string, got {v!r}")
-    for key in ("sources", "param_sources"):
-        bad = [k for k, v in meta.get(key, {}).items() if not isinstance(v, str)]
-        require(not bad, f"{meta_file}: {key}.{bad[0] if bad else ''} must be a string")
-    params = Params.from_dict(meta.get("params", {}), str(meta_file))
+    params = check_meta(meta, str(meta_file))
     box = str(meta["box"])
     if box.endswith(".toml") and folder.joinpath(box).is_file():
         box = str(folder.joinpath(box))  # a box file written beside the profile (calibrate live)
@@ -259,6 +261,8 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
         f = folder.joinpath(f"{table}.csv.gz")
         if f.is_file():
             columns[table] = cached_columns(f, table)
+    # every table against the physics of the GPU it was measured on (bounds.py)
+    check_tables(columns, lambda t: str(folder.joinpath(f"{t}.csv.gz")), datasheet(box))
     tables = Tables(columns=columns)
     measured: tuple = ()
     f = folder.joinpath("measured.csv")
@@ -277,3 +281,19 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
         tables,
         measured,
     )
+
+
+def check_meta(meta: dict, meta_file: str) -> Params:
+    """A profile.toml's keys of the right types and its parameters within their bounds
+    (read as it is loaded, and before a profile is written)."""
+    for key in ("name", "box", "engine"):
+        require(key in meta, f"{meta_file}: missing '{key}'")
+    for key, v in meta.items():
+        if key in META_TABLES:
+            require(isinstance(v, dict), f"{meta_file}: '{key}' must be a table, got {type(v).__name__}")
+        elif key in META_STRINGS:
+            require(isinstance(v, str), f"{meta_file}: '{key}' must be a string, got {v!r}")
+    for key in ("sources", "param_sources"):
+        bad = [k for k, v in meta.get(key, {}).items() if not isinstance(v, str)]
+        require(not bad, f"{meta_file}: {key}.{bad[0] if bad else ''} must be a string")
+    return Params.from_dict(meta.get("params", {}), str(meta_file))

@@ -19,6 +19,8 @@ import numpy as np
 
 from ..base.errors import UserError, require
 from ..base.writes import write_atomic
+from ..inputs.quantization import KERNELS
+from ..inputs.routing import exponent
 from .curves import Surface, group_curves
 
 if TYPE_CHECKING:
@@ -115,6 +117,17 @@ class Tables(Mapping):
         """(dtype, hidden, inter, topk, experts, moe_tp, moe_ep, distribution) -> Curve over tokens."""
         return self._moe_curves("moe_ep", ("hidden", "inter", "topk", "experts", "moe_tp", "moe_ep"))
 
+    @cached_property
+    def moe_by_routing(self) -> dict:
+        """(dtype, hidden, inter, topk, experts, moe_tp) -> {routing exponent: Curve over
+        tokens} (inputs/routing.py; costs/routing.py reads between exponents)."""
+        return _by_routing(self.moe)
+
+    @cached_property
+    def moe_ep_by_routing(self) -> dict:
+        """(dtype, hidden, inter, topk, experts, moe_tp, moe_ep) -> {routing exponent: Curve}."""
+        return _by_routing(self.moe_ep)
+
     def _moe_curves(self, table: str, shape_cols: tuple[str, ...]) -> dict:
         df = self.columns(table)
         if df is None:
@@ -170,6 +183,13 @@ class Tables(Mapping):
         return out
 
 
+def _by_routing(curves: dict) -> dict:
+    out: dict = {}
+    for key, curve in curves.items():
+        out.setdefault(key[:-1], {})[exponent(key[-1])] = curve
+    return out
+
+
 def _keys(cols: dict, names) -> np.ndarray:
     return np.column_stack([np.asarray(cols[c]).astype(np.int64) for c in names])
 
@@ -188,6 +208,28 @@ def _groups(cols: dict, by: tuple[str, ...]):
     for idx in np.split(order, np.flatnonzero(np.diff(code[order])) + 1) if len(order) else ():
         key = tuple(str(t[idx[0]]) for t in texts)
         yield (key[0] if len(by) == 1 else key), {c: np.asarray(v)[idx] for c, v in cols.items()}
+
+
+# the enumerated text columns and the values each may hold (a value pipesim does not know
+# would never be read: an operation silently priced by the roofline instead)
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "sendrecv")
+NAMES = {"dtype": KERNELS, "op": COLLECTIVE_OPS}
+
+
+def _check_names(texts: list[str], column: str, origin: str) -> None:
+    """Every cell of an enumerated column one of its values (`distribution`: a routing
+    distribution, inputs/routing.py)."""
+    for i, t in enumerate(texts):
+        if column == "distribution":
+            try:
+                exponent(t)
+            except UserError as exc:
+                raise UserError(f"{origin}: line {i + 2}, column distribution: {exc}") from None
+        elif column in NAMES and t not in NAMES[column]:
+            raise UserError(
+                f"{origin}: line {i + 2}, column {column}: value {t!r} is not allowed "
+                f"(one of {', '.join(NAMES[column])})"
+            )
 
 
 def _check_units_and_sizes(cols: dict, table: str, origin: str) -> None:
@@ -349,10 +391,12 @@ def read_columns(source: str | Path | IO, table: str, origin: str) -> dict[str, 
             )
     for name in needed:
         if name in TEXT_COLUMNS:
-            empty = [i for i, t in enumerate(cells[header.index(name)]) if not t]
+            texts = cells[header.index(name)]
+            empty = [i for i, t in enumerate(texts) if not t]
             if empty:
                 raise UserError(
                     f"{origin}: line {empty[0] + 2}, column {name}: value nan is not allowed (a text value)"
                 )
+            _check_names(texts, name, origin)
     _check_units_and_sizes(cols, table, origin)
     return cols

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, TypedDict
 
 from ..base.errors import UserError, require
 from ..base.writes import old_versions, write_folder
-from .profile import Profile, _profile_dir, load_unlocked, profile_lock, profile_names
-from .tables import TABLE_COLUMNS
+from .bounds import Datasheet, check_tables, datasheet
+from .measured import read_points
+from .profile import Profile, _profile_dir, check_meta, load_unlocked, profile_lock, profile_names
+from .tables import TABLE_COLUMNS, read_columns
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -78,8 +80,7 @@ def _write_unlocked(
 ) -> None:
     from ..base.toml import dumps
 
-    for name in tables:
-        require(name in TABLE_COLUMNS, f"unknown table {name}")
+    check_written(out, meta, tables, measured, extra)
 
     def fill(tmp: Path) -> None:
         for name, df in tables.items():
@@ -96,6 +97,46 @@ def _write_unlocked(
         if len(olds) == 1:
             os.rename(olds[0], out)
     write_folder(out, fill)
+
+
+def check_written(
+    out: Path,
+    meta: dict,
+    tables: Mapping[str, pd.DataFrame],
+    measured: pd.DataFrame | None,
+    extra: dict[str, str] | None,
+) -> None:
+    """Every part of a profile about to be written, read back through the reader that
+    will load it, before anything is written: profile.toml's keys and parameters, each
+    table's cells and its physics against the box it names (bounds.py: an import in the
+    wrong unit is refused here, not written to fail at the next load), the measured points."""
+    import io
+
+    from ..base.checks import parse_toml
+    from ..base.toml import dumps
+    from ..inputs.box import box_from_dict
+
+    where = f"the profile to be written to {out}"
+    check_meta(parse_toml(dumps(meta), where), f"{where}: profile.toml")
+    box = str(meta["box"])
+    if box.endswith(".toml") and box in (extra or {}):  # a box file written beside it (calibrate live)
+        text = (extra or {})[box]
+        sheet: Datasheet | None = Datasheet.of(box_from_dict(parse_toml(text, box), box))
+    else:
+        sheet = datasheet(box if not box.endswith(".toml") or Path(box).is_absolute() else out / box)
+    columns = {}
+    for name, df in tables.items():
+        require(name in TABLE_COLUMNS, f"unknown table {name}")
+        text = df.to_csv(index=False)
+        columns[name] = read_columns(io.StringIO(text), name, f"{where}: table {name}")
+    check_tables(columns, lambda t: f"{where}: table {t}", sheet)
+    if measured is not None and len(measured):
+        read_points(
+            io.StringIO(measured.to_csv(index=False)),
+            f"{where}: measured.csv",
+            str(meta.get("model", "kimi-k2.6")),
+            str(meta["engine"]),
+        )
 
 
 KEPT_AS_IS = ("profile.toml", "measured.csv")  # rewritten from their parsed form

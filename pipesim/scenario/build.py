@@ -35,7 +35,6 @@ from ..base.checks import (
     whole,
 )
 from ..base.errors import PipesimWarning, UserError, require
-from ..costs.moe import is_power_law
 from ..engines import ENGINES
 from ..engines.knobs import check_values, knob_names
 from ..inputs.box import Box, cluster, load_box, load_network
@@ -43,6 +42,7 @@ from ..inputs.memory import Memory, plan_memory
 from ..inputs.model import Model, load_model
 from ..inputs.plan import Plan, make_plan
 from ..inputs.quantization import kv_cache_dtype as resolve_kv_cache_dtype
+from ..inputs.routing import exponent
 from ..inputs.workload import (
     DEFAULT_INPUT_LEN,
     DEFAULT_OUTPUT_LEN,
@@ -211,11 +211,7 @@ def build_scenario(
     prof, bx = _profile_and_box(profile, box, engine, model, engine_version)
     prof = apply_profile(prof, changes)
     if moe_distribution is not None:  # the routing the MoE tables are read at (moe.py)
-        require(
-            moe_distribution == "balanced" or is_power_law(moe_distribution),
-            f"--moe-distribution {moe_distribution!r}; allowed: balanced or power_law_S with S a number > 0, "
-            "e.g. power_law_1.01",
-        )
+        exponent(moe_distribution, "--moe-distribution")
         prof = prof.with_params(moe_distribution=moe_distribution)
     engine_name = engine or prof.engine
     require(engine_name in ENGINES, f"unknown engine '{engine_name}'; known: {', '.join(ENGINES)}")
