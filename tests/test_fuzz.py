@@ -335,3 +335,92 @@ def test_plot_writes_all_figures_or_none(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         plot.save_all(table(), tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- fields of user files read through checks.Fields: a UserError, never another error --------
+
+QUANT_KEYS = {
+    "fp8": ["weight_block_size", "modules_to_not_convert", "ignored_layers", "activation_scheme"],
+    "awq": ["bits", "w_bit", "group_size", "q_group_size", "zero_point", "modules_to_not_convert"],
+    "gptq": ["bits", "group_size", "sym", "desc_act", "modules_to_not_convert"],
+    "modelopt": ["quant_algo", "quantization", "exclude_modules", "ignore", "group_size"],
+    "mxfp4": ["modules_to_not_convert"],
+    "compressed-tensors": ["config_groups", "ignore", "format"],
+}
+GROUP = st.fixed_dictionaries(
+    {},
+    optional={
+        "targets": JSON_VALUE,
+        "weights": st.one_of(
+            JSON_VALUE,
+            st.dictionaries(
+                st.sampled_from(
+                    ["num_bits", "type", "strategy", "group_size", "symmetric", "block_structure"]
+                ),
+                st.one_of(
+                    JSON_VALUE, st.sampled_from(["int", "float", "group", "block", "channel", 4, 8, 128])
+                ),
+                max_size=6,
+            ),
+        ),
+        "input_activations": st.one_of(
+            JSON_VALUE, st.dictionaries(st.just("num_bits"), JSON_VALUE, max_size=1)
+        ),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(
+    method=st.sampled_from(sorted(QUANT_KEYS)),
+    data=st.data(),
+)
+def test_fuzz_quantization_config(method, data):
+    """Any quantization_config of a modelled method, its fields of any JSON type: a weight
+    format with positive bytes per weight, or one UserError (never a TypeError, ValueError
+    or AttributeError from inside)."""
+    from pipesim.base.errors import UserError
+    from pipesim.inputs.quantization import weight_formats
+
+    keys = QUANT_KEYS[method]
+    fields = data.draw(
+        st.dictionaries(
+            st.sampled_from(keys),
+            st.one_of(JSON_VALUE, st.dictionaries(st.text(max_size=3), GROUP, max_size=2), GROUP),
+            max_size=4,
+        )
+    )
+    try:
+        formats = weight_formats({"quant_method": method, **fields}, "fuzz")
+    except UserError:
+        return
+    assert all(f.bytes_per_param > 0 and f.group >= 0 for f in formats), formats
+
+
+MEASURED_CELL = st.sampled_from(["8", "1", "0", "-1", "inf", "nan", "1e12", "2.5", "x", "", "1e308", "64"])
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(
+    cells=st.fixed_dictionaries(
+        {c: MEASURED_CELL for c in ("tp", "pp", "conc", "tok_s")},
+        optional={c: MEASURED_CELL for c in ("input_len", "output_len", "pp_async_batch_depth", "tok_s_hi")},
+    )
+)
+def test_fuzz_measured_points(cells):
+    """Any measured.csv row: points whose every number is finite and in range, or one
+    UserError naming the line and column."""
+    import io
+
+    from pipesim.base.errors import UserError
+    from pipesim.profiles.measured import read_points
+
+    text = ",".join(cells) + "\n" + ",".join(cells.values()) + "\n"
+    try:
+        points = read_points(io.StringIO(text), "measured.csv")
+    except UserError as exc:
+        assert "measured.csv" in str(exc)
+        return
+    for p in points:
+        assert 1 <= p.tp <= 65536 and 1 <= p.pp <= 65536 and 1 <= p.conc <= 65536
+        assert 0 < p.lo <= p.hi < float("inf")

@@ -328,7 +328,7 @@ CASES += [
     ),
     (
         ["predict", "--conc", "1", "--model", f"{D}/cfg-quant-bits.json"],
-        "num_bits = 'x' must be a whole number",
+        "'num_bits' = 'x' must be a whole number",
     ),
     (
         ["predict", "--conc", "1", "--model", f"{D}/cfg-quant-ignore.json"],

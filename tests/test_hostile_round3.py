@@ -68,13 +68,25 @@ def round3_files(t: Path) -> Path:
             line = "  ".join(parts)
         rows.append(line)
     (t / "all_reduce_perf_s.txt").write_text("\n".join(rows) + "\n")
+
+    # 3. fields of the wrong type or out of range that raised deep inside (a traceback)
+    for name, quant in QUANT.items():
+        (t / f"q-{name}.json").write_text(json.dumps({**TINY, "quantization_config": quant}))
+    for name, row in MEASURED.items():
+        _copy(t, f"m-{name}", measured="tp,pp,conc,tok_s\n" + row + "\n")
     return t
 
 
 def _copy(
-    t: Path, name: str, table: str | None = None, text: str | None = None, params: str | None = None
+    t: Path,
+    name: str,
+    table: str | None = None,
+    text: str | None = None,
+    params: str | None = None,
+    measured: str | None = None,
 ) -> None:
-    """A copy of the healthy profile with one table replaced or one parameter line added."""
+    """A copy of the healthy profile with one table replaced, one parameter line added or
+    its measured points written."""
     import gzip
     import shutil
 
@@ -82,6 +94,8 @@ def _copy(
 
     d = t / name
     shutil.copytree(profile_folder(P), d)
+    if measured is not None:
+        (d / "measured.csv").write_text(measured)
     if table is not None:
         with gzip.open(d / f"{table}.csv.gz", "wt") as fh:
             fh.write(text)
@@ -91,6 +105,48 @@ def _copy(
         lines = [ln for ln in toml.splitlines() if not ln.startswith(f"{key} = ")]
         toml = "\n".join(lines).replace("[params]", f"[params]\n{params}", 1)
         (d / "profile.toml").write_text(toml + "\n")
+
+
+CT = "compressed-tensors"
+QUANT = {
+    "fp8-one": {"quant_method": "fp8", "weight_block_size": [128]},
+    "fp8-str": {"quant_method": "fp8", "weight_block_size": "128"},
+    "fp8-zero": {"quant_method": "fp8", "weight_block_size": [0, 0]},
+    "fp8-neg": {"quant_method": "fp8", "weight_block_size": [-128, 128]},
+    "fp8-ignore": {"quant_method": "fp8", "modules_to_not_convert": [1, 2]},
+    "ct-gs-str": {
+        "quant_method": CT,
+        "config_groups": {"g": {"weights": {"num_bits": 4, "group_size": "x"}}},
+    },
+    "ct-gs-neg": {"quant_method": CT, "config_groups": {"g": {"weights": {"num_bits": 4, "group_size": -5}}}},
+    "ct-targets": {"quant_method": CT, "config_groups": {"g": {"targets": 5, "weights": {"num_bits": 4}}}},
+    "ct-strategy": {"quant_method": CT, "config_groups": {"g": {"weights": {"num_bits": 4, "strategy": 5}}}},
+    "ct-type": {"quant_method": CT, "config_groups": {"g": {"weights": {"num_bits": 4, "type": "decimal"}}}},
+    "ct-block": {
+        "quant_method": CT,
+        "config_groups": {
+            "g": {"weights": {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128]}}
+        },
+    },
+    "ct-acts": {
+        "quant_method": CT,
+        "config_groups": {"g": {"weights": {"num_bits": 4}, "input_activations": 5}},
+    },
+    "ct-sym": {"quant_method": CT, "config_groups": {"g": {"weights": {"num_bits": 4, "symmetric": "yes"}}}},
+    "mo-inner": {"quant_method": "modelopt", "quantization": "x"},
+    "mo-algo": {"quant_method": "modelopt", "quant_algo": ["NVFP4"]},
+    "mo-exclude": {"quant_method": "modelopt", "quantization": {"quant_algo": "FP8", "exclude_modules": "x"}},
+    "awq-zp": {"quant_method": "awq", "zero_point": "no"},
+    "awq-bits": {"quant_method": "awq", "bits": "4"},
+    "gptq-gs-big": {"quant_method": "gptq", "group_size": 10**30},
+    "gptq-gs-zero": {"quant_method": "gptq", "group_size": 0},
+}
+MEASURED = {
+    "tp-inf": "inf,1,1,10",
+    "tp-huge": "1e12,1,1,10",
+    "conc-nan": "8,1,nan,10",
+    "toks-inf": "8,1,1,inf",
+}
 
 
 _bench = ["calibrate", "import", "bench", f"{D}/tiny.json", "--profile", P, "--format", "vllm"]
@@ -204,7 +260,60 @@ SILENT_CASES: list[tuple[list[str], str]] = [
     ),
 ]
 
-CASES = FILE_CASES + SILENT_CASES
+_q = "quantization_config"
+TRACEBACK_CASES: list[tuple[list[str], str]] = [
+    (["predict", "--conc", "1", "--model", f"{D}/q-{name}.json"], says)
+    for name, says in {
+        "fp8-one": f"{_q}: 'weight_block_size' = [128] must be a list of 2 whole numbers from 1",
+        "fp8-str": f"{_q}: 'weight_block_size' = '128' must be a list of 2 whole numbers",
+        "fp8-zero": f"{_q}: 'weight_block_size' = [0, 0] must be a list of 2 whole numbers from 1",
+        "fp8-neg": f"{_q}: 'weight_block_size' = [-128, 128] must be a list of 2 whole numbers from 1",
+        "fp8-ignore": "list of unquantized modules must be a list of names ('modules_to_not_convert'), got [1, 2]",
+        "ct-gs-str": f"{_q}.config_groups.g.weights: 'group_size' = 'x' must be a whole number from 1",
+        "ct-gs-neg": f"{_q}.config_groups.g.weights: 'group_size' = -5 must be a whole number from 1",
+        "ct-targets": f"{_q}.config_groups.g: 'targets' = 5 must be a list of names",
+        "ct-strategy": "'strategy' = 5 must be one of group, channel, tensor, block, tensor_group, token",
+        "ct-type": "'type' = 'decimal' must be one of int, float",
+        "ct-block": "'block_structure' = [128] must be a list of 2 whole numbers from 1",
+        "ct-acts": f"{_q}.config_groups.g.input_activations must be a JSON object, got int",
+        "ct-sym": "'symmetric' = 'yes' must be true or false",
+        "mo-inner": f"{_q}.quantization must be a JSON object, got str",
+        "mo-algo": "modelopt quant_algo '['NVFP4']' is not modelled (NVFP4 or FP8)",
+        "mo-exclude": "list of unquantized modules must be a list of names ('exclude_modules'), got 'x'",
+        "awq-zp": f"{_q}: 'zero_point' = 'no' must be true or false",
+        "awq-bits": f"{_q}: 'bits' = '4' must be a whole number from 1 to 64",
+        "gptq-gs-big": f"{_q}: 'group_size' = 1000000000000000000000000000000 must be a whole number from -1",
+        "gptq-gs-zero": f"{_q} 'group_size' = 0 must be -1 or >= 1",
+    }.items()
+]
+TRACEBACK_CASES += [
+    (
+        ["validate", "--profile", f"{D}/m-tp-inf"],
+        "measured.csv: line 2, column tp: inf must be a finite number > 0",
+    ),
+    (
+        ["diagnose", "--profile", f"{D}/m-tp-inf"],
+        "measured.csv: line 2, column tp: inf must be a finite number > 0",
+    ),
+    (
+        [
+            "calibrate",
+            "fit",
+            "--profile",
+            f"{D}/m-tp-inf",
+            "--params",
+            "cpu_iteration_ms",
+            "--out",
+            f"{D}/o13",
+        ],
+        "measured.csv: line 2, column tp: inf must be a finite number > 0",
+    ),
+    (["validate", "--profile", f"{D}/m-tp-huge"], "column tp: 1e12 must be a whole number up to 65536"),
+    (["validate", "--profile", f"{D}/m-conc-nan"], "column conc: nan must be a finite number > 0"),
+    (["validate", "--profile", f"{D}/m-toks-inf"], "column tok_s: inf must be a finite number > 0"),
+]
+
+CASES = FILE_CASES + SILENT_CASES + TRACEBACK_CASES
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -82,6 +84,80 @@ def flag(value: object, what: str) -> bool | None:
         value is None or isinstance(value, bool) or numpy_bool, f"{what} must be True or False, got {value!r}"
     )
     return None if value is None else bool(value)
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Typed reads of one object of a user's file (a JSON config's section, a TOML table):
+    each value of its kind and within its bounds, or one line naming where it is, the key
+    and what is allowed. Every field of a user file is read through one of these, so a
+    string where a number belongs, a number where a list belongs or a list of the wrong
+    length is a UserError, never a TypeError deep inside (and never silently truncated,
+    or read as True)."""
+
+    data: Mapping[str, Any]
+    where: str
+
+    @classmethod
+    def of(cls, data: object, where: str) -> Fields:
+        if not isinstance(data, Mapping):
+            raise UserError(f"{where} must be a JSON object, got {type(data).__name__}")
+        return cls(data, where)
+
+    def _bad(self, key: str, allowed: str) -> UserError:
+        return UserError(f"{self.where}: '{key}' = {self.data[key]!r} must be {allowed}")
+
+    def whole(self, key: str, default: int, lo: int = 1, hi: int = MAX_CONFIG_SIZE) -> int:
+        """A whole number in [lo, hi] (absent or null: `default`)."""
+        v = self.data.get(key)
+        if v is None:
+            return default
+        if not (is_int(v) and lo <= int(v) <= hi):
+            raise self._bad(key, f"a whole number from {lo} to {hi}")
+        return int(v)
+
+    def flag(self, key: str, default: bool) -> bool:
+        """true or false (a JSON boolean; absent or null: `default`)."""
+        v = self.data.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self._bad(key, "true or false")
+        return v
+
+    def choice(self, key: str, default: str, allowed: tuple[str, ...]) -> str:
+        """One of `allowed` (compared in lower case; absent or null: `default`)."""
+        v = self.data.get(key)
+        if v is None:
+            return default
+        if not (isinstance(v, str) and v.lower() in allowed):
+            raise self._bad(key, f"one of {', '.join(allowed)}")
+        return v.lower()
+
+    def names(self, key: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """A list of strings (absent or null: `default`)."""
+        v = self.data.get(key)
+        if v is None:
+            return default
+        if not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            raise self._bad(key, "a list of names")
+        return tuple(v)
+
+    def wholes(self, key: str, length: int, lo: int = 1, hi: int = MAX_CONFIG_SIZE) -> tuple[int, ...] | None:
+        """A list of `length` whole numbers in [lo, hi] (absent or null: None)."""
+        v = self.data.get(key)
+        if v is None:
+            return None
+        if not (
+            isinstance(v, list) and len(v) == length and all(is_int(x) and lo <= int(x) <= hi for x in v)
+        ):
+            raise self._bad(key, f"a list of {length} whole numbers from {lo} to {hi}")
+        return tuple(int(x) for x in v)
+
+    def section(self, key: str) -> Fields | None:
+        """A nested object (absent or null: None)."""
+        v = self.data.get(key)
+        return None if v is None else Fields.of(v, f"{self.where}.{key}")
 
 
 def read_text(path: str | Path, what: str) -> str:

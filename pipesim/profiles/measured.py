@@ -18,9 +18,11 @@ nearer edge.
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..base.checks import MAX_ASYNC_DEPTH, MAX_CONCURRENCY, MAX_CONFIG_SIZE, MAX_GPUS, MAX_RUNNING
 from ..base.errors import UserError, require
 
 if TYPE_CHECKING:  # read with the csv module: loading a profile needs no pandas
@@ -56,6 +58,15 @@ REQUIRED = ("tp", "pp", "conc", "tok_s")
 # figures are usually quoted)
 METRICS = ("output_tok_s", "per_request_tok_s")
 KNOBS = ("max_running_requests", "pp_max_micro_batch_size", "pp_async_batch_depth", "disable_cuda_graph")
+# the largest whole number each column may hold (checks.py's limits on a run; lengths: a model's context)
+LIMITS = {
+    "tp": MAX_GPUS,
+    "pp": MAX_GPUS,
+    "conc": MAX_CONCURRENCY,
+    "max_running_requests": MAX_RUNNING,
+    "pp_max_micro_batch_size": MAX_RUNNING,
+    "pp_async_batch_depth": MAX_ASYNC_DEPTH,
+}
 
 
 @dataclass(frozen=True)
@@ -128,11 +139,15 @@ def read_points(
             except ValueError:
                 raise UserError(f"{origin}: line {line}, column {col}: '{text}' is not a number") from None
             require(
-                v == v and v > 0 or (col == "pp_async_batch_depth" and v == 0),
-                f"{origin}: line {line}, column {col}: {text} must be > 0",
+                math.isfinite(v) and (v > 0 or (col == "pp_async_batch_depth" and v == 0)),
+                f"{origin}: line {line}, column {col}: {text} must be a finite number > 0",
             )
             if kind is int:
-                require(v == int(v), f"{origin}: line {line}, column {col}: {text} must be a whole number")
+                hi = LIMITS.get(col, MAX_CONFIG_SIZE)
+                require(
+                    v == int(v) and v <= hi,
+                    f"{origin}: line {line}, column {col}: {text} must be a whole number up to {hi}",
+                )
                 return int(v)
             return v
 
