@@ -424,3 +424,80 @@ def test_fuzz_measured_points(cells):
     for p in points:
         assert 1 <= p.tp <= 65536 and 1 <= p.pp <= 65536 and 1 <= p.conc <= 65536
         assert 0 < p.lo <= p.hi < float("inf")
+
+
+# ---- a sweep table with figures not defined (one-token outputs) through every reader ----
+
+_UNDEFINED_COLS = ("per_request_tok_s", "tpot_ms_p50", "tpot_ms_p99")
+
+
+def _sweep_table():
+    """A real sweep (two splits of 2 GPUs, C=1,2, 4-token outputs), made once."""
+    global _TABLE
+    if "_TABLE" not in globals():
+        from pipesim.explore.sweep import sweep
+
+        _TABLE = sweep(2, [1, 2], model="llama-3.1-8b", input_len=16, output_len=4)
+    return _TABLE.copy()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(
+    undefined=st.lists(st.booleans(), min_size=4, max_size=4),
+    suffix=st.sampled_from([".csv", ".parquet"]),
+    objective=st.sampled_from(
+        ["throughput", "throughput-per-gpu", "max-load", "per-request", "ttft", "fewest-gpus"]
+    ),
+    constraints=st.dictionaries(
+        st.sampled_from(
+            [
+                "min_per_request_tok_s",
+                "max_ttft_p50_ms",
+                "max_ttft_p99_ms",
+                "max_tpot_p50_ms",
+                "max_tpot_p99_ms",
+            ]
+        ),
+        st.sampled_from([0.0, 1.0, 50.0, 1e4]),
+        max_size=2,
+    ),
+)
+def test_fuzz_undefined_figures_read_back(undefined, suffix, objective, constraints, tmp_path_factory):
+    """A sweep table whose rows drawn at random have no per-request speed or TPOT (as a
+    run of one-token outputs writes them: docs/search.md §5), written as CSV or Parquet:
+    read back with the same cells; search by any objective and bounds gives a result or
+    one UserError (never another error), and a point without a figure never wins by it or
+    meets a bound on it; the trade-off figures draw."""
+    import numpy as np
+
+    from pipesim.base.errors import UserError
+    from pipesim.base.files import read_table, write_table
+    from pipesim.explore import plot
+    from pipesim.explore.objectives import CONSTRAINTS
+    from pipesim.explore.search import search
+
+    df = _sweep_table()
+    gone = np.array(undefined)
+    for col in _UNDEFINED_COLS:
+        for c in (col, f"{col}_lo", f"{col}_hi"):
+            if c in df.columns:
+                df.loc[gone, c] = np.nan
+    out = tmp_path_factory.mktemp("undef") / f"t{suffix}"
+    write_table(df, out)
+    back = read_table(out)
+    assert back.per_request_tok_s.isna().tolist() == undefined
+    try:
+        result = search(table=back, objective=objective, **constraints)
+    except UserError as exc:
+        assert str(exc).strip() and "\n" not in str(exc)
+        result = None
+    if result is not None:
+        w = result.winner
+        assert objective != "per-request" or w.per_request_tok_s == w.per_request_tok_s
+        for k in constraints:
+            col = CONSTRAINTS[k][0]
+            assert w[col] == w[col], (k, w[col])  # an undefined figure meets no bound
+        plot.pareto(result)
+    else:  # refused: only where the objective or a bound names a figure no row has, or none meets them
+        assert constraints or (objective == "per-request" and all(undefined))
+    plot.tradeoff(back)

@@ -74,7 +74,26 @@ def round3_files(t: Path) -> Path:
         (t / f"q-{name}.json").write_text(json.dumps({**TINY, "quantization_config": quant}))
     for name, row in MEASURED.items():
         _copy(t, f"m-{name}", measured="tp,pp,conc,tok_s\n" + row + "\n")
+
+    # 4. what pipesim writes for one-token outputs, read back: a sweep (its per-request
+    # speed and TPOT not defined) and a measured point that asks for a speed at one token
+    one_token_sweep(t / "sw-one.csv")
+    _copy(
+        t,
+        "m-per-req-one",
+        measured="tp,pp,conc,input_len,output_len,metric,tok_s\n8,1,1,16,1,per_request_tok_s,30\n",
+    )
     return t
+
+
+ONE = ["--model", "llama-3.1-8b", "--output-len", "1", "--input-len", "16"]
+
+
+def one_token_sweep(out: Path, *extra: str) -> None:
+    """`pipesim sweep` of one-token outputs (two splits of 2 GPUs, C=1,2) into `out`."""
+    from pipesim.cli import main
+
+    main(["sweep", "--gpus", "2", "--conc", "1,2", "--out", str(out), *ONE, *extra])
 
 
 def _copy(
@@ -313,7 +332,30 @@ TRACEBACK_CASES += [
     (["validate", "--profile", f"{D}/m-toks-inf"], "column tok_s: inf must be a finite number > 0"),
 ]
 
-CASES = FILE_CASES + SILENT_CASES + TRACEBACK_CASES
+_one = ["search", "--from", f"{D}/sw-one.csv"]
+_undefined = "is not defined at any point of the table: no measured request produced a second token"
+UNDEFINED_CASES: list[tuple[list[str], str]] = [
+    (
+        [*_one, "--objective", "per-request"],
+        f"--objective per-request: per-request decode speed {_undefined}",
+    ),
+    (
+        [*_one, "--min-per-request-tok-s", "5"],
+        f"--min-per-request-tok-s: per-request decode speed {_undefined}",
+    ),
+    ([*_one, "--max-tpot-p99-ms", "50"], f"--max-tpot-p99-ms: TPOT p99 {_undefined}"),
+    ([*_one, "--max-tpot-p50-ms", "50", "--across-conditions"], f"--max-tpot-p50-ms: TPOT p50 {_undefined}"),
+    (
+        ["search", "--gpus", "2", "--conc", "1", "--objective", "per-request", *ONE],
+        f"--objective per-request: per-request decode speed {_undefined}",
+    ),
+    (
+        ["validate", "--profile", f"{D}/m-per-req-one"],
+        "line 2: a per-request decode speed at output_len 1 is not defined",
+    ),
+]
+
+CASES = FILE_CASES + SILENT_CASES + TRACEBACK_CASES + UNDEFINED_CASES
 
 
 @pytest.fixture(scope="module")
@@ -337,3 +379,94 @@ def test_every_round3_case_is_documented():
 def test_the_link_targets_are_untouched(folder):
     assert os.readlink(folder / "rs-link.csv.part") == str(folder / "notaprofile.txt")
     assert (folder / "rs-foreign.csv.part").read_text() == "name,size\nmine,1\nhalf,"
+
+
+# ---- 4. every writer's output of one-token outputs read back by every reader -------------
+
+
+def _strict_json(text: str) -> object:
+    """JSON as a strict reader takes it: NaN or Infinity is an error."""
+    import json
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"not JSON: {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _ok(args: list[str], capsys) -> str:
+    from pipesim.cli import main
+
+    main(args)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "error" not in err, err
+    return out
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_a_one_token_sweep_reads_back(suffix, tmp_path, capsys):
+    """A sweep of one-token outputs (no request decodes: per-request speed and TPOT not
+    defined) written as CSV or Parquet is read back by plot, search --from and --resume."""
+    import pandas as pd
+
+    from pipesim.base.files import read_table
+
+    out = tmp_path / f"one{suffix}"
+    one_token_sweep(out)
+    capsys.readouterr()
+    df = read_table(out)
+    assert len(df) == 4 and df.per_request_tok_s.isna().all() and df.tpot_ms_p50.isna().all()
+    assert (df.output_throughput_tok_s > 0).all() and (df.ttft_ms_p50 > 0).all()
+    if suffix == ".csv":  # not defined: an empty cell, never the text 'nan'
+        assert ",nan," not in out.read_text().lower()
+    _ok(["plot", str(out), "--out-dir", str(tmp_path / "fig")], capsys)
+    assert len(list((tmp_path / "fig").iterdir())) == 5
+    text = _ok(["search", "--from", str(out), "--plot", str(tmp_path / "s.png")], capsys)
+    assert "best: " in text and " nan" not in text.lower()
+    text = _ok(["search", "--from", str(out), "--objective", "ttft", "--max-ttft-p99-ms", "1000"], capsys)
+    assert "best: " in text
+    one_token_sweep(out, "--resume")
+    _, err = capsys.readouterr()
+    assert "(4 kept from the file, 0 run)" in err or "(4 kept from the file, 0 run)" in _
+    back = read_table(out)
+    pd.testing.assert_frame_equal(back.drop(columns="sim_wall_s"), df.drop(columns="sim_wall_s"))
+
+
+def test_one_token_json_outputs_are_strict_json(tmp_path, capsys):
+    """Every JSON pipesim writes of one-token outputs is strict JSON, the figures that are
+    not defined null: predict --json, --sensitivity --json, a trace, validate --json."""
+    one = [*ONE, "--conc", "2", "--tp", "1", "--pp", "1"]
+    r = _strict_json(_ok(["predict", *one, "--json"], capsys))
+    assert r["per_request_tok_s"] is None and r["tpot_ms_p50"] is None and r["output_throughput_tok_s"] > 0
+    s = _strict_json(_ok(["predict", *one, "--sensitivity", "--json"], capsys))
+    assert all(i["swing_pct"]["per_request_tok_s"] is None for i in s["items"])
+    assert any(i["swing_pct"]["output_throughput_tok_s"] for i in s["items"])
+    _ok(["trace", "--out", str(tmp_path / "t.json"), *one], capsys)
+    t = _strict_json((tmp_path / "t.json").read_text())
+    assert t["traceEvents"] and t["otherData"]["output_throughput_tok_s"] > 0
+
+
+def test_a_one_token_benchmark_imports_into_a_profile_that_loads(tmp_path, capsys):
+    """SGLang bench_serving of one-token outputs (median TPOT written as 0: no request
+    decoded) imports; the profile it writes loads and validates, its TPOT not defined."""
+    import json
+
+    from pipesim.profiles.profile import load_profile
+
+    bench = tmp_path / "bench.jsonl"
+    run = {"output_throughput": 50.0, "max_concurrency": 2, "completed": 10}
+    run |= {
+        "total_input_tokens": 160,
+        "total_output_tokens": 10,
+        "median_ttft_ms": 40.0,
+        "median_tpot_ms": 0.0,
+    }
+    bench.write_text(json.dumps(run) + "\n")
+    out = tmp_path / "prof"
+    args = ["calibrate", "import", "bench", str(bench), "--profile", P, "--format", "sglang"]
+    _ok([*args, "--tp", "1", "--pp", "8", "--out", str(out), "--model", "llama-3.1-8b"], capsys)
+    point = [p for p in load_profile(out).measured if p.source.endswith("bench.jsonl")]
+    assert len(point) == 1 and point[0].output_len == 1 and point[0].tpot_ms is None
+    v = _strict_json(_ok(["validate", "--profile", str(out), "--json"], capsys))
+    mine = [p for p in v["points"] if p["source"].endswith("bench.jsonl")]
+    assert len(mine) == 1 and mine[0]["predicted"] > 0 and mine[0]["metric"] == "output_tok_s"

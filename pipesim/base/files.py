@@ -8,9 +8,11 @@ command line and the trace writer do) stays light.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import UserError, require
 from .writes import check_target, write_atomic
@@ -30,6 +32,11 @@ INTERVAL_COLUMNS = (
     "tpot_ms_p50",
     "tpot_ms_p99",
 )
+# a figure that is not defined for some rows, written as an empty cell (docs/search.md §5):
+# a run whose measured requests each produced one token has no decode, so no per-request
+# decode speed (its TPOT columns, NUMBER_TABLE_COLUMNS, are empty too). Every reader takes
+# the empty cell as "not defined"; inf or text is still refused.
+UNDEFINED_OK = ("per_request_tok_s",)
 # other number columns of a sweep table (sweep.run_point) that search and plot read; NaN is
 # allowed there (a TPOT of one-token requests), text is not
 NUMBER_TABLE_COLUMNS = (
@@ -77,6 +84,26 @@ TEXT_TABLE_COLUMNS = (
     "cap_reason",
     "sweep_options",
 )
+
+
+def jsonable(v: object) -> object:
+    """`v` as strict JSON holds it: a figure that is not defined (NaN) or not finite is
+    null, numpy scalars their Python values, tuples lists, keys text."""
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if type(v).__module__ == "numpy" and hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def json_text(v: object, **kwargs: Any) -> str:
+    """Every JSON pipesim writes (--json outputs, traces): strict JSON (no NaN or
+    Infinity, which most readers refuse), a figure that is not defined as null."""
+    return json.dumps(jsonable(v), allow_nan=False, **kwargs)
 
 
 def csv_kwargs() -> dict:
@@ -155,7 +182,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
 
 def check_table(df: pd.DataFrame, p: Path, allow_empty: bool = False) -> pd.DataFrame:
     """A sweep table read from `p`: its key and ranked columns present, every number cell a
-    number (the ranked ones finite); number columns made numeric."""
+    number (the ranked ones finite, or empty where not defined: UNDEFINED_OK); number
+    columns made numeric."""
     import numpy as np
     import pandas as pd
 
@@ -170,7 +198,7 @@ def check_table(df: pd.DataFrame, p: Path, allow_empty: bool = False) -> pd.Data
         values = pd.to_numeric(df[col], errors="coerce")
         bad = values.isna() & df[col].notna()
         if col in TABLE_COLUMNS and not bad.any():
-            bad = ~np.isfinite(values)
+            bad = ~np.isfinite(values) & ~(values.isna() if col in UNDEFINED_OK else False)
             what = "is not a finite number"
         else:
             what = "is not a number"

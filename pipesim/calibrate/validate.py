@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..base.errors import require
+from ..base.files import json_text
 from ..profiles.profile import Profile
 from .fit import predict_point
 
@@ -85,7 +85,7 @@ class Validation:
         return table(self.points, self.profile, self.max_error_pct)
 
     def to_json(self) -> str:
-        return json.dumps(
+        return json_text(
             {
                 "profile": self.profile.name,
                 "mape_pct": mape(self.points),

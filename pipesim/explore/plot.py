@@ -96,7 +96,9 @@ def tradeoff(df: pd.DataFrame) -> Figure:
         labels += [
             (r.output_throughput_tok_s, r.per_request_tok_s, str(r.conc), line.get_color())
             for r in part.itertuples()
+            if r.per_request_tok_s == r.per_request_tok_s
         ]
+    _undefined_speed(ax, df)
     ax.set_xlabel("output throughput (tok/s, whole engine)")
     ax.set_ylabel("per-request decode speed (tok/s)")
     ax.set_xlim(left=0)
@@ -108,6 +110,24 @@ def tradeoff(df: pd.DataFrame) -> Figure:
         f"Per-request speed vs total throughput (point labels: concurrency C)\n{_subtitle(df)}", fontsize=10
     )
     return fig
+
+
+def _undefined_speed(ax, df: pd.DataFrame) -> None:
+    """Say on `ax` how many points have no per-request speed to place them by (one-token
+    outputs: no request decodes; files.UNDEFINED_OK): they are not drawn."""
+    missing = int(df.per_request_tok_s.isna().sum())
+    if missing:
+        ax.text(
+            0.5,
+            0.5,
+            f"{missing} of {len(df)} points not drawn: per-request decode speed not defined\n"
+            "(no measured request produced a second token)",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="dimgrey",
+        )
 
 
 def pareto_frontier(x: Sequence[float], y: Sequence[float]) -> list[int]:
@@ -171,7 +191,8 @@ def _pareto_axes(ax, result: Search) -> None:
             s=28,
             zorder=3,
         )
-    ok = df[df.qualifies].reset_index(drop=True)
+    _undefined_speed(ax, df)
+    ok = df[df.qualifies & df.per_request_tok_s.notna()].reset_index(drop=True)
     if len(ok):
         front = ok.iloc[pareto_frontier(ok.output_throughput_tok_s.tolist(), ok.per_request_tok_s.tolist())]
         ax.plot(

@@ -444,6 +444,7 @@ def _table(df: pd.DataFrame) -> list[str]:
             mark = "*" if best.get((g, c)) == sp.split else " "
             if lc == "rate_rps" and bool(r.get("overloaded", False)):
                 mark = "!" + mark.strip()
-            row += f"{mark + f'{r.output_throughput_tok_s:,.1f} ({r.per_request_tok_s:,.1f})':>{width}}"
+            speed = "-" if r.per_request_tok_s != r.per_request_tok_s else f"{r.per_request_tok_s:,.1f}"
+            row += f"{mark + f'{r.output_throughput_tok_s:,.1f} ({speed})':>{width}}"
         lines.append(row)
     return lines

@@ -160,6 +160,12 @@ def read_points(
             metric in METRICS,
             f"{origin}: line {line}, column metric: '{metric}' is not one of {', '.join(METRICS)}",
         )
+        out_len = num("output_len", int) or 300
+        require(
+            not (metric == "per_request_tok_s" and out_len == 1),
+            f"{origin}: line {line}: a per-request decode speed at output_len 1 is not defined "
+            "(a one-token output has no decode); give output_tok_s or a longer output",
+        )
         knobs = []
         for k in KNOBS:
             text = str(row.get(k, "")).strip()
@@ -182,7 +188,7 @@ def read_points(
                 pp=num("pp", int, True),
                 conc=num("conc", int, True),
                 input_len=num("input_len", int) or 256,
-                output_len=num("output_len", int) or 300,
+                output_len=out_len,
                 metric=metric,
                 lo=lo,
                 hi=hi,

@@ -28,6 +28,14 @@ NOT_COSTS = ("moe_distribution", "custom_allreduce_max_gpus")
 LENGTH_SPREAD = 0.5  # a fixed length N against uniform [N/2, 3N/2] (same mean)
 
 
+def _num(v: float) -> str:
+    return "-" if v != v else f"{v:,.1f}"
+
+
+def _pct(v: float) -> str:
+    return f"{'-':>7s}" if v != v else f"{v:+6.1f}%"
+
+
 @dataclass(frozen=True)
 class Item:
     """One bar of the tornado."""
@@ -44,7 +52,7 @@ class Item:
         """(high - low) / baseline of a metric, in %: its share of the tornado."""
         lo = (self.low or base)[metric]
         hi = (self.high or base)[metric]
-        return (hi - lo) / base[metric] * 100 if base[metric] else 0.0
+        return (hi - lo) / base[metric] * 100 if base[metric] else 0.0  # NaN: not defined
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,8 @@ class Sensitivity:
                 f"each item -+{self.step:.0%} alone"
             ),
             (
-                f"  baseline: {b['output_throughput_tok_s']:,.1f} tok/s, per-request {b['per_request_tok_s']:,.1f} tok/s, "
-                f"TTFT p50 {b['ttft_ms_p50']:,.1f} ms, TPOT p50 {b['tpot_ms_p50']:,.1f} ms"
+                f"  baseline: {b['output_throughput_tok_s']:,.1f} tok/s, per-request {_num(b['per_request_tok_s'])} tok/s, "
+                f"TTFT p50 {b['ttft_ms_p50']:,.1f} ms, TPOT p50 {_num(b['tpot_ms_p50'])} ms"
             ),
             (
                 f"  {'item':28s} {'low -> high':>22s} {'throughput low/high':>22s} {'swing':>7s} "
@@ -76,10 +84,12 @@ class Sensitivity:
             hi = "-" if it.high is None else f"{it.high['output_throughput_tok_s']:,.0f}"
             lines.append(
                 f"  {it.name:28s} {it.low_label + ' -> ' + it.high_label:>22s} {lo + ' / ' + hi:>22s} "
-                f"{it.swing(b):+6.1f}% {it.swing(b, 'per_request_tok_s'):+6.1f}% "
-                f"{it.swing(b, 'ttft_ms_p50'):+6.1f}% {it.swing(b, 'tpot_ms_p50'):+6.1f}%"
+                + " ".join(_pct(it.swing(b, m)) for m in METRICS)
             )
-        lines.append("  swing: (high - low) / baseline; '-' : not moved that way")
+        lines.append(
+            "  swing: (high - low) / baseline; '-' : not moved that way, or a figure not defined "
+            "(per-request speed and TPOT when no request produced a second token)"
+        )
         notes = [f"  {it.name}: {it.note}" for it in self.items if it.note]
         return "\n".join(lines + notes)
 

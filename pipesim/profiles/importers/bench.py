@@ -77,7 +77,11 @@ def _rows_from_json(objs: list[dict], origin: str, tp: int, pp: int, extra: dict
                 "tok_s_lo": "",
                 "tok_s_hi": "",
                 "ttft_ms": _blank(o.get("median_ttft_ms")),
-                "tpot_ms": _blank(o.get("median_tpot_ms")),
+                # the benchmarks write a TPOT of 0 where no request decoded (one-token
+                # outputs: no interval between tokens); it is not defined, left blank
+                "tpot_ms": ""
+                if out_len == 1 and not o.get("median_tpot_ms")
+                else _blank(o.get("median_tpot_ms")),
                 "source": extra.get("source", origin),
             }
         )
