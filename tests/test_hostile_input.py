@@ -448,7 +448,7 @@ CASES += [
     (["predict", "--trace", f"{D}/trace-header.csv", *FAST[:2]], "has no requests"),
     (["predict", "--trace", f"{D}/trace-empty.csv", *FAST[:2]], "cannot read as CSV"),
     (["predict", "--trace", f"{D}/trace-binary.csv", *FAST[:2]], "cannot read as CSV"),
-    (["predict", "--trace", f"{D}/trace-long.csv", *FAST[:2]], "rows, above the limit of 1000000"),
+    (["predict", "--trace", f"{D}/trace-long.csv", *FAST[:2]], "rows, above the limit of 1,000,000"),
     (["predict", "--trace", f"{D}/trace-work.csv", *FAST[:2]], "above the limit of"),
     (
         ["predict", "--trace", f"{D}/trace-ok.csv", "--num-requests", "5", *FAST[:2]],

@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_hostile_input import DOC, TINY, P, hostile_files, refused
 
 D = "{t}"
@@ -83,7 +85,35 @@ def round3_files(t: Path) -> Path:
         "m-per-req-one",
         measured="tp,pp,conc,input_len,output_len,metric,tok_s\n8,1,1,16,1,per_request_tok_s,30\n",
     )
+
+    # 5. unbounded memory or work: a table that inflates past its bounds, switch levels
+    # without end, measured points that need days of simulation
+    import gzip
+
+    with gzip.open(t / "bomb-rows.csv.gz", "wb", compresslevel=1) as fh:  # 13 MB in 30 kB
+        fh.write(b"dtype,m,n,k,latency_ms\n" + b"bf16,1,1,1,1\n" * 1_000_001)
+    _copy(t, "t-bomb-rows")
+    (t / "t-bomb-rows" / "gemm.csv.gz").write_bytes((t / "bomb-rows.csv.gz").read_bytes())
+    (t / "bomb-rows.csv.gz").unlink()
+    (t / "box-deep3000.toml").write_text(deep_box(3000))
+    head = "model,tp,pp,conc,input_len,output_len,tok_s\n"
+    _copy(t, "m-work", measured=head + "llama-3.1-8b,1,1,1,16,29000,30\n" * 210)
+    _copy(t, "m-fit", measured=head + "llama-3.1-8b,1,1,1,16,2000,30\n" * 20)
+    _copy(t, "m-rows", measured="tp,pp,conc,tok_s\n" + "8,1,1,30\n" * 1001)
     return t
+
+
+def deep_box(levels: int) -> str:
+    """A two-GPU box whose GPUs hang `levels` switch levels below the top of its tree."""
+    links = ['{ child = "gpu0", parent = "s0", bw_gb_s = 100, latency_us = 1 }']
+    links += ['{ child = "gpu1", parent = "s0", bw_gb_s = 100, latency_us = 1 }']
+    links += [
+        f'{{ child = "s{i}", parent = "s{i + 1}", bw_gb_s = 100, latency_us = 1 }}' for i in range(levels)
+    ]
+    return (
+        'name = "deep"\n[gpu]\nname = "g"\ncount = 2\nmemory_bytes = 8e10\nmem_bw_bytes_s = 2e12\n'
+        "flops_bf16 = 4e14\n[topology]\nlinks = [\n" + ",\n".join(links) + "\n]\n"
+    )
 
 
 ONE = ["--model", "llama-3.1-8b", "--output-len", "1", "--input-len", "16"]
@@ -355,7 +385,48 @@ UNDEFINED_CASES: list[tuple[list[str], str]] = [
     ),
 ]
 
-CASES = FILE_CASES + SILENT_CASES + TRACEBACK_CASES + UNDEFINED_CASES
+_fast = ["--model", "llama-3.1-8b", "--input-len", "16", "--output-len", "8"]
+WORK_CASES: list[tuple[list[str], str]] = [
+    (
+        ["predict", "--profile", f"{D}/t-bomb-rows", "--conc", "1", *_fast],
+        "gemm.csv.gz: more than 1,000,000 rows, above the limit of 1,000,000; stopped reading there",
+    ),
+    (
+        ["validate", "--profile", f"{D}/t-bomb-rows"],
+        "gemm.csv.gz: more than 1,000,000 rows, above the limit of 1,000,000; stopped reading there",
+    ),
+    (
+        ["predict", "--box", f"{D}/box-deep3000.toml", "--tp", "2", "--conc", "1", *_fast],
+        "is 3001 links below the top of the tree, above the limit of 64",
+    ),
+    (
+        ["predict", "--rate", "1000", "--num-requests", "1000000", *_fast],
+        "this prediction runs 5 simulations needing about 875,000 decode batch steps together (the run: "
+        "1 x 125,000; the interval's ensemble: 4 x 187,500), above the limit of 500,000",
+    ),
+    (
+        ["predict", "--rate", "1000", "--num-requests", "300000", "--sensitivity", *_fast],
+        "this sensitivity runs",
+    ),
+    (
+        ["predict", "--conc", "1", "--ensemble", "--model", "llama-3.1-8b", "--input-len", "16"]
+        + ["--output-len", "20000"],
+        "this prediction runs 5 simulations needing about 2,380,000 decode batch steps together (the run: "
+        "1 x 340,000; the interval's ensemble: 4 x 510,000)",
+    ),
+    (["validate", "--profile", f"{D}/m-work"], "validate runs 210 simulations needing about"),
+    (
+        ["validate", "--profile", f"{D}/m-rows"],
+        "measured.csv: more than 1,000 rows, above the limit of 1,000",
+    ),
+    (["diagnose", "--profile", f"{D}/m-fit"], "diagnose runs"),
+    (
+        ["calibrate", "fit", "--profile", f"{D}/m-fit", "--params", "cpu_iteration_ms", "--out", f"{D}/o14"],
+        "fitting 1 parameter(s) runs",
+    ),
+]
+
+CASES = FILE_CASES + SILENT_CASES + TRACEBACK_CASES + UNDEFINED_CASES + WORK_CASES
 
 
 @pytest.fixture(scope="module")
@@ -470,3 +541,137 @@ def test_a_one_token_benchmark_imports_into_a_profile_that_loads(tmp_path, capsy
     v = _strict_json(_ok(["validate", "--profile", str(out), "--json"], capsys))
     mine = [p for p in v["points"] if p["source"].endswith("bench.jsonl")]
     assert len(mine) == 1 and mine[0]["predicted"] > 0 and mine[0]["metric"] == "output_tok_s"
+
+
+# ---- 5. bounds on memory and work, counted as a file streams in and before any run -------
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(
+    lines=st.integers(0, 60),
+    width=st.integers(0, 3000),
+    max_rows=st.integers(1, 50),
+    max_kib=st.integers(1, 64),
+    packed=st.booleans(),
+)
+def test_a_bounded_read_stops_at_its_bound(lines, width, max_rows, max_kib, packed):
+    """read_bounded returns the whole content when it is within both bounds, and is one
+    UserError naming the file otherwise, having inflated no more than one chunk past the
+    bound (the stream it reads is counted: a gzip bomb is never inflated whole)."""
+    import gzip
+    import io
+
+    from pipesim.base.checks import read_bounded
+    from pipesim.base.errors import UserError
+
+    content = b"h\n" + (b"x" * width + b"\n") * lines
+    raw = gzip.compress(content, compresslevel=1) if packed else content
+    served = [0]
+
+    class Counted(io.BytesIO):
+        def read(self, n=-1):
+            got = super().read(n)
+            served[0] += len(got)
+            return got
+
+    origin = "t.csv.gz" if packed else "t.csv"
+    within = len(content) <= max_kib * 1024 and content.count(b"\n") <= max_rows + 1
+    try:
+        got = read_bounded(Counted(raw), origin, max_kib * 1024, max_rows)
+    except UserError as exc:
+        assert not within and str(exc).startswith(origin) and "\n" not in str(exc)
+    else:
+        assert within and got == content
+    assert served[0] <= len(raw)  # read no further than the file (and stopped at the bound)
+
+
+def test_a_gzip_bomb_is_refused_within_its_bound(tmp_path):
+    """A 2 GB table in a few MB of gzip: refused having inflated at most the bound and one
+    chunk (counted on the decompressed stream; no timer, no RSS)."""
+    import gzip
+
+    from pipesim.base import checks
+    from pipesim.base.errors import UserError
+
+    bomb = tmp_path / "gemm.csv.gz"
+    member = gzip.compress(b"0" * (1 << 24), compresslevel=9)  # 16 MiB of one line in 16 kB
+    bomb.write_bytes(member * 128)  # 128 gzip members: 2 GiB in 2 MB
+    assert bomb.stat().st_size < 4 * 2**20
+    inflated = [0]
+    real = gzip.GzipFile.read
+
+    def counted(self, n=-1):
+        got = real(self, n)
+        inflated[0] += len(got)
+        return got
+
+    gzip.GzipFile.read = counted  # type: ignore[method-assign]
+    try:
+        with pytest.raises(UserError, match="more than 128 MiB once decompressed"):
+            checks.read_bounded(bomb, str(bomb), checks.MAX_TABLE_BYTES, checks.MAX_TABLE_ROWS)
+    finally:
+        gzip.GzipFile.read = real  # type: ignore[method-assign]
+    assert inflated[0] <= checks.MAX_TABLE_BYTES + (1 << 20)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(
+    depth=st.integers(1, 80),
+    split=st.integers(0, 80),
+    extra=st.lists(st.integers(0, 79), max_size=6),
+)
+def test_box_paths_are_the_tree_paths(depth, split, extra):
+    """A box whose two GPUs hang from two chains meeting `split` levels up (side branches
+    besides): the path between them crosses each chain up to the meeting node and down the
+    other, in order; a tree deeper than MAX_BOX_DEPTH is refused by name."""
+    from pipesim.base.checks import MAX_BOX_DEPTH
+    from pipesim.base.errors import UserError
+    from pipesim.inputs.box import box_from_dict
+
+    split = min(split, depth)
+    chain = [f"s{i}" for i in range(depth)]
+    a = ["gpu0"] + [f"a{i}" for i in range(split)]
+    b = ["gpu1"] + [f"b{i}" for i in range(split)]
+    links = [(x, y) for x, y in zip(a, a[1:] + [chain[split - 1] if split else chain[0]])]
+    links += [(x, y) for x, y in zip(b, b[1:] + [chain[split - 1] if split else chain[0]])]
+    links += list(zip(chain, chain[1:]))
+    links += [(f"side{k}", chain[min(i, depth - 1)]) for k, i in enumerate(extra)]
+    box = {
+        "name": "t",
+        "gpu": {"name": "g", "count": 2, "memory_bytes": 8e10, "mem_bw_bytes_s": 2e12, "flops_bf16": 4e14},
+        "topology": {"links": [{"child": c, "parent": p, "bw_gb_s": 10, "latency_us": 1} for c, p in links]},
+    }
+    parent = dict(links)
+
+    def below_top(n: str) -> int:
+        return 0 if n not in parent else 1 + below_top(parent[n])
+
+    deepest = max(below_top(n) for n in parent)
+    try:
+        bx = box_from_dict(box)
+    except UserError as exc:
+        assert "above the limit of" in str(exc) and deepest > MAX_BOX_DEPTH
+        return
+    assert deepest <= MAX_BOX_DEPTH
+    meet = chain[split - 1] if split else chain[0]
+    up = list(zip(a, a[1:] + [meet]))
+    down = [(p, c) for c, p in reversed(list(zip(b, b[1:] + [meet])))]
+    assert list(bx.path(0, 1)) == up + down
+    assert bx.p2p_time_s(0, 1, 1e6) > 0
+
+
+def test_a_box_at_the_depth_bound_answers(tmp_path, capsys):
+    """60 switch levels (under MAX_BOX_DEPTH): a prediction over them runs."""
+    (tmp_path / "deep.toml").write_text(deep_box(60))
+    args = [
+        "predict",
+        "--box",
+        str(tmp_path / "deep.toml"),
+        "--tp",
+        "2",
+        "--conc",
+        "1",
+        *_fast,
+        "--no-intervals",
+    ]
+    assert "output throughput" in _ok(args, capsys)

@@ -7,13 +7,14 @@ listed in docs/bad-input.md with the way round it.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import IO, Any, TypeGuard
 
 from .errors import UserError, require
 
@@ -37,6 +38,21 @@ MAX_SWEEP_SCENARIOS = 100_000
 MAX_SWEEP_BATCH_STEPS = 200 * MAX_BATCH_STEPS
 MAX_SIM_S = 1e6  # simulated-time horizon: a run stops here whatever its state
 MAX_JSON_DEPTH = 200  # nesting of a JSON or TOML file
+# what a file read may hold, counted while it streams in (read_bounded: a file past a bound
+# is refused when the bound is crossed, before the rest is read or inflated): a measured
+# table 1,000,000 rows and 128 MiB decompressed (14x and 64x the largest shipped, 71,485
+# rows in 2 MB), a trace MAX_TRACE_ROWS rows and 128 MiB, a sweep table MAX_SWEEP_SCENARIOS
+# rows and 256 MiB, any other text file (configs, box files, benchmark outputs, measured
+# points) 64 MiB
+MAX_TABLE_ROWS = 1_000_000
+MAX_TABLE_BYTES = 128 * 2**20
+MAX_TRACE_BYTES = 128 * 2**20
+MAX_SWEEP_TABLE_BYTES = 256 * 2**20
+MAX_TEXT_BYTES = 64 * 2**20
+# a profile's measured points (measured.csv): validate runs one simulation each, fit and
+# diagnose many; their work is also counted (scenario/work.py)
+MAX_MEASURED_POINTS = 1_000
+MAX_BOX_DEPTH = 64  # links from a box's deepest node to the top of its tree (real boxes: under 10)
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -160,10 +176,53 @@ class Fields:
         return None if v is None else Fields.of(v, f"{self.where}.{key}")
 
 
-def read_text(path: str | Path, what: str) -> str:
-    """A text file's content; binary bytes become one line."""
+def read_bounded(
+    source: str | Path | IO[bytes] | IO[str], origin: str, max_bytes: int, max_rows: int | None = None
+) -> bytes:
+    """A file's bytes (gunzipped when `origin` ends in .gz), read in chunks and counted as
+    they come: past `max_bytes` (after decompression) or `max_rows` lines after the first
+    (a header), one line naming the file and the bound, before the rest is read or
+    inflated; so a small gzip that inflates to gigabytes, or a huge trace, never takes more
+    memory than its bound. (A quoted field with a line break counts as two lines: an
+    over-count, never an under-count.) A gzip stream that is not one raises OSError or
+    EOFError, for the caller to name. `source`: a path, or an open file (bytes or text)."""
+    if isinstance(source, (str, Path)):
+        try:
+            with open(source, "rb") as fh:
+                return read_bounded(fh, origin, max_bytes, max_rows)
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+            raise UserError(f"{origin}: cannot read ({exc.strerror or exc})") from None
+    stream: Any = gzip.GzipFile(fileobj=source) if origin.endswith(".gz") else source  # type: ignore[arg-type]
+    parts: list[bytes] = []
+    size = lines = 0
+    while True:
+        got: bytes | str = stream.read(1 << 20)
+        if not got:
+            return b"".join(parts)
+        block = got.encode() if isinstance(got, str) else got  # a text stream (a caller's StringIO)
+        size += len(block)
+        if size > max_bytes:
+            packed = " once decompressed" if origin.endswith(".gz") else ""
+            raise UserError(
+                f"{origin}: more than {max_bytes / 2**20:,.0f} MiB{packed}, above the limit for this "
+                "file; stopped reading there (split it, or give the part that matters)"
+            )
+        if max_rows is not None:
+            lines += block.count(b"\n")
+            if lines > max_rows + 1:
+                raise UserError(
+                    f"{origin}: more than {max_rows:,} rows, above the limit of {max_rows:,}; stopped "
+                    "reading there (split it, or give the part that matters)"
+                )
+        parts.append(block)
+
+
+def read_text(path: str | Path, what: str, max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """A text file's content, read within `max_bytes` (read_bounded); binary bytes become
+    one line."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        text = read_bounded(path, f"{what} {path}", max_bytes).decode("utf-8")
+        return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as Path.read_text
     except UnicodeDecodeError as exc:
         raise UserError(f"{what} {path} is not UTF-8 text (byte {exc.start}); give a text file") from None
 

@@ -8,12 +8,14 @@ command line and the trace writer do) stays light.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .checks import MAX_SWEEP_SCENARIOS, MAX_SWEEP_TABLE_BYTES, read_bounded
 from .errors import UserError, require
 from .writes import check_target, write_atomic
 
@@ -167,14 +169,25 @@ def read_table(path: str | Path) -> pd.DataFrame:
     if p.suffix.lower() == ".parquet":
         check_out_path(p, (".parquet",), "sweep")
         try:
+            import pyarrow.parquet as pq
+
+            rows = pq.ParquetFile(p).metadata.num_rows  # from the footer, before any row is read
+        except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+            raise UserError(f"sweep file '{p}': cannot read as Parquet ({type(exc).__name__})") from None
+        require(
+            rows <= MAX_SWEEP_SCENARIOS,
+            f"sweep file '{p}': {rows:,} rows, above the limit of {MAX_SWEEP_SCENARIOS:,} (a sweep's scenarios)",
+        )
+        try:
             df = pd.read_parquet(p)
         except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
             raise UserError(f"sweep file '{p}': cannot read as Parquet ({type(exc).__name__})") from None
     else:
         require(p.suffix.lower() == ".csv", f"sweep file '{p}' must end in .csv or .parquet")
+        data = read_bounded(p, f"sweep file '{p}'", MAX_SWEEP_TABLE_BYTES, MAX_SWEEP_SCENARIOS)
         try:
             # lengths are specs ("300" or "100:500"), as the sweep wrote them (csv_kwargs)
-            df = pd.read_csv(p, **csv_kwargs())
+            df = pd.read_csv(io.BytesIO(data), **csv_kwargs())
         except Exception as exc:  # pandas raises many types for a malformed file
             raise UserError(f"sweep file '{p}': cannot read as CSV ({type(exc).__name__})") from None
     return check_table(df, p)

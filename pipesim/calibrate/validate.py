@@ -12,7 +12,7 @@ import pandas as pd
 from ..base.errors import require
 from ..base.files import json_text
 from ..profiles.profile import Profile
-from .fit import predict_point
+from .fit import points_work, predict_point
 
 
 def validate(profile: Profile, on_point: Callable[[], object] | None = None) -> pd.DataFrame:
@@ -22,6 +22,10 @@ def validate(profile: Profile, on_point: Callable[[], object] | None = None) -> 
         profile.measured,
         f"profile {profile.name} has no measured points (add some: pipesim calibrate import bench ...)",
     )
+    work, scenarios = points_work(
+        profile, profile.measured, "validate", "validate fewer measured points at a time"
+    )
+    work.add("a run per measured point", scenarios).check()
     rows = []
     for p in profile.measured:
         pred = predict_point(profile, p)

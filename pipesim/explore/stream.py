@@ -26,6 +26,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..base.checks import MAX_SWEEP_SCENARIOS, MAX_SWEEP_TABLE_BYTES, read_bounded
 from ..base.errors import UserError, require
 from ..base.files import check_table, csv_kwargs, read_table
 from ..base.writes import flock, write_atomic
@@ -215,7 +216,7 @@ class PartFile:
         import pandas as pd
 
         with os.fdopen(os.dup(self.fd), "rb") as fh:
-            data = fh.read()
+            data = read_bounded(fh, str(self.part), MAX_SWEEP_TABLE_BYTES, MAX_SWEEP_SCENARIOS)
         self.whole = data.rfind(b"\n") + 1
         require(
             self.whole > 0,

@@ -22,7 +22,16 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..base.checks import MAX_ASYNC_DEPTH, MAX_CONCURRENCY, MAX_CONFIG_SIZE, MAX_GPUS, MAX_RUNNING
+from ..base.checks import (
+    MAX_ASYNC_DEPTH,
+    MAX_CONCURRENCY,
+    MAX_CONFIG_SIZE,
+    MAX_GPUS,
+    MAX_MEASURED_POINTS,
+    MAX_RUNNING,
+    MAX_TEXT_BYTES,
+    read_bounded,
+)
 from ..base.errors import UserError, require
 
 if TYPE_CHECKING:  # read with the csv module: loading a profile needs no pandas
@@ -108,13 +117,23 @@ def read_points(
 ) -> list[Point]:
     """Read measured points; errors name the file, the line and the column."""
     try:
-        text = source.read() if hasattr(source, "read") else open(source, encoding="utf-8").read()
+        if hasattr(source, "read"):
+            text = source.read(MAX_TEXT_BYTES + 1)
+            require(len(text) <= MAX_TEXT_BYTES, f"{origin}: more than {MAX_TEXT_BYTES / 2**20:,.0f} MiB")
+        else:  # rows counted while it streams in (validate and fit run each point)
+            text = read_bounded(source, origin, MAX_TEXT_BYTES, MAX_MEASURED_POINTS)
         if isinstance(text, bytes):
             text = text.decode()
         table = [r for r in csv.reader(text.splitlines()) if r]
+    except UserError:
+        raise
     except Exception as exc:
         raise UserError(f"{origin}: cannot read as CSV ({type(exc).__name__})") from None
     require(len(table) > 0, f"{origin}: cannot read as CSV (EmptyDataError)")
+    require(
+        len(table) - 1 <= MAX_MEASURED_POINTS,
+        f"{origin}: more than {MAX_MEASURED_POINTS:,} rows, above the limit of {MAX_MEASURED_POINTS:,}",
+    )
     header = [h.strip() for h in table[0]]
     missing = [c for c in REQUIRED if c not in header]
     require(not missing, f"{origin}: missing column(s) {', '.join(missing)}; needed: {', '.join(REQUIRED)}")

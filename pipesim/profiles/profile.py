@@ -267,10 +267,7 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
     measured: tuple = ()
     f = folder.joinpath("measured.csv")
     if f.is_file():
-        with f.open("r") as fh:
-            measured = tuple(
-                read_points(fh, str(f), str(meta.get("model", "kimi-k2.6")), str(meta["engine"]))
-            )
+        measured = tuple(read_points(f, str(f), str(meta.get("model", "kimi-k2.6")), str(meta["engine"])))
     return Profile(
         str(meta["name"]),
         box,

@@ -5,7 +5,6 @@ Tables are read into numpy columns; pandas only where a DataFrame is asked for."
 from __future__ import annotations
 
 import csv
-import gzip
 import hashlib
 import io
 import os
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..base.checks import MAX_TABLE_BYTES, MAX_TABLE_ROWS, read_bounded
 from ..base.errors import UserError, require
 from ..base.writes import write_atomic
 from ..inputs.quantization import KERNELS
@@ -340,10 +340,11 @@ def read_columns(source: str | Path | IO, table: str, origin: str) -> dict[str, 
     numbers belong, no NaN, latencies > 0, sizes >= 1. Errors name the file, the row
     and the column. Read with the csv module: a prediction needs no pandas."""
     try:
-        raw = source.read() if hasattr(source, "read") else Path(source).read_bytes()
-        if isinstance(raw, bytes):
-            raw = (gzip.decompress(raw) if origin.endswith(".gz") else raw).decode()
+        # counted while it streams in: a gzip that inflates past the bound stops there
+        raw = read_bounded(source, origin, MAX_TABLE_BYTES, MAX_TABLE_ROWS).decode()
         rows = list(csv.reader(io.StringIO(raw)))
+    except UserError:
+        raise
     except Exception as exc:  # a malformed file fails in many ways
         raise UserError(
             f"{origin}: cannot read as CSV ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"

@@ -17,8 +17,11 @@ from typing import TYPE_CHECKING
 
 from ..base.errors import require
 from ..profiles.profile import FITTABLE
+from ..scenario.work import Work
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..scenario.build import Scenario
 
 METRICS = ("output_throughput_tok_s", "per_request_tok_s", "ttft_ms_p50", "tpot_ms_p50")
@@ -125,7 +128,7 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
-def _param_items(scenario, step: float) -> list[Item]:
+def _param_items(scenario, step: float, measure: Callable[[Scenario], dict]) -> list[Item]:
     prof = scenario.profile
     items = []
     for f in fields(prof.params):
@@ -134,7 +137,7 @@ def _param_items(scenario, step: float) -> list[Item]:
         v = float(getattr(prof.params, f.name))
         if v == 0:
             unit = FITTABLE.get(f.name, (0, 0, 1.0))[2]
-            hi = _metrics(replace(scenario, profile=prof.with_params(**{f.name: unit})))
+            hi = measure(replace(scenario, profile=prof.with_params(**{f.name: unit})))
             items.append(
                 Item(
                     f.name,
@@ -147,8 +150,8 @@ def _param_items(scenario, step: float) -> list[Item]:
                 )
             )
             continue
-        lo = _metrics(replace(scenario, profile=prof.with_params(**{f.name: v * (1 - step)})))
-        hi = _metrics(replace(scenario, profile=prof.with_params(**{f.name: v * (1 + step)})))
+        lo = measure(replace(scenario, profile=prof.with_params(**{f.name: v * (1 - step)})))
+        hi = measure(replace(scenario, profile=prof.with_params(**{f.name: v * (1 + step)})))
         items.append(Item(f.name, "parameter", _fmt(v * (1 - step)), _fmt(v * (1 + step)), lo, hi))
     return items
 
@@ -159,7 +162,7 @@ def _scaled(lengths, f: float):
     return Lengths(max(1, round(lengths.lo * f)), max(1, round(lengths.hi * f)))
 
 
-def _workload_items(scenario, step: float) -> list[Item]:
+def _workload_items(scenario, step: float, measure: Callable[[Scenario], dict]) -> list[Item]:
     from ..inputs.workload import Lengths
 
     w = scenario.workload
@@ -175,8 +178,8 @@ def _workload_items(scenario, step: float) -> list[Item]:
                 "workload",
                 str(lo),
                 str(hi),
-                _metrics(replace(scenario, workload=replace(w, **{name: lo}))),
-                _metrics(replace(scenario, workload=replace(w, **{name: hi}))),
+                measure(replace(scenario, workload=replace(w, **{name: lo}))),
+                measure(replace(scenario, workload=replace(w, **{name: hi}))),
             )
         )
         if cur.lo == cur.hi:
@@ -189,7 +192,7 @@ def _workload_items(scenario, step: float) -> list[Item]:
                     str(cur),
                     str(spread),
                     None,
-                    _metrics(replace(scenario, workload=replace(w, **{name: spread}))),
+                    measure(replace(scenario, workload=replace(w, **{name: spread}))),
                     f"fixed {n} against uniform {spread} (same mean)",
                 )
             )
@@ -200,8 +203,8 @@ def _workload_items(scenario, step: float) -> list[Item]:
                 "workload",
                 _fmt(w.rate_rps * (1 - step)),
                 _fmt(w.rate_rps * (1 + step)),
-                _metrics(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 - step)))),
-                _metrics(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 + step)))),
+                measure(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 - step)))),
+                measure(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 + step)))),
             )
         )
     return items
@@ -210,8 +213,18 @@ def _workload_items(scenario, step: float) -> list[Item]:
 def sensitivity(scenario: Scenario, step: float = DEFAULT_STEP) -> Sensitivity:
     """The tornado of a built scenario (about 2 short runs per item)."""
     require(0 < step < 1, f"sensitivity step must be between 0 and 1 (a fraction, e.g. 0.2), got {step}")
+    # every run it will make, counted before the first (scenario/work.py)
+    planned: list[Scenario] = []
+
+    def plan(sc: Scenario) -> dict:
+        planned.append(sc)
+        return dict.fromkeys(METRICS, 1.0)
+
+    _param_items(scenario, step, plan), _workload_items(scenario, step, plan)
+    work = Work("this sensitivity", "give it a shorter scenario (fewer requests or shorter outputs)")
+    work.add("the base run", scenario).add("a run per item and side", planned).check()
     base = _metrics(scenario)
-    items = _param_items(scenario, step) + _workload_items(scenario, step)
+    items = _param_items(scenario, step, _metrics) + _workload_items(scenario, step, _metrics)
     items.sort(key=lambda i: -abs(i.swing(base)))
     return Sensitivity(base, step, tuple(items), scenario.describe())
 

@@ -105,4 +105,9 @@ class Layout:
         path = folder / f"{stem}.csv.gz"
         if not path.is_file():
             raise UserError(f"missing AIConfigurator table {path}")
-        return pd.read_csv(path)
+        import io
+
+        from ...base.checks import MAX_TABLE_BYTES, MAX_TABLE_ROWS, read_bounded
+
+        data = read_bounded(path, str(path), MAX_TABLE_BYTES, MAX_TABLE_ROWS)
+        return pd.read_csv(io.BytesIO(data))

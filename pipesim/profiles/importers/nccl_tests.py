@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from ...base.checks import MAX_TEXT_BYTES, read_bounded
 from ...base.errors import UserError, require
 
 if TYPE_CHECKING:
@@ -121,7 +122,8 @@ def import_file(
     if gpus is not None:
         gpus = whole(gpus, "--gpus", 1, MAX_GPUS)
     require(Path(file).is_file(), f"nccl-tests output not found: {file}")
-    rows = parse(Path(file).read_text(errors="replace"), str(file), op, gpus)
+    text = read_bounded(file, str(file), MAX_TEXT_BYTES).decode(errors="replace")
+    rows = parse(text, str(file), op, gpus)
 
     def edit(prof: Profile) -> Edit:
         """The rows merged into the table as it is when the profile's lock is held."""
