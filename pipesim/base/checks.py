@@ -176,6 +176,16 @@ class Fields:
         return None if v is None else Fields.of(v, f"{self.where}.{key}")
 
 
+def not_empty(**given: object) -> None:
+    """Each named value given as text is not empty: an empty value is refused, never read
+    as not given (the default in its place)."""
+    for key, v in given.items():
+        require(
+            not (isinstance(v, str) and not v.strip()),
+            f"--{key.replace('_', '-')} is empty; give a value, or leave the flag out for the default",
+        )
+
+
 def read_bounded(
     source: str | Path | IO[bytes] | IO[str], origin: str, max_bytes: int, max_rows: int | None = None
 ) -> bytes:
