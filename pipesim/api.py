@@ -89,7 +89,7 @@ def predict(
     measure_requests: int | None = None,
     max_measure_requests: int | None = None,
     ci_target: float | None = CI_TARGET,
-    intervals: bool = False,
+    intervals: bool = True,
     ensemble: bool = False,
     record: str = "summary",
     **kwargs: Any,

@@ -120,7 +120,7 @@ def test_each_number_compared_once_with_its_error_and_band(chk):
             assert r.lo < r.hi and r.inside == (r.lo <= r.measured <= r.hi)
             # the band is the prediction's, centred where the corpus residuals put it
             c, below, above = U.band_log(
-                r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel)
+                r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel, r.unchecked_rel)
             )
             assert (r.lo, r.hi) == pytest.approx(
                 (r.predicted * math.exp(c - below), r.predicted * math.exp(c + above))

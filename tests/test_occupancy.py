@@ -235,7 +235,14 @@ def test_vllm_positions_agree_with_its_groups_where_they_stay_put():
     """vLLM PP4 with 8 requests arriving at once: one group of 8 stays in flight
     (docs/engines.md §6), launch-sampled (`group_sizes`) or over time alike."""
     r = pipesim.predict(
-        tp=2, pp=4, conc=8, engine="vllm", profile="rtx-pro-6000-vllm", model="llama-3.1-8b", output_len=60
+        tp=2,
+        pp=4,
+        conc=8,
+        engine="vllm",
+        profile="rtx-pro-6000-vllm",
+        model="llama-3.1-8b",
+        output_len=60,
+        intervals=False,
     )
     assert r.occupancy_by_position[0] == pytest.approx(8.0, rel=0.02)
     assert r.occupancy_by_position[1:] == [0.0, 0.0, 0.0]
@@ -244,5 +251,7 @@ def test_vllm_positions_agree_with_its_groups_where_they_stay_put():
 
 
 def test_data_parallel_ranks_have_no_positions():
-    r = pipesim.predict(tp=2, dp=2, dp_attention=True, conc=8, model="qwen3-30b-a3b", output_len=20)
+    r = pipesim.predict(
+        tp=2, dp=2, dp_attention=True, conc=8, model="qwen3-30b-a3b", output_len=20, intervals=False
+    )
     assert r.occupancy_by_position is None and r.empty_share_by_position is None

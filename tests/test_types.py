@@ -38,6 +38,8 @@ CHECKED = (
     "pipesim/measure/sketch.py",
     "pipesim/measure/saturation.py",
     "pipesim/measure/request_tally.py",
+    "pipesim/measure/result_view.py",
+    "pipesim/report/unchecked.py",
 )
 EXCEPT = ("pipesim/inputs/box.py", "pipesim/cli/presets.py")
 

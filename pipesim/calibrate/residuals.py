@@ -69,7 +69,11 @@ def inside(rows: pd.DataFrame, residuals: dict[str, Residuals]) -> np.ndarray:
     out = []
     for r in rows.itertuples():
         c, below, above = band_log(
-            r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel), residuals
+            r.family,
+            r.calibration_rel,
+            r.unmeasured_share,
+            (0.0, r.simulation_rel, getattr(r, "unchecked_rel", 0.0)),  # rows from before it: none
+            residuals,
         )
         out.append(r.predicted * math.exp(c - below) <= r.measured <= r.predicted * math.exp(c + above))
     return np.array(out, dtype=bool)
