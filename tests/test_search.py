@@ -259,8 +259,42 @@ def test_the_answer_shows_an_interval_where_the_table_has_one(serial):
         output_throughput_tok_s_hi=serial.output_throughput_tok_s * 1.2,
     )
     res = search(table=df, objective="throughput")
-    w = res.winner
-    assert f"{w.output_throughput_tok_s:,.1f} [{w.output_throughput_tok_s * 0.9:,.1f}, " in res.text()
+    w, text = res.winner, res.text()
+    lo, hi = w.output_throughput_tok_s * 0.9, w.output_throughput_tok_s * 1.2
+    fmt = "{:,.0f}" if hi >= 100 else "{:,.1f}"
+    assert f"{w.output_throughput_tok_s:,.1f} (likely {fmt.format(lo)}-{fmt.format(hi)}) output tok/s" in text
+    # every ranked split with its band, and whether the winner's margin is inside it
+    assert text.count(f"{lo:,.0f}-{hi:,.0f}") >= 2 and " likely " in text.splitlines()[5]
+    runner = res.ranked.iloc[1].output_throughput_tok_s
+    inside = lo <= runner <= hi
+    assert ("That margin is inside the winner's likely band" in res.why) == inside
+    assert ("The runner-up lies outside the winner's likely band" in res.why) == (not inside)
+    # a band narrow enough that the runner-up falls outside it says so
+    narrow = df.copy()
+    narrow.loc[w.name, "output_throughput_tok_s_lo"] = (w.output_throughput_tok_s + runner) / 2
+    tight = search(table=narrow, objective="throughput")
+    assert tight.winner.name == w.name and "The runner-up lies outside the winner's likely band" in tight.why
+
+
+def test_search_json_is_strict_and_says_what_the_text_says(serial, tmp_path, capsys):
+    import json
+
+    from pipesim.base.files import write_table
+    from pipesim.cli import main
+
+    path = tmp_path / "t.csv"
+    write_table(serial.assign(tpot_ms_p99=float("nan")), path)  # a figure that is not a number
+    main(["search", "--from", str(path), "--json"])
+    out = capsys.readouterr().out
+
+    def refuse(token):
+        raise ValueError(f"{token} is not JSON")
+
+    data = json.loads(out, parse_constant=refuse)
+    res = search(table=serial, objective="throughput")
+    assert data["best"]["split"] == res.winner.split and data["why"] == res.why
+    assert [r["split"] for r in data["ranked"]] == list(res.ranked.split)
+    assert data["best"]["tpot_ms_p99"] is None
 
 
 def test_pareto_frontier_by_hand():

@@ -34,6 +34,7 @@ CHECKED = (
     "pipesim/explore/workers.py",
     "pipesim/explore/stream.py",
     "pipesim/explore/conditions.py",
+    "pipesim/explore/bands.py",
     "pipesim/measure/steady.py",
     "pipesim/measure/sketch.py",
     "pipesim/measure/saturation.py",

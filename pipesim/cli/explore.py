@@ -325,6 +325,9 @@ def sweep(
     is_flag=True,
     help="a table of several boxes, engines or lengths: one best over all of them, not one per condition",
 )
+@click.option(
+    "--json", "as_json", is_flag=True, help="print the answer as one JSON object instead of the text"
+)
 @two_stage_options
 @parallel_grid_options
 @sweep_scenario_options
@@ -350,6 +353,7 @@ def search(
     plot_file: str | None,
     from_file: str | None,
     across_conditions: bool,
+    as_json: bool,
     simulate_all: bool,
     simulate: str,
     running_caps: str | None,
@@ -411,11 +415,17 @@ def search(
         **limits,
         **run,
     )
-    click.echo(result.text())
     if plot_file is not None:
         from ..explore import plot as pl
 
         pl.save(pl.pareto(result), plot_file)
+    if as_json:
+        from ..base.jsonout import dumps
+
+        click.echo(dumps({**result.to_dict(), **({"plot": plot_file} if plot_file else {})}))
+        return
+    click.echo(result.text())
+    if plot_file is not None:
         click.echo(f"wrote {plot_file}")
 
 

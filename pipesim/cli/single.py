@@ -143,14 +143,13 @@ def predict(
         **scenario_keywords(opts),
     )
     if sensitivity:
-        import json
-
+        from ..base.jsonout import dumps
         from ..report.sensitivity import plot
 
         sens = api.sensitivity(scenario, step)
         if plot_file:
             plot(sens, plot_file)
-        click.echo(json.dumps(sens.to_dict(), indent=2) if as_json else sens.table())
+        click.echo(dumps(sens.to_dict()) if as_json else sens.table())
         return
     result = api.run(scenario, intervals=("ensemble" if ensemble else "run") if intervals else None)
     click.echo(report.to_json(result) if as_json else report.table(result))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from ..base.errors import require
 from ..base.files import check_out_path, ensure_dir, write_atomic
@@ -25,6 +26,8 @@ from .plot_parts import _annotate_apart, _conc_axis, _figure, _mark_caps, _split
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from matplotlib.axes import Axes
 
     from .search import Search, Searches
 
@@ -40,29 +43,19 @@ FIGURES = ("throughput", "per_gpu", "tradeoff", "breakdown", "bubble_cause")
 
 
 def throughput(df: pd.DataFrame) -> Figure:
-    """Output tok/s vs concurrency, one line per split (shaded: the 95% CI)."""
+    """Output tok/s vs concurrency, one line per split, each shaded with its likely
+    band (80%, the band `pipesim predict` prints; the run's own CI where the table has
+    no band)."""
     fig = _figure()
     ax = fig.add_subplot()
-    for label, part in _splits(df):
-        (line,) = ax.plot(part.conc, part.output_throughput_tok_s, marker="o", label=label)
-        if "output_throughput_ci_tok_s" in part:
-            ci = part.output_throughput_ci_tok_s.fillna(0)
-            ax.fill_between(
-                part.conc,
-                part.output_throughput_tok_s - ci,
-                part.output_throughput_tok_s + ci,
-                color=line.get_color(),
-                alpha=0.15,
-                linewidth=0,
-            )
+    shaded = _band_lines(ax, df, "output_throughput_tok_s")
     _conc_axis(ax, df.conc)
     ax.set_ylabel("output throughput (tok/s, whole engine)")
-    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    ax.legend(title="split", loc="upper left")
+    ax.legend(title="split", loc="upper left", fontsize=8)
     _mark_caps(ax, df, "output_throughput_tok_s")
     fig.suptitle(
-        f"Output throughput vs concurrency (arrows: where a cap stops more requests running)\n"
+        f"Output throughput vs concurrency\n{shaded}; arrows: a cap stops more requests running\n"
         f"{_subtitle(df)}",
         fontsize=10,
     )
@@ -71,19 +64,52 @@ def throughput(df: pd.DataFrame) -> Figure:
 
 def per_gpu(df: pd.DataFrame) -> Figure:
     """Output tok/s per GPU vs concurrency: what each GPU of a split earns (splits of
-    different GPU counts compare on cost)."""
+    different GPU counts compare on cost), each shaded with its likely band."""
     fig = _figure()
     ax = fig.add_subplot()
-    for label, part in _splits(df):
-        ax.plot(part.conc, part.output_throughput_tok_s / part.gpus, marker="o", label=label)
+    per = df.assign(per_gpu=df.output_throughput_tok_s / df.gpus)
+    if "output_throughput_tok_s_lo" in df.columns:
+        per = per.assign(
+            per_gpu_lo=df.output_throughput_tok_s_lo / df.gpus,
+            per_gpu_hi=df.output_throughput_tok_s_hi / df.gpus,
+        )
+    shaded = _band_lines(ax, per, "per_gpu")
     _conc_axis(ax, df.conc)
     ax.set_ylabel("output tok/s per GPU")
-    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    ax.legend(title="split", loc="upper left")
-    _mark_caps(ax, df.assign(per_gpu=df.output_throughput_tok_s / df.gpus), "per_gpu")
-    fig.suptitle(f"Output throughput per GPU vs concurrency\n{_subtitle(df)}", fontsize=10)
+    ax.legend(title="split", loc="upper left", fontsize=8)
+    _mark_caps(ax, per, "per_gpu")
+    fig.suptitle(f"Output throughput per GPU vs concurrency\n{shaded}\n{_subtitle(df)}", fontsize=10)
     return fig
+
+
+def _band_lines(ax: Axes, df: pd.DataFrame, column: str) -> str:
+    """One line per split of `column` against concurrency, shaded with its likely band
+    (`<column>_lo` / `_hi`), else, for throughput, the run's 95% CI. Bands wider than a
+    factor of two put the y axis on a log scale, where a multiplicative band has the
+    same height at every value and the lines stay apart. Returns what the shading is."""
+    banded = f"{column}_lo" in df.columns and df[f"{column}_lo"].notna().any()
+    for label, part in _splits(df):
+        (line,) = ax.plot(part.conc, part[column], marker="o", label=label, zorder=3)
+        if banded:
+            lo, hi = part[f"{column}_lo"], part[f"{column}_hi"]
+        elif column == "output_throughput_tok_s" and "output_throughput_ci_tok_s" in part:
+            ci = part.output_throughput_ci_tok_s.fillna(0)
+            lo, hi = part[column] - ci, part[column] + ci
+        else:
+            continue
+        ax.fill_between(part.conc, lo, hi, color=line.get_color(), alpha=0.12, linewidth=0)
+    if not banded:
+        ax.set_ylim(bottom=0)
+        return "shaded: the run's 95% CI (the table has no likely band)"
+    ratio = (df[f"{column}_hi"] / df[column]).max()
+    if ratio > 2:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        return f"shaded: likely band (80%, up to x{ratio:.1f} either way: log scale)"
+    ax.set_ylim(bottom=0)
+    return "shaded: likely band (80%)"
 
 
 def tradeoff(df: pd.DataFrame) -> Figure:
@@ -106,9 +132,20 @@ def tradeoff(df: pd.DataFrame) -> Figure:
     ax.legend(title="split", loc="upper right")
     _annotate_apart(ax, labels, fontsize=7)
     fig.suptitle(
-        f"Per-request speed vs total throughput (point labels: concurrency C)\n{_subtitle(df)}", fontsize=10
+        f"Per-request speed vs total throughput (point labels: concurrency C)\n{_band_note(df)}\n{_subtitle(df)}",
+        fontsize=10,
     )
     return fig
+
+
+def _band_note(df: pd.DataFrame) -> str:
+    """What the points' likely bands span, for a figure that draws none (two axes of
+    bands would hide the points): the widest factor on each axis."""
+    cols = ("output_throughput_tok_s", "per_request_tok_s")
+    if not all(f"{c}_hi" in df.columns for c in cols):
+        return "no likely band in the table"
+    x, y = ((df[f"{c}_hi"] / df[c]).max() for c in cols)
+    return f"each point's likely band (80%): up to x{x:.1f} on throughput, x{y:.1f} on per-request speed, either way"
 
 
 def pareto_frontier(x: Sequence[float], y: Sequence[float]) -> list[int]:
@@ -146,7 +183,8 @@ def pareto(result: Search | Searches) -> Figure:
         ", ".join(CONSTRAINTS[k][2].format(v) for k, v in results[0].constraints.items()) or "no constraints"
     )
     fig.suptitle(
-        f"Search trade-off: filled points meet {slo}, hollow ones miss it\n{_subtitle(result.table)}",
+        f"Search trade-off: filled points meet {slo}, hollow ones miss it\n{_band_note(result.table)}\n"
+        f"{_subtitle(result.table)}",
         fontsize=10,
     )
     return fig
