@@ -434,11 +434,16 @@ def search(
 @click.option("--out-dir", default=".", show_default=True, help="folder for the figures")
 @click.option("--format", "fmt", default="png", show_default=True, help="png or svg")
 @click.option("--prefix", default="", help="prefix of the file names")
-def plot(results: str, out_dir: str, fmt: str, prefix: str) -> None:
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="progress bar with ETA on stderr once drawing has taken 2 s [default: on a terminal]",
+)
+def plot(results: str, out_dir: str, fmt: str, prefix: str, progress: bool | None) -> None:
     """Figures of a sweep table: throughput vs concurrency, the trade-off curve, the time breakdown."""
     from ..base.files import ensure_dir, read_table
     from ..explore import plot as pl
 
     ensure_dir(out_dir, "figure")  # before reading: a folder that cannot be made fails first
-    for path in pl.save_all(read_table(results), out_dir, fmt, prefix):
+    for path in pl.save_all(read_table(results), out_dir, fmt, prefix, progress=progress):
         click.echo(f"wrote {path}")

@@ -105,6 +105,11 @@ def scenario_keywords(opts: dict) -> dict:
     type=click.Path(dir_okay=False),
     help="--sensitivity: write the tornado figure here (.png, .pdf, .svg)",
 )
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="progress bar with ETA on stderr once the work has taken 2 s [default: on a terminal]",
+)
 def predict(
     tp: int,
     pp: int,
@@ -119,6 +124,7 @@ def predict(
     sensitivity: bool,
     step: float,
     plot_file: str | None,
+    progress: bool | None,
     **opts: object,
 ) -> None:
     """Predict one scenario (default: Kimi K2.6 with SGLang on 8 x RTX PRO 6000)."""
@@ -151,7 +157,9 @@ def predict(
             plot(sens, plot_file)
         click.echo(dumps(sens.to_dict()) if as_json else sens.table())
         return
-    result = api.run(scenario, intervals=("ensemble" if ensemble else "run") if intervals else None)
+    result = api.run(
+        scenario, intervals=("ensemble" if ensemble else "run") if intervals else None, progress=progress
+    )
     click.echo(report.to_json(result) if as_json else report.table(result))
 
 

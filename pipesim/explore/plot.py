@@ -20,6 +20,7 @@ from matplotlib.ticker import FuncFormatter
 
 from ..base.errors import require
 from ..base.files import check_out_path, ensure_dir, write_atomic
+from ..base.progress import bar
 from .conditions import condition_slug, condition_text, conditions
 from .plot_bubble import bubble_cause
 from .plot_parts import _annotate_apart, _conc_axis, _figure, _mark_caps, _splits, _subtitle
@@ -374,12 +375,20 @@ def save(fig: Figure, path: str | Path) -> Path:
     return write_atomic(out, lambda tmp: fig.savefig(tmp, format=fmt))
 
 
-def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", prefix: str = "") -> list[Path]:
+def save_all(
+    df: pd.DataFrame,
+    out_dir: str | Path = ".",
+    fmt: str = "png",
+    prefix: str = "",
+    progress: bool | None = None,
+) -> list[Path]:
     """The figures of a sweep as OUT_DIR/[PREFIX]NAME.FMT, NAME in FIGURES: throughput,
     per-GPU throughput, the trade-off, the time breakdown, the bubble's cause. A table
     of several conditions (box, engine, lengths: conditions.py) gets a set per condition,
     OUT_DIR/[PREFIX]NAME_CONDITION.FMT (e.g. throughput_engine-vllm.png), each titled
-    with its condition: splits are compared within one. Written all or none."""
+    with its condition: splits are compared within one. Written all or none, with a
+    progress bar over the figures once they have taken two seconds (`progress` None:
+    on a terminal)."""
     require(fmt in ("png", "svg"), f"unknown figure format '{fmt}'; allowed: png, svg")
     require(len(df) > 0, "the sweep table is empty")
     folder = ensure_dir(out_dir, "figure")
@@ -405,13 +414,15 @@ def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", pref
     paths = [check_out_path(folder / file, (".png", ".svg"), "figure") for _, _, file in jobs]
     temps: list[Path] = []
     try:
-        for (name, part, _), path in zip(jobs, paths):
-            fig = makers[name](part)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=folder)
-            os.close(fd)
-            temps.append(Path(tmp))
-            fig.savefig(tmp, format=fmt)
-            os.chmod(tmp, 0o644)
+        with bar(len(jobs), "figures", progress, unit="figure", delay=2.0) as drawn:
+            for (name, part, _), path in zip(jobs, paths):
+                fig = makers[name](part)
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=folder)
+                os.close(fd)
+                temps.append(Path(tmp))
+                fig.savefig(tmp, format=fmt)
+                os.chmod(tmp, 0o644)
+                drawn.update(1)
         for tmp, path in zip(temps, paths):
             os.replace(tmp, path)
     finally:

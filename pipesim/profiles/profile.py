@@ -267,8 +267,12 @@ def write_profile(
     tables: dict[str, pd.DataFrame],
     measured: pd.DataFrame | None = None,
     extra: dict[str, str] | None = None,
+    copied: dict[str, Path] | None = None,
 ) -> Path:
     """Write a profile directory so that a reader sees the old one or the whole new one.
+    `copied` maps table names to table files written before, copied byte for byte with
+    their times (a rewrite that changes no table re-encodes none, and the parsed-table
+    cache, keyed by path, size and time, still holds them).
 
     Everything goes to a sibling `.NAME.new-*` directory; once complete, the old
     profile is renamed to `.NAME.old` and the new one into place, then the old one is
@@ -292,6 +296,9 @@ def write_profile(
             require(name in TABLE_COLUMNS, f"unknown table {name}")
             # mtime=0 keeps rebuilt files byte-identical when their content is
             df.to_csv(tmp / f"{name}.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
+        for name, src in (copied or {}).items():
+            require(name in TABLE_COLUMNS and name not in tables, f"unknown or doubled table {name}")
+            shutil.copy2(src, tmp / f"{name}.csv.gz")
         if measured is not None and len(measured):
             measured.to_csv(tmp / "measured.csv", index=False)
         for name, text in (extra or {}).items():
@@ -359,10 +366,19 @@ def rewrite_profile(
     prof = load_profile(name_or_path)
     if measured is None:
         measured = points_frame(list(prof.measured)) if prof.measured else pd.DataFrame()
+    folder = profile_folder(name_or_path)
+    replaced = tables or {}
+    # the tables kept: copied as files where the folder has them, not decoded and encoded again
+    copied = {
+        t: folder / f"{t}.csv.gz"
+        for t in prof.tables
+        if t not in replaced and (folder / f"{t}.csv.gz").is_file()
+    }
     return write_profile(
         out or name_or_path,
         {**prof.meta, **(meta_update or {})},
-        {**prof.tables, **(tables or {})},
+        {**{t: prof.tables[t] for t in prof.tables if t not in copied}, **replaced},
         measured,
         {**profile_files(name_or_path), **(extra or {})},
+        copied=copied,
     )

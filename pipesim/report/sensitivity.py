@@ -206,7 +206,8 @@ def _workload_items(scenario, step: float) -> list[Item]:
 
 
 def sensitivity(scenario: Scenario, step: float = DEFAULT_STEP) -> Sensitivity:
-    """The tornado of a built scenario (about 2 short runs per item)."""
+    """The tornado of a built scenario (about 2 runs per item, each as long as a
+    prediction's)."""
     require(0 < step < 1, f"sensitivity step must be between 0 and 1 (a fraction, e.g. 0.2), got {step}")
     base = _metrics(scenario)
     items = _param_items(scenario, step) + _workload_items(scenario, step)

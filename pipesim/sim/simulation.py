@@ -64,6 +64,7 @@ class Simulation:
         queued: bool = False,
         record: str = "full",
         ranked: bool | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ):
         if record not in RECORD_MODES:
             raise ValueError(f"record must be one of {', '.join(RECORD_MODES)}, got {record!r}")
@@ -105,6 +106,9 @@ class Simulation:
             load=self.engine_load,
         )
         self.queued = queued
+        # told (requests finished, requests the run expects to need) as requests finish:
+        # a progress bar's (api.py), kept out of the simulation's own state
+        self.on_progress = on_progress
         # the measurement window's start: the warm-up's end (None until then)
         self.window_start_s = None if closed and warmup_requests > 0 else 0.0
         # rows per pipeline stage, or per DP rank
@@ -252,6 +256,8 @@ class Simulation:
                 self._load_warm_s = self._load_s
             if not self.stop.triggered and self.stopping.done(self.completed, self.done):
                 self.stop.succeed()
+        if finished and self.on_progress is not None:
+            self.on_progress(self.completed, self.stopping.expected(self.completed))
         if not self.ranked:
             inst.kv_free += freed_kv
             inst.running -= left
