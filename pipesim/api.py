@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from .base.errors import require
+from .base.errors import UserError, require
 from .measure.metrics import Result
 from .report import sensitivity as tornado
 from .report.uncertainty import WORKLOAD_METHODS, attach
+from .scenario.aliases import canonical
 from .scenario.build import build_scenario
 from .scenario.whatif import check
 from .sim.runner import CI_TARGET
@@ -118,6 +119,21 @@ def run(scenario: Scenario, **kwargs: Unpack[RunKeywords]) -> Result:
     return simulate(scenario, **kwargs)[1]
 
 
+def _named(tp: int, pp: int, conc: int | None, kwargs: dict) -> dict:
+    """build_scenario's keywords from predict's: tp, pp and conc (positional or not),
+    with their aliases in `kwargs` (scenario/aliases.py: the command line's names and
+    the engines', e.g. tensor_parallel_size=8, rate=2) taking a value left at its default."""
+    given = canonical(kwargs)
+    for name, value, default in (("tp", tp, 1), ("pp", pp, 1), ("concurrency", conc, None)):
+        if name in given and value != default and given[name] != value:
+            raise UserError(
+                f"{name} is given twice ({value!r} and {given[name]!r} by another name); give it once"
+            )
+        if name not in given:
+            given[name] = value
+    return given
+
+
 def predict(
     tp: int = 1,
     pp: int = 1,
@@ -143,7 +159,7 @@ def predict(
     are always kept) at memory that grows with them (runner.simulate). `progress`: a bar
     over the simulated requests once a prediction has taken two seconds (None: only on
     a terminal; True: always, a notebook too; False: never)."""
-    scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
+    scenario = build_scenario(**_named(tp, pp, conc, kwargs))
     return run(
         scenario,
         intervals=("ensemble" if ensemble else "run") if intervals else None,
@@ -163,7 +179,7 @@ def trace(tp: int = 1, pp: int = 1, conc: int | None = None, **kwargs: Any) -> t
     from .report.trace import build_trace
 
     run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
-    scenario = build_scenario(tp=tp, pp=pp, concurrency=conc, **kwargs)
+    scenario = build_scenario(**_named(tp, pp, conc, kwargs))
     rec, result = simulate(scenario, record="full", **run_kwargs)
     return build_trace(rec, result), result
 

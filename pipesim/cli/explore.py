@@ -10,10 +10,13 @@ import click
 from ..base.checks import MAX_BATCH_TOKENS, MAX_CONCURRENCY, MAX_RUNNING, MAX_SWEEP_SCENARIOS
 from ..base.errors import require
 from ..explore.screen import MAX_SIMULATE
+from .help import GroupedCommand
 from .options import (
     DEFAULT_CONC_TEXT,
     apply_options,
     list_kwargs,
+    parallel_grid_kwargs,
+    parallel_grid_options,
     parse_floats,
     parse_ints,
     parse_list,
@@ -23,39 +26,6 @@ from .options import (
     scenario_kwargs,
     sweep_scenario_options,
 )
-
-
-def parallel_grid_options(f: Callable) -> Callable:
-    """The DP/EP axes that sweep and search both grid over (docs/parallel.md)."""
-    f = click.option(
-        "--enable-expert-parallel",
-        is_flag=True,
-        help="every split's MoE layers expert-parallel over the GPUs they span (SGLang: ep = tp; vLLM: dp x tp)",
-    )(f)
-    f = click.option(
-        "--enable-dp-attention",
-        is_flag=True,
-        help="SGLang: the dp ranks split each split's tp GPUs (DP attention)",
-    )(f)
-    return click.option(
-        "--dp",
-        "--data-parallel-size",
-        "dp",
-        default="1",
-        show_default=True,
-        metavar="N[,N..]",
-        help="data-parallel sizes to sweep, e.g. 1,2,4: each dp > 1 a split of pp 1 with tp = gpus / dp "
-        "(tp = gpus with --enable-dp-attention)",
-    )(f)
-
-
-def parallel_grid_kwargs(dp: str, enable_dp_attention: bool, enable_expert_parallel: bool) -> dict:
-    """The sweep's keywords for those axes (the flags off: left to the sweep's defaults)."""
-    return {
-        "dp": parse_ints(dp, "--dp"),
-        **({"dp_attention": True} if enable_dp_attention else {}),
-        **({"enable_expert_parallel": True} if enable_expert_parallel else {}),
-    }
 
 
 def load_grid_options(gpus_help: str, conc_help: str, rate_help: str) -> Callable[[Callable], Callable]:
@@ -195,7 +165,7 @@ def two_stage_kwargs(
     )
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @load_grid_options(
     gpus_help="GPU count, or several: 2,4,8 (every tp x pp = count)",
     conc_help=f"concurrencies, comma-separated [default: {DEFAULT_CONC_TEXT}]",
@@ -278,7 +248,7 @@ def sweep(
         click.echo(f"wrote {out}")
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @load_grid_options(
     gpus_help="GPU count, or several: 2,4,8",
     conc_help=f"concurrencies to try [default: {DEFAULT_CONC_TEXT}]",

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import click
 
 from ..base.errors import require
+from .help import GroupedCommand
 from .options import (
     apply_options,
     parallel_kwargs,
@@ -25,6 +26,7 @@ def split_options(tp_help: str, pp_help: str, conc_help: str) -> Callable[[Calla
         options = [
             click.option(
                 "--tp",
+                "-tp",
                 "--tensor-parallel-size",
                 "--tp-size",
                 "tp",
@@ -35,6 +37,7 @@ def split_options(tp_help: str, pp_help: str, conc_help: str) -> Callable[[Calla
             ),
             click.option(
                 "--pp",
+                "-pp",
                 "--pipeline-parallel-size",
                 "--pp-size",
                 "pp",
@@ -56,7 +59,7 @@ def scenario_keywords(opts: dict) -> dict:
     return {**parallel_kwargs(opts), **scenario_kwargs(opts)}
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @split_options(
     tp_help="tensor-parallel size (GPUs per stage)",
     pp_help="pipeline-parallel size (stages)",
@@ -163,7 +166,7 @@ def predict(
     click.echo(report.to_json(result) if as_json else report.table(result))
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @split_options(
     tp_help="tensor-parallel size",
     pp_help="pipeline-parallel size",

@@ -51,6 +51,7 @@ from ..inputs.workload import (
     from_trace,
     poisson,
 )
+from .aliases import with_aliases
 
 if TYPE_CHECKING:  # profiles load pandas: imported where one is loaded, so the CLI starts without it
     from ..engines.protocol import EngineConfig, EngineSettings
@@ -141,6 +142,7 @@ def foreign_reasons(profile: Profile, box: Box, engine: str) -> list[str]:
     return out
 
 
+@with_aliases
 def build_scenario(
     *,
     tp: int = 1,
@@ -177,7 +179,8 @@ def build_scenario(
     """Every input of one prediction, checked and resolved (one UserError line on bad
     input). `knobs`: the engine's knobs by name, each declared on its config field
     (engines/knobs.py; docs/engines.md §7); None or absent: the profile's deployment
-    value, else the engine's default."""
+    value, else the engine's default. The command line's names and the engines' are
+    aliases (aliases.py: rate for rate_rps, tensor_parallel_size for tp, ...)."""
     from .whatif import apply_box, apply_profile, check
 
     tp, pp = whole(tp, "tp", 1, MAX_GPUS), whole(pp, "pp", 1, MAX_GPUS)
