@@ -225,7 +225,10 @@ def test_cli_trace_writes_perfetto_json(tmp_path, capsys):
     [
         (["--out", "/nonexistent-dir/t.json"], "does not exist"),
         (["--out", "trace.txt"], "must end in .json"),
-        (["--tp", "two"], "'--tp' / '-tp' / '--tensor-parallel-size' / '--tp-size': 'two' is not a valid integer"),
+        (
+            ["--tp", "two"],
+            "'--tp' / '-tp' / '--tensor-parallel-size' / '--tp-size': 'two' is not a valid integer",
+        ),
         (["--conc", "0", "--model", "llama-3.1-8b"], "concurrency must be a whole number >= 1"),
     ],
 )
