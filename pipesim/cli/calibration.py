@@ -70,9 +70,15 @@ def import_nccl_tests(file: str, profile_dir: str, out: str | None, op: str | No
     "fmt",
     type=click.Choice(["sglang", "vllm", "csv"]),
     required=True,
-    help="sglang: bench_serving JSON lines; vllm: vllm bench serve JSON; csv: pipesim's measured layout",
+    help="sglang: bench_serving JSON lines; vllm: vllm bench serve JSON (one result, or several "
+    "--append-result wrote); csv: pipesim's measured layout",
 )
-@click.option("--tp", type=int, default=None, help="the run's tp (not in the benchmark output)")
+@click.option(
+    "--tp",
+    type=int,
+    default=None,
+    help="the run's tp (not in the benchmark output; vllm: unless the run stored --metadata tp=N pp=N)",
+)
 @click.option("--pp", type=int, default=None, help="the run's pp")
 @click.option("--conc", type=int, default=None, help="concurrency, where the output lacks max_concurrency")
 @click.option("--name", default="", help="a label for the points")
