@@ -78,7 +78,7 @@ def scenario_keywords(opts: dict) -> dict:
     "--trace",
     type=click.Path(dir_okay=False),
     default=None,
-    help="replay a CSV: arrival_s,input_tokens,output_tokens",
+    help="replay a CSV: arrival_s,input_tokens,output_tokens (or Vidur's arrived_at,num_prefill_tokens,num_decode_tokens)",
 )
 @click.option("--layers", default=None, help="explicit layers per stage, e.g. 7,7,7,8,8,8,8,8")
 @parallel_options
