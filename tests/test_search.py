@@ -317,3 +317,24 @@ def test_pareto_figure_draws_frontier_and_limits(serial, tmp_path):
     assert 20.0 in levels and round(1000 / 60, 3) in levels
     out = plot.save(fig, tmp_path / "new" / "deeper" / "pareto.png")
     assert out.is_file() and out.stat().st_size > 10_000
+
+
+def test_pareto_figure_draws_the_winners_band_and_keeps_the_legend_off_the_points(serial):
+    from matplotlib.container import ErrorbarContainer
+
+    from pipesim.explore import plot
+
+    res = search(table=serial, objective="throughput")
+    w = res.winner
+    if "output_throughput_tok_s_lo" not in w.index:
+        pytest.skip("the table carries no bands")
+    ax = plot.pareto(res).axes[0]
+    [bars] = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    xseg, yseg = (col.get_segments()[0] for col in bars.lines[2])
+    assert sorted(p[0] for p in xseg) == pytest.approx(
+        [w.output_throughput_tok_s_lo, w.output_throughput_tok_s_hi]
+    )
+    assert sorted(p[1] for p in yseg) == pytest.approx([w.per_request_tok_s_lo, w.per_request_tok_s_hi])
+    # the axes span the points (the band may run past them), the legend sits beside the axes
+    assert ax.get_xlim()[1] == pytest.approx(1.12 * serial.output_throughput_tok_s.max())
+    assert ax.get_legend().get_bbox_to_anchor().transformed(ax.transAxes.inverted()).x0 > 1.0

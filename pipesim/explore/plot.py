@@ -172,7 +172,7 @@ def pareto(result: Search | Searches) -> Figure:
     results = getattr(result, "results", (result,))
     cols = min(2, len(results))
     rows = math.ceil(len(results) / cols)
-    fig = _figure(8.5 * cols, 5.5 * rows) if len(results) > 1 else _figure(8.5, 5.5)
+    fig = _figure(10.5 * cols, 5.5 * rows) if len(results) > 1 else _figure(10.5, 5.5)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, one in zip(axes, results):
         _pareto_axes(ax, one)
@@ -232,6 +232,23 @@ def _pareto_axes(ax, result: Search) -> None:
         ]
         _annotate_apart(ax, texts, fontsize=7)
     w = result.winner
+    if all(
+        f"{c}_{e}" in w.index for c in ("output_throughput_tok_s", "per_request_tok_s") for e in ("lo", "hi")
+    ):
+        # the winner's likely band on both axes: a runner-up inside it is not surely behind
+        x, y = w.output_throughput_tok_s, w.per_request_tok_s
+        ax.errorbar(
+            [x],
+            [y],
+            xerr=[[x - w.output_throughput_tok_s_lo], [w.output_throughput_tok_s_hi - x]],
+            yerr=[[y - w.per_request_tok_s_lo], [w.per_request_tok_s_hi - y]],
+            fmt="none",
+            ecolor="goldenrod",
+            elinewidth=1.2,
+            capsize=4,
+            zorder=3,
+            label="the best point's likely band (80%; cut at the axes)",
+        )
     ax.scatter(
         [w.output_throughput_tok_s],
         [w.per_request_tok_s],
@@ -269,10 +286,12 @@ def _pareto_axes(ax, result: Search) -> None:
             )
     ax.set_xlabel("output throughput (tok/s, whole engine)")
     ax.set_ylabel("per-request decode speed (tok/s)")
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
+    # the axes span the points, not the band (up to x3.8 either way: it would squeeze them)
+    ax.set_xlim(0, 1.12 * float(df.output_throughput_tok_s.max()))
+    ax.set_ylim(0, 1.12 * float(df.per_request_tok_s.max()))
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
+    # beside the axes: inside, it hid the frontier's labels (its top points sit upper right)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
 def breakdown(df: pd.DataFrame) -> Figure:

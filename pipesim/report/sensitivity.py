@@ -218,6 +218,12 @@ def sensitivity(scenario: Scenario, step: float = DEFAULT_STEP) -> Sensitivity:
 NEGLIGIBLE_PCT = 0.1  # a swing below this (in % of the baseline) is listed, not drawn
 
 
+def _engine_name(sc: dict) -> str:
+    engine = sc.get("engine")
+    name = engine.get("engine") if isinstance(engine, dict) else engine
+    return {"sglang": "SGLang", "vllm": "vLLM"}.get(str(name), str(name))
+
+
 def plot(sens: Sensitivity, path: str) -> None:
     """The tornado as a figure: each item's throughput change moved low (upper bar of its
     pair) and high (lower bar), in % of the simulated baseline, each bar labelled with
@@ -276,7 +282,7 @@ def plot(sens: Sensitivity, path: str) -> None:
     load = f"C={w.get('concurrency')}" if w.get("kind") == "closed" else f"{w.get('rate_rps')} req/s"
     ax.set_title(
         f"What moves the answer: each item -/+{sens.step:.0%} alone, runs as long as a prediction's\n"
-        f"{sc['model']} on {sc['box']}, TP{sc['tp']} x PP{sc['pp']}, {load}, in/out "
+        f"{sc['model']} with {_engine_name(sc)} on {sc['box']}, TP{sc['tp']} x PP{sc['pp']}, {load}, in/out "
         f"{w.get('input_len', '-')}/{w.get('output_len', '-')} tokens\nprofile {sc['profile']}",
         fontsize=10,
     )
