@@ -179,27 +179,40 @@ def test_the_answers_words_hold(numbers):
     base, variants, answer = numbers["base"], numbers["variants"], numbers["answer"]
     by = ["split", "conc"]
     tput = {name: df.set_index(by).output_throughput_tok_s for name, df in variants.items()}
-    # 1: TP8 x PP1 wins at every load swept; the margin is inside the likely band
-    for conc, at in base.groupby("conc"):
+    # 1: TP8 x PP1 wins at low load; at C = 64 TP4 x PP2 and TP8 x PP1 lead within a few
+    # percent, a margin inside the likely band
+    for conc in (1, 4, 16):
+        at = base[base.conc == conc]
         assert at.loc[at.output_throughput_tok_s.idxmax(), "split"] == "TP8 x PP1", conc
+    top = base[base.conc == 64].sort_values("output_throughput_tok_s", ascending=False)
+    assert set(top.split[:2]) == {"TP4 x PP2", "TP8 x PP1"}
+    assert top.output_throughput_tok_s.iloc[1] / top.output_throughput_tok_s.iloc[0] > 0.9
     assert "inside the winner's likely band" in answer.text()
     # 4: PCIe x2 helps in proportion to TP, the deepest pipeline not at all
     gain = (tput["PCIe x2"] / tput["baseline"] - 1).xs(64, level="conc")
     order = ["TP8 x PP1", "TP4 x PP2", "TP2 x PP4", "TP1 x PP8"]
     assert list(gain[order]) == sorted(gain, reverse=True)
     assert 0.1 < gain["TP8 x PP1"] < 0.35 and abs(gain["TP1 x PP8"]) < 0.01
-    # 6: a cap of 8 per slot: TP1 x PP8 more than doubles at C = 64, TP8 x PP1 and TP4 x PP2 lose;
-    # no change at C = 1 and 4; async depth 1 equals the baseline everywhere
+    # 6: a cap of 8 per slot: TP1 x PP8 gains about a third at C = 64; TP8 x PP1 loses from
+    # C = 16, TP4 x PP2 at C = 64; nothing changes at C = 1 and 4
     cap = tput["micro-batch cap 8"] / tput["baseline"]
-    assert cap[("TP1 x PP8", 64)] > 2 and cap[("TP8 x PP1", 64)] < 1 and cap[("TP4 x PP2", 64)] < 1
+    assert 1.2 < cap[("TP1 x PP8", 64)] < 1.5
+    assert cap[("TP8 x PP1", 16)] < 1 and cap[("TP8 x PP1", 64)] < 1 and cap[("TP4 x PP2", 64)] < 1
     assert (cap.xs(1, level="conc") == 1).all() and (cap.xs(4, level="conc") == 1).all()
-    assert (tput["async depth 1"] == tput["baseline"]).all()
+    # async depth 1: the baseline below C = 64; at C = 64 only TP4 x PP2 moves, by a few percent
+    deeper = tput["async depth 1"] / tput["baseline"]
+    moved = deeper[deeper != 1]
+    assert list(moved.index) == [("TP4 x PP2", 64)] and abs(moved.iloc[0] - 1) < 0.1
     # 7: DeepSeek-V3 fits only TP8 x PP1
     assert set(variants["deepseek-v3"].split) == {"TP8 x PP1"}
 
 
 def test_the_conclusions_words_hold(numbers):
-    summary = numbers["summary"]
+    summary, variants = numbers["summary"], numbers["variants"]
     change = summary["output tok/s"] / summary.loc["baseline", "output tok/s"] - 1
     assert change["all-reduce x0.5"] > 0.05 and change["PCIe x2"] > 0.05 and change["GPU x1.5"] > 0.05
-    assert change["async depth 1"] == 0
+    assert abs(change["async depth 1"]) < 0.05
+    # a faster GPU helps every split at every load
+    by = ["split", "conc"]
+    faster = variants["GPU x1.5"].set_index(by).output_throughput_tok_s
+    assert (faster > variants["baseline"].set_index(by).output_throughput_tok_s).all()

@@ -50,3 +50,24 @@ def test_the_notebook_extra_installs_a_way_to_open_a_notebook():
     names = {re.split(r"[<>=\[ ;]", req, maxsplit=1)[0].lower() for req in extra}
     assert names & {"notebook", "jupyterlab", "jupyter"}, extra
     assert {"ipykernel", "ipywidgets", "nbclient"} <= names
+
+
+def test_uninstalled_fallbacks_are_the_folders_package_dir_maps(monkeypatch):
+    """Run from a checkout whose install is not editable, `pipesim` is the source tree,
+    where pipesim.data.profiles and the others do not exist as folders: each reader falls
+    back to the folder pyproject.toml's package-dir maps to that package."""
+    from importlib import resources
+
+    from pipesim.calibrate import corpus
+    from pipesim.profiles import derived, profile
+
+    def missing(name):
+        raise ModuleNotFoundError(name)
+
+    monkeypatch.setattr(resources, "files", missing)
+    for package, where in [
+        ("pipesim.data.profiles", profile._shipped()),
+        ("pipesim.data.catalogue", derived._root()),
+        ("pipesim.validation", corpus.corpus_dir()),
+    ]:
+        assert Path(where) == REPO / SETUP["package-dir"][package], package
