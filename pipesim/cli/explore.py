@@ -184,6 +184,9 @@ def two_stage_kwargs(
     default=False,
     help="finish the sweep in --out: run only the scenarios not in it (refused if its options differ)",
 )
+@click.option(
+    "--json", "as_json", is_flag=True, help="print the rows as one JSON object instead of the summary"
+)
 @workers_options(
     workers_help="local worker processes [default: every core; 1: in this process]",
     scheduler_help="run on a Dask cluster: its scheduler address, tcp://HOST:PORT",
@@ -199,6 +202,7 @@ def sweep(
     num_requests: int | None,
     out: str | None,
     resume: bool,
+    as_json: bool,
     workers: int | None,
     scheduler: str | None,
     progress: bool | None,
@@ -237,6 +241,12 @@ def sweep(
             )
         raise
     wall_s = time.perf_counter() - t
+    if as_json:
+        from ..base.jsonout import dumps
+
+        skipped = list(df.attrs.get("skipped", []))
+        click.echo(dumps({"rows": df, "skipped": skipped, "wall_s": wall_s, **({"out": out} if out else {})}))
+        return
     click.echo(summary(df))
     kept = df.attrs.get("kept", 0)
     click.echo(
