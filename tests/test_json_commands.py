@@ -1,4 +1,4 @@
-"""`--json` on every command that prints a table (predict, sweep, search, validate,
+"""`--json` on every command that prints a table (predict, sweep, search, validate, diagnose,
 boxes list, profiles list): one object that any JSON parser reads (no NaN or Infinity
 tokens), holding what the table shows."""
 
