@@ -1,4 +1,5 @@
-"""The numbers the README quotes, each checked against a fresh run.
+"""The numbers the README (and docs/uncertainty.md's example) quote, each checked
+against a fresh run.
 
 Every entry of QUOTES is a phrase the README holds verbatim and the function that
 produces the same numbers now (the README's command, or the Python call it stands
@@ -136,11 +137,20 @@ def steady_model_error() -> list[float]:
     return [100 * data["p90_abs_error"]["output_throughput_tok_s"]]
 
 
+def headline_line() -> list[float]:
+    """The throughput line of `pipesim predict --tp 2 --pp 4 --conc 64` whole: the
+    headline, its CI, requests/s and the likely band."""
+    out = _cli("predict", "--tp", "2", "--pp", "4", "--conc", "64")
+    line = next(x for x in out.splitlines() if x.strip().startswith("output throughput"))
+    return [v for k, v in enumerate(_numbers(line)) if k != 1]  # not the CI's "95%"
+
+
 @dataclass(frozen=True)
 class Quote:
-    text: str  # verbatim in the README; its numbers, in order, are checked
+    text: str  # verbatim in the document; its numbers, in order, are checked
     fresh: Callable[[], list[float]]
     skip: tuple[int, ...] = ()  # positions of numbers in `text` that are not results (a C=64)
+    doc: str = "README.md"
 
 
 QUOTES = [
@@ -167,6 +177,12 @@ QUOTES = [
         "| events at C = 64 (TP8 / PP8 / TP2 x PP4) | 2,069 / 12,004 / 36,288 |", events, skip=(0, 1, 2, 3, 4)
     ),
     Quote(
+        "output throughput 627.2 tok/s (95% CI +/- 0.0; 2.09 req/s) (likely 165-2,377)",
+        headline_line,
+        skip=(1,),
+        doc="docs/uncertainty.md",
+    ),
+    Quote(
         "(2849 numbers from 267 runs in 22 sources on H100, H200 and A100, 168 of them with PP > 1)",
         corpus_counts,
         skip=(3, 4, 5, 7),
@@ -174,15 +190,15 @@ QUOTES = [
 ]
 
 
-def _readme() -> str:
-    """The README with its line breaks as spaces (a quote may wrap)."""
-    return " ".join(README.read_text().split())
+def _readme(doc: str = "README.md") -> str:
+    """A document with its line breaks and runs of spaces as one space (a quote may wrap)."""
+    return " ".join((REPO / doc).read_text().split())
 
 
 @pytest.mark.parametrize("quote", QUOTES, ids=[q.fresh.__name__ for q in QUOTES])
 def test_readme_quote_matches_a_fresh_run(quote):
-    text = _readme()
-    assert quote.text in text, f"the README no longer says {quote.text!r}: update QUOTES with the text"
+    text = _readme(quote.doc)
+    assert quote.text in text, f"{quote.doc} no longer says {quote.text!r}: update QUOTES with the text"
     printed = [n for k, n in enumerate(NUMBER.findall(quote.text)) if k not in quote.skip]
     fresh = quote.fresh()
     assert len(printed) == len(fresh), (printed, fresh)
@@ -190,7 +206,7 @@ def test_readme_quote_matches_a_fresh_run(quote):
         value = float(shown.replace(",", ""))
         allowed = max(TOLERANCE * abs(now), 0.5 * 10 ** -_decimals(shown))
         assert abs(value - now) <= allowed, (
-            f"README quotes {shown} in {quote.text!r}; a fresh run gives {now:,.{_decimals(shown)}f}"
+            f"{quote.doc} quotes {shown} in {quote.text!r}; a fresh run gives {now:,.{_decimals(shown)}f}"
         )
 
 
