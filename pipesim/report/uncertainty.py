@@ -49,6 +49,8 @@ from .residual_band import (
     band_log,
     corpus_residuals,
     corrected,
+    correction,
+    table_residuals,
     unmeasured_share,
 )
 from .unchecked import unchecked
@@ -328,10 +330,13 @@ def intervals(
     res = corpus_residuals()
     features = unchecked(scenario)
     wider = (DEFAULT_CALIBRATION_REL,) * len(features)  # each unchecked feature, in quadrature
+    # a profile with no measured point of its own (a catalogue profile) carries, on its
+    # measured share, the corpus's error of such predictions instead of the default
+    tables = table_residuals() if not scenario.profile.measured else {}
     out, parts = {}, {}
     for m in HEADLINE:
         sim = ci if m == "output_throughput_tok_s" else 0.0
-        centre, below, above = band_log(m, cal.rel, share, (ens[m], sim, *wider), res)
+        centre, below, above = band_log(m, cal.rel, share, (ens[m], sim, *wider), res, tables)
         v = getattr(result, m) * math.exp(centre)  # the headline, corrected
         out[m] = (v * math.exp(-below), v * math.exp(above)) if math.isfinite(v) else band(v, 0)
         parts[m] = {
@@ -344,8 +349,15 @@ def intervals(
             "below_log": below,
             "above_log": above,
         }
-    factors = {g: math.exp(share * res[g].mid) if share > 0 and g in res else 1.0 for g in CORRECTED}
+    factors = correction(share, res, tables)
     cal_text = cal.basis
+    if tables and share < 1:
+        cal_text = (
+            f"profile {scenario.profile.name} has no measured point of its own: its measured share "
+            f"({1 - share:.0%} of the stage time) carries the corpus's measured error of predictions by "
+            "measured tables with the host loop's defaults, its median applied to the headline "
+            "(pipesim/data/residuals.json table_groups; docs/residuals.md)"
+        )
     if share > 0 and res:
         cal_text += (
             f"; {share:.0%} of the stage time is roofline or borrowed: that share carries the corpus's "
@@ -356,14 +368,16 @@ def intervals(
         "coverage": LIKELY_COVERAGE,
         "unmeasured_share": share,
         "calibration": cal_text,
-        "calibration_regime": cal.regime,
+        "calibration_regime": "corpus tables" if tables and share < 1 else cal.regime,
+        "table_band": bool(tables),
         "workload": how,
         "workload_method": workload,
         "unchecked": [{"feature": u.feature, "why": u.why} for u in features],
         "unchecked_rel": DEFAULT_CALIBRATION_REL,
         "rule": (
-            "relative half-widths in quadrature (each unchecked feature one more part of the default size); headline v' = v e^c (c = u x the corpus residuals' median, "
-            "0 when all is measured), band [v' e^-below, v' e^above]"
+            "relative half-widths in quadrature (each unchecked feature one more part of the default size); "
+            "headline v' = v e^c (c = u x the roofline residuals' median + (1 - u) x the table residuals' median "
+            "for a profile without measured points, else 0 on the measured share), band [v' e^-below, v' e^above]"
         ),
         "parts": parts,
         "correction": factors,
@@ -402,6 +416,8 @@ __all__ = [
     "band_log",
     "corpus_residuals",
     "corrected",
+    "correction",
+    "table_residuals",
     "intervals",
     "likely",
     "unmeasured_share",
