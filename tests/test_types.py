@@ -34,10 +34,13 @@ CHECKED = (
     "pipesim/explore/workers.py",
     "pipesim/explore/stream.py",
     "pipesim/explore/conditions.py",
+    "pipesim/explore/bands.py",
     "pipesim/measure/steady.py",
     "pipesim/measure/sketch.py",
     "pipesim/measure/saturation.py",
     "pipesim/measure/request_tally.py",
+    "pipesim/measure/result_view.py",
+    "pipesim/report/unchecked.py",
 )
 EXCEPT = ("pipesim/inputs/box.py", "pipesim/cli/presets.py")
 
