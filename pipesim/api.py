@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .base.errors import require
 from .measure.metrics import Result
 from .report import sensitivity as tornado
-from .report.uncertainty import WORKLOAD_METHODS, attach
+from .report.uncertainty import WORKLOAD_METHODS, attach, check_ensemble_work
 from .scenario.build import build_scenario
 from .scenario.whatif import check
 from .sim.runner import CI_TARGET, SimulateKeywords
@@ -62,6 +62,8 @@ def simulate(
         intervals in INTERVALS,
         f"intervals {intervals!r} is not one of None, {', '.join(map(repr, INTERVALS[1:]))}",
     )
+    if intervals == "ensemble":
+        check_ensemble_work(scenario)  # the ensemble's runs counted with the run's, before either
     rec, result = run_scenario(
         scenario,
         warmup_requests=warmup_requests,

@@ -38,6 +38,7 @@ CHECKED = (
     "pipesim/measure/sketch.py",
     "pipesim/measure/saturation.py",
     "pipesim/measure/request_tally.py",
+    "pipesim/measure/stretches.py",
 )
 EXCEPT = ("pipesim/inputs/box.py", "pipesim/cli/presets.py")
 
