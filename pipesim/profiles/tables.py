@@ -89,6 +89,22 @@ class Tables(Mapping):
         return None if df is None else {c: df[c].to_numpy() for c in df.columns}
 
     @cached_property
+    def digest(self) -> str:
+        """A SHA-256 of every table's columns (names, types, values), computed once per
+        object: what a stored result's key holds of the tables (scenario/fingerprint.py)."""
+        h = hashlib.sha256()
+        for table in self:
+            cols = self.columns(table) or {}
+            for name in sorted(cols):
+                a = np.asarray(cols[name])
+                h.update(f"|{table}|{name}|{a.dtype.str}|{a.shape}|".encode())
+                if a.dtype == object:
+                    h.update("\0".join(map(str, a.tolist())).encode())
+                else:
+                    h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()
+
+    @cached_property
     def gemm(self) -> dict:
         """dtype -> (ns, ks, {(n, k): Curve over m})."""
         out = {}
