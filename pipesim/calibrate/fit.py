@@ -4,43 +4,58 @@ The tables pin kernel and collective costs; what they cannot pin (CPU time per
 iteration, CPU launch time without CUDA graphs, how far a box's TP path is from its
 measured NCCL table, a kernel-efficiency factor) is fitted here by bounded least
 squares over the relative errors of the measured points, each predicted by the full
-simulation. Leave-one-out errors (fit on all points but one, predict that one) show
+simulation, in tens of simulations: a surrogate of each point's prediction refined
+where the fit looks, every simulation kept and shared by the fit and its leave-one-out
+solves (surrogate.py), the simulations of a round spread over local processes (base/
+pool.py). Leave-one-out errors (fit on all points but one, predict that one) show
 whether a profile predicts or merely memorises.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from ..base.errors import require
 from ..profiles.measured import Point
 from ..profiles.profile import FITTABLE, Profile
+from .surrogate import MAX_ROUNDS, Box, Fit, Samples, design
+
+if TYPE_CHECKING:
+    from ..scenario.build import Scenario
 
 
-def predict_point(profile: Profile, point: Point) -> float:
-    """The point's metric (tok/s) as the simulator predicts it for the measured run
-    (a deterministic run: C warm-up requests, then max(2C, 4) measured)."""
-    from ..api import predict
+def point_scenario(profile: Profile, point: Point) -> Scenario:
+    """The measured run as a scenario (its engine knobs as measured)."""
+    from ..scenario.build import build_scenario
 
-    r = predict(
-        point.tp,
-        point.pp,
-        point.conc,
+    return build_scenario(
+        tp=point.tp,
+        pp=point.pp,
+        concurrency=point.conc,
         profile=profile,
         model=point.model,
         engine=point.engine,
         input_len=str(point.input_len),
         output_len=str(point.output_len),
+        **dict(point.knobs),
+    )
+
+
+def predict_point(profile: Profile, point: Point) -> float:
+    """The point's metric (tok/s) as the simulator predicts it for the measured run
+    (a deterministic run: C warm-up requests, then max(2C, 4) measured)."""
+    from ..api import run
+
+    r = run(
+        point_scenario(profile, point),
         warmup_requests=point.conc,
         measure_requests=max(2 * point.conc, 4),
         ci_target=None,
-        **dict(point.knobs),
     )
     return r.output_throughput_tok_s if point.metric == "output_tok_s" else r.per_request_tok_s
 
@@ -89,55 +104,20 @@ class FitResult:
         return "\n".join(lines)
 
 
-class _Objective:
-    def __init__(self, profile: Profile, names: list[str], points: list[Point]):
-        self.profile, self.names, self.points = profile, names, points
-        self.units = np.array([FITTABLE[n][2] for n in names])
-        self.evaluations = 0
-
-    def profile_at(self, u: np.ndarray) -> Profile:
-        return self.profile.with_params(
-            **{n: float(v) for n, v in zip(self.names, np.asarray(u) * self.units)}
-        )
-
-    def predictions(self, u: np.ndarray) -> list[float]:
-        self.evaluations += len(self.points)
-        prof = self.profile_at(u)
-        return [predict_point(prof, p) for p in self.points]
-
-    def __call__(self, u: np.ndarray) -> np.ndarray:
-        return np.array([p.error(v) for p, v in zip(self.points, self.predictions(u))])
+def _predict_task(
+    shared: tuple[Profile, tuple[str, ...], tuple[Point, ...]], task: tuple[tuple, int]
+) -> float:
+    """One simulation of a fit (a worker's task): point k at parameter values x."""
+    profile, names, points = shared
+    x, k = task
+    return predict_point(profile.with_params(**dict(zip(names, x))), points[k])
 
 
-def _solve(obj: _Objective, start: np.ndarray) -> np.ndarray:
-    lo = np.array([FITTABLE[n][0] for n in obj.names]) / obj.units
-    hi = np.array([FITTABLE[n][1] for n in obj.names]) / obj.units
-    x0 = np.clip(np.asarray(start, dtype=float), lo, hi)
-    if len(obj.names) <= 2:
-        # the simulated response is not smooth everywhere: start from the best point
-        # of a coarse grid over each parameter's range
-        axes = [
-            np.unique(np.clip(np.concatenate(([x], lo_ + (hi_ - lo_) * np.geomspace(1e-3, 1, 7))), lo_, hi_))
-            for x, lo_, hi_ in zip(x0, lo, hi)
-        ]
-        x0 = min((np.array(c) for c in itertools.product(*axes)), key=lambda c: float(np.sum(obj(c) ** 2)))
-    # diff_step is array_like (scipy's documentation): a scalar is the same step for every
-    # parameter, which scipy-stubs' narrower annotation (arrays, sequences) leaves out
-    sol = least_squares(
-        obj,
-        x0,
-        bounds=(lo, hi),
-        diff_step=1e-2,  # type: ignore[arg-type]
-        xtol=1e-4,
-        ftol=1e-4,
-        max_nfev=60,
-    )
-    return sol.x
-
-
-def solves(points: Sequence[Point], loo: bool) -> int:
-    """Least-squares solves a fit runs: the fit, and one per point left out."""
-    return 1 + (len(points) if loo and len(points) > 1 else 0)
+def max_simulations(names: Sequence[str], points: Sequence[Point], loo: bool) -> int:
+    """The most simulations a fit may run: its first vectors, then every solve's rounds
+    (the fit's, and one per point left out), each vector at every point."""
+    solves = 1 + (len(points) if loo and len(points) > 1 else 0)
+    return len(points) * (len(design(np.zeros(len(names)))) + solves * MAX_ROUNDS * (1 + len(names)))
 
 
 def fit(
@@ -145,11 +125,19 @@ def fit(
     names: list[str],
     points: list[Point] | None = None,
     loo: bool = True,
-    on_solve: Callable[[], object] | None = None,
+    on_simulation: Callable[[int, int], object] | None = None,
+    jobs: int = 1,
 ) -> FitResult:
-    """Fit `names` (see FITTABLE) to the profile's measured points (or `points`).
-    `on_solve` is called after each least-squares solve: 1 for the fit, then one per
-    point left out (`solves(points, loo)` in all), for a progress bar."""
+    """Fit `names` (see FITTABLE) to the profile's measured points (or `points`), with
+    leave-one-out errors unless `loo=False`. The simulations of each round run on `jobs`
+    local processes (the same fit as one: every run is deterministic), counted in a
+    sweep's work bound at their most before the first starts. `on_simulation(done,
+    expected)` after each one, `expected` the simulations the fit expects in all (it
+    grows if the fit needs more), for a progress bar with an ETA from the first."""
+    from ..base.checks import check_sweep_work
+    from ..base.pool import map_shared
+    from ..scenario.build import scenario_steps
+
     points = list(points if points is not None else profile.measured)
     require(
         points,
@@ -158,26 +146,55 @@ def fit(
     unknown = [n for n in names if n not in FITTABLE]
     require(not unknown, f"cannot fit {', '.join(unknown)}; fittable: {', '.join(FITTABLE)}")
     require(names, "name at least one parameter to fit")
-    obj = _Objective(profile, names, points)
-    start = np.array([getattr(profile.params, n) for n in names]) / obj.units
-    x = _solve(obj, start)
-    if on_solve:
-        on_solve()
-    predicted = obj.predictions(x)
-    errors = [p.error(v) for p, v in zip(points, predicted)]
-    loo_errors: list = [None] * len(points)
-    if loo and len(points) > 1:
-        for i in range(len(points)):
-            rest = points[:i] + points[i + 1 :]
-            sub = _Objective(profile, names, rest)
-            xi = _solve(sub, x)
-            obj.evaluations += sub.evaluations
-            if on_solve:
-                on_solve()
-            loo_errors[i] = points[i].error(predict_point(obj.profile_at(xi), points[i]))
-    values = {n: float(v) for n, v in zip(names, x * obj.units)}
+    most = max_simulations(names, points, loo)
+    per_vector = sum(scenario_steps(point_scenario(profile, p))[0] for p in points)
+    check_sweep_work(per_vector * most / len(points), most)
+    box = Box(np.array([FITTABLE[n][0] for n in names]), np.array([FITTABLE[n][1] for n in names]))
+    n, npts = len(names), len(points)
+    solves = 1 + (npts if loo and npts > 1 else 0)
+    done = [0, 0]  # simulations done, solves finished
+
+    def expected() -> int:
+        # a solve usually takes a few vectors and a probe; a point left out fewer
+        left = (4 + n if done[1] == 0 else 0) + (solves - max(done[1], 1)) * (2 + n)
+        return done[0] + npts * left
+
+    def one_done(_: int) -> None:
+        done[0] += 1
+        if on_simulation:
+            on_simulation(done[0], max(expected(), done[0]))
+
+    shared = (profile, tuple(names), tuple(points))
+
+    def simulate(xs: list[np.ndarray]) -> np.ndarray:
+        tasks = [(tuple(float(v) for v in x), k) for x in xs for k in range(npts)]
+        return np.array(map_shared(_predict_task, shared, tasks, jobs, one_done)).reshape(len(xs), npts)
+
+    samples = Samples(box, simulate, npts)
+    start = box.to_t(np.array([float(getattr(profile.params, name)) for name in names]))
+    samples.add(design(start))
+    lo, hi = np.array([p.lo for p in points]), np.array([p.hi for p in points])
+    best = Fit(samples, lo, hi, np.arange(npts)).solve(start)
+    done[1] = 1
+    predicted = samples.y[best]
+    loo_errors: list = [None] * npts
+    if solves > 1:
+        for i in range(npts):
+            use = np.array([k for k in range(npts) if k != i])
+            # from the profile's own values, as the fit: a start (and tie-break) at the
+            # full fit would hand an underdetermined solve the point it left out
+            b = Fit(samples, lo, hi, use).solve(start)
+            loo_errors[i] = points[i].error(float(samples.y[b, i]))
+            done[1] += 1
+    values = {name: float(v) for name, v in zip(names, box.to_x(samples.t[best]))}
+    errors = [p.error(float(v)) for p, v in zip(points, predicted)]
     return FitResult(
-        values, tuple(points), tuple(predicted), tuple(errors), tuple(loo_errors), obj.evaluations
+        values,
+        tuple(points),
+        tuple(float(v) for v in predicted),
+        tuple(errors),
+        tuple(loo_errors),
+        int(samples.y.size),
     )
 
 
@@ -186,16 +203,17 @@ def fit_profile(
     names: list[str],
     out: str | Path | None = None,
     loo: bool = True,
-    on_solve: Callable[[], object] | None = None,
+    on_simulation: Callable[[int, int], object] | None = None,
+    jobs: int = 1,
 ) -> FitResult:
-    """Fit `names` to a profile's measured points and write the profile again (in
-    place unless `out`) with the fitted values, their sources, a summary and
-    fit_report.md."""
+    """Fit `names` to a profile's measured points (`fit`: on `jobs` processes,
+    `on_simulation` its progress) and write the profile again (in place unless `out`)
+    with the fitted values, their sources, a summary and fit_report.md."""
     from ..profiles.profile import check_profile_out, load_profile, rewrite_profile
 
     check_profile_out(out or profile_dir)
     prof = load_profile(profile_dir)
-    result = fit(prof, names, loo=loo, on_solve=on_solve)
+    result = fit(prof, names, loo=loo, on_simulation=on_simulation, jobs=jobs)
     params = {**prof.meta.get("params", {}), **result.params}
     sources = {
         **prof.meta.get("param_sources", {}),

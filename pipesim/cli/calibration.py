@@ -110,20 +110,34 @@ def import_bench(
 @click.option(
     "--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]"
 )
-def calibrate_fit(profile_dir: str, names: str, out: str | None, no_loo: bool, progress: bool | None) -> None:
+@click.option(
+    "--jobs",
+    type=int,
+    default=None,
+    help="processes to spread each round's simulations over [default: the CPUs, at most 4]",
+)
+def calibrate_fit(
+    profile_dir: str, names: str, out: str | None, no_loo: bool, progress: bool | None, jobs: int | None
+) -> None:
     """Fit free parameters to the profile's measured points by least squares."""
+    from ..base.pool import default_jobs
     from ..base.progress import bar
-    from ..calibrate.fit import fit_profile, solves
-    from ..profiles.profile import load_profile
+    from ..calibrate.fit import fit_profile
 
-    n = solves(load_profile(profile_dir).measured, not no_loo)
-    with bar(n, "fit (solves: the fit, then one per point left out)", progress, unit="solve") as b:
+    procs = default_jobs() if jobs is None else whole(jobs, "--jobs", 1, 64)
+    with bar(None, "fit (simulations, of about the total shown)", progress, unit="sim") as b:
+
+        def advance(done: int, expected: int) -> None:
+            b.total = expected
+            b.update(done - b.n)
+
         result = fit_profile(
             profile_dir,
             [n.strip() for n in names.split(",") if n.strip()],
             out,
             loo=not no_loo,
-            on_solve=b.update,
+            on_simulation=advance,
+            jobs=procs,
         )
     click.echo(result.report())
 
