@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -171,6 +170,13 @@ def calibrate_fit(
     default=None,
     help="with --corpus: processes to spread the runs over [default: the CPUs, at most 4]",
 )
+@click.option(
+    "--cache/--no-cache",
+    default=True,
+    show_default=True,
+    help="with --corpus: keep each run's compared numbers, so a run whose rows, scenario and pipesim "
+    "did not change is not simulated again (PIPESIM_CACHE_DIR, default ~/.cache/pipesim)",
+)
 def validate(
     profile: str | None,
     max_error: float,
@@ -178,6 +184,7 @@ def validate(
     corpus_dir: str | None,
     progress: bool | None,
     jobs: int | None,
+    cache: bool,
 ) -> None:
     """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error.
     With --corpus: every corpus run pipesim can express, its error, ranking agreement and interval coverage."""
@@ -186,11 +193,15 @@ def validate(
     from ..profiles.profile import DEFAULT_PROFILE, load_profile
 
     if corpus_dir is not None:
+        from ..base.cache import ResultCache
+        from ..base.pool import default_jobs
         from ..calibrate import crosscheck
         from ..calibrate.corpus import load_corpus
 
-        n = min(os.cpu_count() or 1, 4) if jobs is None else whole(jobs, "--jobs", 1, 64)
-        chk = crosscheck.check(load_corpus(corpus_dir or None), jobs=n)
+        n = default_jobs() if jobs is None else whole(jobs, "--jobs", 1, 64)
+        corpus = load_corpus(corpus_dir or None)
+        with bar(corpus.run_id.nunique(), "validate --corpus", progress) as b:
+            chk = crosscheck.check(corpus, lambda _: b.update(), jobs=n, cache=ResultCache(enabled=cache))
         click.echo(crosscheck.to_json(chk) if as_json else crosscheck.text(chk))
         return
 
