@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from ..base.checks import MAX_SIMULATE
 from ..base.errors import UserError, require
 from .conditions import condition_text, conditions
 from .objectives import COLUMN_NAMES, CONSTRAINTS, OBJECTIVES, constraint_texts, interval_text, load_text
 from .objectives import noise as _noise
-from .screen import MAX_SIMULATE
 from .search_why import explain, gpu_ms_per_token
 from .sweep import DEFAULT_CONC, load_column, sweep
 from .two_stage import model_text, two_stage

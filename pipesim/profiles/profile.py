@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, fields, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from ..base.checks import is_number, parse_toml, read_text
 from ..base.errors import require
 from .measured import read_points
-from .tables import TABLE_COLUMNS, Tables, cached_columns
+from .tables import TABLE_COLUMNS, Tables, cached_columns, table_key
 
 if TYPE_CHECKING:  # tables are read into numpy columns; pandas only where a DataFrame is asked for
     import pandas as pd
@@ -215,12 +215,14 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
     box = str(meta["box"])
     if box.endswith(".toml") and folder.joinpath(box).is_file():
         box = str(folder.joinpath(box))  # a box file written beside the profile (calibrate live)
-    columns = {}
+    columns, keys = {}, {}
     for table in TABLE_COLUMNS:
         f = folder.joinpath(f"{table}.csv.gz")
         if f.is_file():
-            columns[table] = cached_columns(f, table)
-    tables = Tables(columns=columns)
+            columns[table] = partial(cached_columns, f, table)
+            if (key := table_key(f)) is not None:
+                keys[table] = key
+    tables = Tables(columns=columns, keys=keys)
     measured: tuple = ()
     f = folder.joinpath("measured.csv")
     if f.is_file():
