@@ -13,7 +13,7 @@ hand; rerunning the script reproduces the files.
 - rtx-pro-6000-sglang-healthy: the same tables and fitted CPU costs, the box's measured
   NCCL path as is (no all-reduce correction), SGLang's own default flags;
 - rtx-pro-6000-vllm: vLLM 0.19.0 kernel tables of the same box, vLLM's scheduling;
-  CPU costs not measured for vLLM (neutral).
+  its host loop from pipesim's defaults for vLLM 0.19 (pipesim/data/host_loop.toml).
 """
 
 from __future__ import annotations
@@ -204,19 +204,16 @@ def main() -> None:
         "rtx-pro-6000-vllm",
         "8 x RTX PRO 6000 Blackwell Server (PCIe) with vLLM 0.19.0 kernels (GEMM, MoE, GQA attention, "
         "custom all-reduce) and the box's NCCL table. vLLM's MLA tables time whole modules and are not "
-        "used: MLA attention is a roofline estimate here. CPU costs not measured for vLLM (0).",
+        "used: MLA attention is a roofline estimate here. The host loop: vLLM 0.19's defaults "
+        "(pipesim/data/host_loop.toml).",
         "vllm",
         "0.19.0",
         "vLLM 0.19.0",
         vtables,
     )
-    vllm["params"].update({"cpu_iteration_ms": 0.0, "eager_launch_us_per_layer": 0.0, **NEUTRAL_AR})
-    vllm["param_sources"].update(
-        {
-            "cpu_iteration_ms": "not measured for vLLM (neutral 0)",
-            "eager_launch_us_per_layer": "not measured for vLLM (neutral 0)",
-        }
-    )
+    # the host loop (scheduler, launches, output path) is vLLM's own: the defaults of its
+    # release (pipesim/data/host_loop.toml), not set here
+    vllm["params"].update(NEUTRAL_AR)
     write_profile(args.out / vllm["name"], vllm, vtables)
     print(f"wrote {vllm['name']}: " + ", ".join(f"{k} {len(v)} rows" for k, v in vtables.items()))
 

@@ -66,6 +66,38 @@ def without_tables(profile, *names):
     )
 
 
+# the host loop's terms pipesim/data/host_loop.toml adds to every profile (costs/host.py)
+NEW_HOST_TERMS = (
+    "sched_base_us",
+    "sched_per_req_us",
+    "sched_per_prefill_token_us",
+    "prep_base_us",
+    "prep_per_req_us",
+    "out_step_base_us",
+    "out_step_per_req_us",
+    "launch_us_per_kernel",
+    "piecewise_kernels_decode",
+    "piecewise_kernels_mixed",
+    "tp_bcast_base_us",
+    "tp_bcast_per_rank_us",
+    "stream_step_us",
+    "stream_token_us",
+)
+
+
+def no_host_loop(profile, **values):
+    """`profile` without the host loop's terms (and `values` set): a test of another
+    mechanism (slots, KV, the front end alone) sees only the CPU costs it sets itself,
+    each at its face value (host_cpu_factor 1); the profile's own values stay."""
+    own = {
+        k: getattr(profile.params, k)
+        for k in ("frontend_ms", "detokenize_step_us", "detokenize_token_us", "cpu_hop_ms")
+    }
+    return profile.with_params(
+        **{**own, **dict.fromkeys(NEW_HOST_TERMS, 0.0), "host_cpu_factor": 1.0, **values}
+    )
+
+
 def profile_for(engine: str) -> str:
     """The shipped profile measured with `engine` on the reference box."""
     return VLLM_PROFILE_NAME if engine == "vllm" else PROFILE_NAME

@@ -418,21 +418,22 @@ def test_catalogue_without_the_extra_names_it(monkeypatch, tmp_path, capsys):
     assert message in DOC.read_text()
 
 
-def test_engine_versions_the_catalogue_lacks_are_documented(capsys):
+def test_engine_versions_pipesim_does_not_model_are_documented(capsys):
     for args in (
-        ["predict", "--conc", "1", "--box", "h100-sxm-8x", "--engine-version", "0.5.10", *FAST],
+        ["predict", "--conc", "1", "--engine-version", "0.3.0", *FAST],
+        ["predict", "--conc", "1", "--engine", "vllm", "--engine-version", "0.4.2", *FAST],
         [
-            "sweep",
-            "--gpus",
-            "2",
+            "predict",
             "--conc",
-            "2",
-            "--box",
-            "h100-sxm-8x,rtx-pro-6000-server-8x",
+            "1",
+            "--engine",
+            "vllm",
             "--engine-version",
-            "0.5.6.post2",
+            "0.9.2",
+            "--async-scheduling",
             *FAST,
         ],
+        ["predict", "--conc", "1", "--engine", "vllm", "--num-scheduler-steps", "8", *FAST],
     ):
         with pytest.raises(SystemExit) as exc:
             main(args)

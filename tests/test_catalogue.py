@@ -199,15 +199,25 @@ def test_a_newer_installed_release_is_read_instead(monkeypatch, capsys):
     assert prof.meta["built_by"] == "pipesim catalogue (built from the installed aiconfigurator-core 99.0.0)"
 
 
-def test_engine_version_the_tables_lack_is_one_line(capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["predict", "--conc", "1", "--box", "h100-sxm-8x", "--engine-version", "0.5.10", *FAST])
-    err = capsys.readouterr().err.strip()
-    assert exc.value.code == 2 and len(err.splitlines()) == 1
-    # the shipped H100 SGLang profiles: the newest tables and 0.5.6.post2's GEMMs (docs/boxes.md)
-    assert (
-        "AIConfigurator measured h100_sxm's sglang kernels with 0.5.6.post2, 0.5.14; pick one of those" in err
+def test_an_engine_version_the_tables_lack_reads_the_newest_and_says_so(capsys):
+    """The version picks the host loop's rules (profiles/hostloop.py); a version whose
+    kernels AIConfigurator did not measure reads the newest tables, each line saying so."""
+    main(
+        [
+            "predict",
+            "--conc",
+            "1",
+            "--box",
+            "h100-sxm-8x",
+            "--engine-version",
+            "0.5.10",
+            "--no-intervals",
+            *FAST,
+        ]
     )
+    out = capsys.readouterr().out
+    assert "sglang 0.5.10" in out
+    assert "(AIConfigurator did not measure sglang 0.5.10, the version asked: the newest tables)" in out
 
 
 def test_a_multi_box_sweep_keeps_every_box_or_says_why(plain_install, capsys):
@@ -221,7 +231,7 @@ def test_a_multi_box_sweep_keeps_every_box_or_says_why(plain_install, capsys):
         **_fast(),
     )
     assert sorted(df["box"]) == ["h100-sxm-8x", "rtx-pro-6000-server-8x"] and not df.attrs["skipped"]
-    # a box that cannot be costed as asked stops the sweep before it runs, naming the box
+    # a version pipesim does not model stops the sweep before it runs, in one line
     with pytest.raises(SystemExit) as exc:
         main(
             [
@@ -233,13 +243,10 @@ def test_a_multi_box_sweep_keeps_every_box_or_says_why(plain_install, capsys):
                 "--box",
                 "h100-sxm-8x,rtx-pro-6000-server-8x",
                 "--engine-version",
-                "0.5.6.post2",
+                "0.2.0",
                 *FAST,
             ]
         )
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1
-    assert err.endswith(
-        "box rtx-pro-6000-server-8x: --engine-version 0.5.6.post2: AIConfigurator measured "
-        "rtx_pro_6000_server's sglang kernels with 0.5.14; pick one of those"
-    )
+    assert "--engine-version '0.2.0': pipesim models sglang 0.3.4 to 0.5.x" in err

@@ -4,7 +4,7 @@ max_num_seqs caps the total, chunked prefill mixed with decode."""
 from collections import defaultdict
 
 import pytest
-from conftest import simulate
+from conftest import no_host_loop, simulate
 
 import pipesim
 from pipesim.profiles.profile import load_profile
@@ -157,7 +157,7 @@ def test_one_group_when_all_start_together(vllm_profile):
     # implicit groups: C requests that arrive at once are all scheduled in the first
     # batch and stay together, so with PP4 only one batch of decodes is ever in flight
     # at a time (the 1/pp utilisation pathology, physics.md §6)
-    sc = scenario(vllm_profile, 4, concurrency=8, output_len="20")
+    sc = scenario(no_host_loop(vllm_profile), 4, concurrency=8, output_len="20")  # no front end: at once
     sim, ev = run_tracked(sc, 0, 8)
     decode_batches = [b for b in sim.record().batches if b[3] == "decode"]
     assert decode_batches
@@ -171,7 +171,7 @@ def test_group_sizes_show_the_single_group():
     # the result's in-flight groups (the analogue of decode_batch_per_slot): C = 8
     # arriving at once form one group, so with PP4 one batch of 8 is in flight and the
     # other three places are empty
-    sc = scenario(load_profile_vllm(), 4, concurrency=8, output_len="20")
+    sc = scenario(no_host_loop(load_profile_vllm()), 4, concurrency=8, output_len="20")
     r = pipesim.run(sc, warmup_requests=8, measure_requests=16, ci_target=None)
     assert len(r.group_sizes) == 4
     assert r.group_sizes[0] == pytest.approx(8) and r.group_sizes[1:] == [0.0, 0.0, 0.0]

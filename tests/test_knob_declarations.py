@@ -52,6 +52,9 @@ CASES = [
      lambda e: e["cuda_graph_max_bs"] == 0),
     ("sglang", ["--cuda-graph-max-bs", "24"], dict(cuda_graph_max_bs=24), "cuda_graph_max_bs",
      lambda e: e["cuda_graph_max_bs"] == 24),
+    # the overlap scheduler (on by default from 0.3.6 at pp 1) off
+    ("sglang", ["--disable-overlap-schedule"], dict(disable_overlap_schedule=True), "disable_overlap_schedule",
+     lambda e: e["host"]["overlap"] is False),
     ("vllm", ["--max-num-seqs", "12"], dict(max_num_seqs=12), "max_num_seqs", lambda e: e["max_num_seqs"] == 12),
     ("vllm", ["--max-num-batched-tokens", "1024"], dict(max_num_batched_tokens=1024), "max_num_batched_tokens",
      lambda e: e["max_num_batched_tokens"] == 1024),
@@ -72,6 +75,17 @@ CASES = [
      lambda e: e["enable_prefix_caching"] is False),
     ("vllm", ["--enable-prefix-caching"], dict(enable_prefix_caching=True), "enable_prefix_caching",
      lambda e: e["enable_prefix_caching"] is True),
+    ("vllm", ["--no-enable-chunked-prefill"], dict(enable_chunked_prefill=False), "enable_chunked_prefill",
+     lambda e: e["chunked_prefill"] is False),
+    ("vllm", ["--enable-chunked-prefill"], dict(enable_chunked_prefill=True), "enable_chunked_prefill",
+     lambda e: e["chunked_prefill"] is True),
+    # V0's (0.6-0.7): multi-step scheduling and the async output processor
+    ("vllm", ["--engine-version", "0.6.3.post1", "--num-scheduler-steps", "8"],
+     dict(engine_version="0.6.3.post1", num_scheduler_steps=8), "num_scheduler_steps",
+     lambda e: e["host"]["scheduler_steps"] == 8 and e["host"]["generation"] == "V0"),
+    ("vllm", ["--engine-version", "0.6.3.post1", "--disable-async-output-proc"],
+     dict(engine_version="0.6.3.post1", disable_async_output_proc=True), "disable_async_output_proc",
+     lambda e: e["host"]["async_output"] is False and e["host"]["generation"] == "V0"),
 ]  # fmt: skip
 IDS = [" ".join(c[1]) for c in CASES]
 
@@ -80,7 +94,12 @@ def test_the_cases_cover_every_declared_knob_and_flag():
     declared = {(name, k.name) for name, cls in ENGINES.items() for k in knobs(cls)}
     assert {(engine, knob_name) for engine, _, _, knob_name, _ in CASES} == declared
     flags = {f for cls in ENGINES.values() for k in knobs(cls) for f in k.flags}
-    given = {a for _, argv, *_ in CASES for a in argv if a.startswith("--") and a != "--pp"}
+    given = {
+        a
+        for _, argv, *_ in CASES
+        for a in argv
+        if a.startswith("--") and a not in ("--pp", "--engine-version")
+    }
     assert given == flags
 
 
@@ -142,8 +161,8 @@ def test_a_typo_on_the_command_line_is_one_line(capsys):
     assert err.count("\n") == 1
     assert err.strip().endswith(
         "max_num_seqs is not a sglang knob; sglang knobs: chunked_prefill_size, cuda_graph_max_bs, "
-        "disable_cuda_graph, max_prefill_tokens, max_running_requests, max_total_tokens, mem_fraction_static, "
-        "pp_async_batch_depth, pp_max_micro_batch_size"
+        "disable_cuda_graph, disable_overlap_schedule, max_prefill_tokens, max_running_requests, max_total_tokens, "
+        "mem_fraction_static, pp_async_batch_depth, pp_max_micro_batch_size"
     )
 
 

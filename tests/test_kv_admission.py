@@ -11,8 +11,8 @@ from conftest import simulate, small_kv_scenario
 import pipesim
 from pipesim.engines import kv
 from pipesim.engines.batches import Request
-from pipesim.engines.sglang import SGLangScheduler, SGLangSettings
-from pipesim.engines.vllm import VLLMScheduler, VLLMSettings
+from pipesim.engines.sglang_loop import SGLangScheduler, SGLangSettings
+from pipesim.engines.vllm_loop import VLLMScheduler, VLLMSettings
 
 
 class FakeSim:
@@ -22,6 +22,7 @@ class FakeSim:
         self.waiting: deque = deque()
         self.kv_free, self.running, self.pp = kv_free, 0, pp
         self.cpu_iteration_s = 0.0
+        self.host = None  # the host loop's costs: `form` reads none
         self.requeued: list = []
 
     def admit(self, req: Request) -> None:

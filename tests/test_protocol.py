@@ -44,6 +44,7 @@ class StubSettings:
     slot_cap: int = 0
     async_depth: int = 0
     inflight_groups: int = 0
+    in_flight: int = 1
 
     def describe(self) -> dict:
         return {"engine": "stub"}
@@ -122,8 +123,8 @@ def test_every_engine_config_has_what_engine_config_declares():
 
 def test_every_engine_settings_has_what_engine_settings_declares():
     from pipesim.engines.protocol import EngineSettings
-    from pipesim.engines.sglang import SGLangSettings
-    from pipesim.engines.vllm import VLLMSettings
+    from pipesim.engines.sglang_loop import SGLangSettings
+    from pipesim.engines.vllm_loop import VLLMSettings
 
     fields_or_members = lambda cls: set(vars(cls)) | set(cls.__dataclass_fields__)  # noqa: E731
     for cls in (SGLangSettings, VLLMSettings):

@@ -178,7 +178,8 @@ def test_vllm_rows_carry_group_sizes(vllm_profile):
 
 def test_rows_carry_the_slots_by_position(profile, tmp_path):
     """Every split's slots by position, read back from the file as written: one entry
-    per slot (TP8: 1, TP2 x PP4: 4, PP8: 8), shares in [0, 1], mean requests
+    per slot (TP2 x PP4: 4, PP8: 8; TP8: its one slot and the overlap scheduler's next
+    batch, launched before the last one is back: 2), shares in [0, 1], mean requests
     non-increasing, and the mean number in flight the positions' busy shares summed;
     a DP split has none."""
     from pipesim.base.files import read_table, write_table
@@ -189,7 +190,7 @@ def test_rows_carry_the_slots_by_position(profile, tmp_path):
     for row in back[back.dp == 1].itertuples():
         means = [float(x) for x in str(row.occupancy_by_position).split(";")]
         empty = [float(x) for x in str(row.empty_share_by_position).split(";")]
-        assert len(means) == len(empty) == row.slots
+        assert len(means) == len(empty) == (row.slots if row.pp > 1 else 2)
         assert all(0.0 <= e <= 1.0 for e in empty) and means == sorted(means, reverse=True)
         assert row.batches_in_flight == pytest.approx(sum(1 - e for e in empty), abs=1e-3)
     dp = sweep(8, [16], profile=profile, workers=1, dp=[2], model="qwen3-30b-a3b", **SMALL)

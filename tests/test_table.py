@@ -71,5 +71,6 @@ def test_vllm_says_groups_and_one_position_prints_nothing(base):
     }
     r = replace(base, scenario=sc, occupancy_by_position=[4.0, 4.0], empty_share_by_position=[0.0, 0.0])
     assert _lines(r)[0].startswith("  groups by position")
-    assert "by position" not in table(base)  # TP8: one slot, nothing to compare
+    one = replace(base, occupancy_by_position=[16.0], empty_share_by_position=[0.0])
+    assert "by position" not in table(one)  # one position: nothing to compare
     assert "decode batch per slot" not in table(r)

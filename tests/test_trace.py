@@ -174,9 +174,10 @@ def test_idle_breakdown_adds_up(tp2pp4):
 
 
 def test_cpu_wait_appears_only_with_cpu_cost(profile):
-    """With a scheduler CPU cost per iteration, stage 0 waits on it; without, never."""
+    """With a scheduler CPU cost per iteration in series with the GPU (no overlap
+    scheduler), stage 0 waits on it; without, never."""
     slow_cpu = dataclasses.replace(profile, params=dataclasses.replace(profile.params, cpu_iteration_ms=2.0))
-    sc = build_scenario(tp=8, pp=1, concurrency=4, profile=slow_cpu, **SMALL)
+    sc = build_scenario(tp=8, pp=1, concurrency=4, profile=slow_cpu, disable_overlap_schedule=True, **SMALL)
     sim, r = simulate(sc, ci_target=None)
     [st] = idle_breakdown(sim)
     assert st.idle_cpu > 0.01 and st.idle_p2p == 0.0
@@ -215,7 +216,11 @@ def test_cli_trace_writes_perfetto_json(tmp_path, capsys):
     text = capsys.readouterr().out
     trace = json.loads(out.read_text())
     validate(trace)
-    assert len(names(trace, "thread_name")) == 8 + 8 + 2  # GPUs, hops, CPU, window
+    # GPUs, hops, the engine loop, the window, and the host's own processes (detokenizer,
+    # API streaming, front end, the first stage's kernel launches: prefill runs eagerly)
+    threads = names(trace, "thread_name")
+    assert len(threads) == 8 + 8 + 2 + 4
+    assert {"detokenizer", "api stream", "front end", "kernel launch"} <= set(threads.values())
     assert "stage 7 (GPU 7)" in text and "bubbles" in text
     assert [p.name for p in tmp_path.iterdir()] == ["pp8.json"]  # no temporary file left
 

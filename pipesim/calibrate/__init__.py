@@ -1,11 +1,16 @@
 """Calibration: turning measurements of a box into a profile, and checking a profile
 against measured end-to-end runs.
 
-- `measured`: measured end-to-end points (a profile's measured.csv);
-- `importers/`: tables and points from AIConfigurator, nccl-tests and serving benchmarks;
-- `live/`: measuring a model's operation tables on the visible NVIDIA GPUs;
-- `fit`, `validate`, `diagnose`: free parameters fitted to the points, predictions
-  against them, and where a box loses time.
+- `fit`, `validate`, `diagnose`: a profile's free parameters fitted to its measured
+  end-to-end points (profiles/measured.py), predictions against them, and where a box
+  loses time;
+- `corpus`, `corpus_scenario`, `crosscheck`, `corpus_report`, `residuals`: the public
+  validation corpus, its runs as scenarios, the check against them and the residuals
+  the bands are fitted from;
+- `live/`: measuring a model's operation tables on the visible NVIDIA GPUs.
+
+Importers of other tools' measurements live in profiles/importers/ (the core reads
+their tables).
 
 Nothing is imported here: `import pipesim` must not pull in scipy, torch or the importers.
 """

@@ -32,6 +32,7 @@ NEUTRAL = {
     "allreduce_offset_us": 0.0,
     "eager_launch_us_per_layer": 0.0,
     "kernel_scale": 1.0,
+    "host_cpu_factor": 0.0,  # the tables alone: no host loop (costs/host.py; every term scales by it)
 }
 HYPOTHESES = {
     "allreduce_offset_us": "each TP all-reduce costs more (a slow TP path)",

@@ -24,7 +24,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..report.uncertainty import LIKELY_COVERAGE, RESIDUAL_GROUP, Residuals, band_log
+from ..report.residual_band import RESIDUAL_GROUP, Residuals, band_log
+from ..report.uncertainty import LIKELY_COVERAGE
 
 MIN_SHARE = 0.5  # a prediction with at least this share of unmeasured stage time
 MIN_NUMBERS = 10  # a group fitted on fewer numbers is left out (no roofline band)

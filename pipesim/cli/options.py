@@ -130,7 +130,9 @@ def scenario_options(f: F, lists: bool = False) -> F:
         click.option(
             "--engine-version",
             default=None,
-            help="with --box and no --profile: the engine version of the measured tables [default: the newest]",
+            help="the engine release: its host loop and scheduling rules (docs/engines.md §10) and, with --box and "
+            "no --profile, the measured tables of that version where AIConfigurator has them "
+            "[default: the profile's, else the newest modelled]",
         ),
         click.option(
             "--allow-foreign-profile",
@@ -197,7 +199,8 @@ def scenario_options(f: F, lists: bool = False) -> F:
             "--cpu-iteration-ms",
             type=float,
             default=None,
-            help="what-if: the scheduler's CPU time per iteration [default: the profile's]",
+            help="what-if: extra scheduler CPU time per loop iteration, on top of the host loop's terms "
+            "(docs/host-loop.md) [default: the profile's]",
         ),
         click.option(
             "--moe-distribution",

@@ -124,5 +124,5 @@ class DPStepCosts:
         tokens = [s.tokens for s in real]
         gathered = self.dp * max(tokens) if graphed else sum(tokens)
         moe_c, moe_a = self.moe_part(gathered, max(tokens))
-        moe_c += self.costs.launch_wait(0, sync_s + moe_c + moe_a, graphed)
+        moe_c += self.costs.launch_wait(0, sync_s + moe_c + moe_a, Shape(max(tokens), graphed=graphed))
         return parts, sync_s, moe_c, moe_a

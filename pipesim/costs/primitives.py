@@ -36,6 +36,7 @@ from ..inputs.quantization import WeightFormat, as_format
 from ..profiles.curves import bracket, grid_provenance, weakest
 from ..profiles.profile import Profile
 from .collectives import Collectives, ring_bw
+from .host import hop_cpu_s
 from .roofline import PROVENANCE_FITTED, shipped_fit
 
 ACT_BYTES = 2  # activations are bf16
@@ -221,7 +222,7 @@ class Primitives:
                 else 0.0
             )
             hit = self._hop_time_cache[key] = (
-                latency_s + nbytes * s_per_byte + gather + self.params.cpu_hop_ms * 1e-3
+                latency_s + nbytes * s_per_byte + gather + hop_cpu_s(self.params)
             )
         return hit
 

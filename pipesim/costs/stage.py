@@ -17,6 +17,7 @@ from ..inputs.model import Model
 from ..inputs.plan import Plan
 from ..inputs.quantization import BF16
 from ..profiles.profile import Profile
+from .host import HostCosts
 from .moe import alltoall_ops, ep_moe_time
 from .primitives import ACT_BYTES, Op, Primitives, Shape
 from .provenance import Ledger, summed
@@ -41,6 +42,7 @@ class CostModel(Primitives):
         self._stage_cache: dict = {}
         self.ledger = Ledger()  # provenance of every stage time the run used
         self._kinds = tuple(self._stage_kind(s) for s in range(plan.pp))
+        self.host = HostCosts(profile.params, model, plan)  # the engine's host loop (host.py)
 
     def stage_ops(self, stage: int, shape: Shape) -> list[Op]:
         """Every operation a micro-batch of `shape` runs on `stage`, per TP rank."""
@@ -149,7 +151,7 @@ class CostModel(Primitives):
             ops = self.stage_ops(stage, Shape(shape.decode, ctx, shape.prefill))
             compute, comm, by_source = summed(ops, self.params.kernel_scale)
             self.ledger.enter(key, by_source)
-            compute += self.launch_wait(stage, compute + comm, shape.graphed)
+            compute += self.launch_wait(stage, compute + comm, shape)
             hit = self._stage_cache[key] = (compute, comm)
         self.ledger.use(key)
         return hit
@@ -160,17 +162,16 @@ class CostModel(Primitives):
         left out); all zeros before any."""
         return self.ledger.shares()
 
-    def launch_wait(self, stage: int, gpu_s: float, graphed: bool) -> float:
+    def launch_wait(self, stage: int, gpu_s: float, shape: Shape) -> float:
         """GPU time lost waiting for the CPU to launch kernels one by one.
 
-        Replaying a CUDA graph launches a whole forward pass at once. Without one
-        (eager mode, prefill, batches above the engine's graph sizes) the CPU issues
-        every kernel; when that takes longer than the GPU needs to run them, the stage
-        takes max(launch time, GPU time). Launch time = layers x the profile's
-        eager_launch_us_per_layer (fitted to measurements; 0 = not measured)."""
-        if graphed or not self.params.eager_launch_us_per_layer:
-            return 0.0
-        launch_s = len(self.plan.stage_layers(stage)) * self.params.eager_launch_us_per_layer * 1e-6
+        Replaying a CUDA graph launches a whole forward pass at once (but for the
+        kernels an engine launches between graph pieces). Without one (eager mode,
+        prefill, batches above the engine's graph sizes) the CPU issues every kernel;
+        when that takes longer than the GPU needs to run them, the stage takes
+        max(launch time, GPU time). Launch time: host.py `launch_s` (kernels per layer
+        x launch cost per kernel, or a deployment's own eager_launch_us_per_layer)."""
+        launch_s = self.host.launch_s(stage, shape.graphed, bool(shape.prefill))
         return max(0.0, launch_s - gpu_s)
 
     def _stage_kind(self, stage: int) -> tuple:

@@ -62,7 +62,18 @@ PrefillChunk = tuple[Request, int, int]
 
 
 class MicroBatch:
-    __slots__ = ("seq", "slot", "decode", "prefill", "shape", "returned", "it", "cpu_launch_s", "rank")
+    __slots__ = (
+        "seq",
+        "slot",
+        "decode",
+        "prefill",
+        "shape",
+        "returned",
+        "it",
+        "cpu_launch_s",
+        "rank",
+        "host_s",
+    )
 
     def __init__(
         self,
@@ -86,6 +97,7 @@ class MicroBatch:
         self.it = 0  # the scheduler's slot iteration that launched it (SGLang PP)
         self.cpu_launch_s = env.now  # when the previous rank's CPU launched it
         self.rank = 0  # the data-parallel rank whose scheduler formed it (dataparallel.py)
+        self.host_s = 0.0  # CPU of the iteration that formed it, on every PP rank's loop (SGLang)
 
     @property
     def size(self) -> int:

@@ -84,6 +84,40 @@ def retract_estimate(remaining: list[Request]) -> float:
     return min(1.0, (decoded + RETRACT_DECODE_STEPS * len(remaining)) / (max_new + 1))
 
 
+def decode_memory(sim: EngineSimulation, running: list[Request], ratio: NewTokenRatio) -> bool:
+    """SGLang's `update_running_batch` (docs/engines.md §4): a decode step needs one KV
+    token per request (page size 1, `check_decode_mem`); without them `retract_decode`
+    evicts requests, else the ratio decays. Takes the step's tokens; False when not even
+    one request can decode (SGLang asserts there)."""
+    if sim.kv_free < len(running):
+        retract_decode(sim, running, ratio)
+    else:
+        ratio.step()
+    if sim.kv_free < len(running):
+        return False
+    for r in running:  # take of one token each, inlined: once per request per step
+        r.kv_reserved += 1
+    sim.kv_free -= len(running)
+    return True
+
+
+def retract_decode(sim: EngineSimulation, running: list[Request], ratio: NewTokenRatio) -> None:
+    """`ScheduleBatch.retract_decode`: order by (outputs, -prompt) descending and evict
+    from the end (fewest outputs, then longest prompt) until the rest can decode one
+    step, at least one and never the last; the evicted free their KV and join the back
+    of the waiting queue (`_extend_requests_to_queue`), to re-prefill prompt and
+    outputs; the ratio becomes `retract_estimate` of the kept."""
+    keep = sorted(running, key=lambda r: (r.generated, -r.input_len), reverse=True)
+    first = True
+    while (first or sim.kv_free < len(keep)) and len(keep) > 1:
+        first = False
+        r = keep.pop()
+        r.slot = -1
+        sim.requeue(r, front=False)
+    running[:] = [r for r in running if r.queued is None]
+    ratio.value = retract_estimate(running)
+
+
 class FreeBlockQueue:
     """vLLM's free block queue with prefix caching on (docs/engines.md §4), in tokens of
     whole blocks: free memory in the order it was freed, the oldest first. A new

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 import simpy
 
 if TYPE_CHECKING:
+    from ..costs.host import HostCosts
     from ..inputs.box import Box
     from ..inputs.memory import MemoryRule
     from ..inputs.model import Model
@@ -33,7 +34,8 @@ class EngineSimulation(Protocol):
     waiting: deque[Request]  # arrived, not yet admitted, in arrival order
     running: int  # admitted, not finished
     kv_free: int  # KV-cache tokens no request holds (engines take them as batches form)
-    cpu_iteration_s: float  # scheduler CPU time per formed batch (profile)
+    cpu_iteration_s: float  # the profile's own extra scheduler CPU per iteration
+    host: HostCosts  # the host loop's terms: what the engine loop's CPU costs (costs/host.py)
     pp: int  # pipeline stages the batches run through (1 for a DP rank)
 
     def next_iteration(self) -> None: ...  # the first rank starts its next slot iteration (SGLang PP)
@@ -45,6 +47,9 @@ class EngineSimulation(Protocol):
     def launch(self, slot: int, decode: list, prefill: list) -> MicroBatch: ...
 
     def cpu(self, seconds: float) -> Generator[simpy.Event, None, None]: ...
+
+    # the engine loop's CPU, by part (scheduler, input_prep, broadcast, output_step, launch)
+    def charge(self, parts: Sequence[tuple[str, float]]) -> Generator[simpy.Event, None, None]: ...
 
     def wait_arrival(self) -> simpy.Event: ...
 
@@ -77,6 +82,9 @@ class EngineSettings(Protocol):
 
     @property
     def inflight_groups(self) -> int: ...  # batches in flight whose requests form groups (vLLM); 0: slots
+
+    @property
+    def in_flight(self) -> int: ...  # the most batches launched and not yet back at once
 
     @property
     def prefill_budget(self) -> int: ...  # prompt tokens one batch takes at most
@@ -124,6 +132,7 @@ class EngineConfig(Protocol):
     # how the engine sizes its KV pool at `version` (engines/reserve.py; "": not known)
     def memory_rule(self, box: Box, plan: Plan, model: Model, version: str) -> MemoryRule: ...
 
+    # `version`: the engine release (its host-loop rules; None: the newest modelled)
     def resolve(
-        self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int
+        self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int, version: str | None = None
     ) -> EngineSettings: ...

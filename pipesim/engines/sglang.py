@@ -1,4 +1,5 @@
-"""SGLang: its knobs, their defaults, and its pipeline-parallel scheduler loop.
+"""SGLang: its knobs, their defaults, and how they resolve (the loop that runs them:
+sglang_loop.py).
 
 Source: sgl-project/sglang, python/sglang/srt/managers/scheduler_pp_mixin.py
 (`event_loop_pp`), scheduler.py, server_args.py, model_executor/model_runner.py.
@@ -20,47 +21,25 @@ Source: sgl-project/sglang, python/sglang/srt/managers/scheduler_pp_mixin.py
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar
 
-import simpy
-
 from ..base.checks import MAX_ASYNC_DEPTH, MAX_BATCH_TOKENS, MAX_CONFIG_SIZE, MAX_RUNNING
+from ..profiles.hostloop import newest as newest_version
 from .knobs import check_values, knob
-from .kv import CLIP_MAX_NEW_TOKENS, NewTokenRatio, retract_estimate, take
-from .protocol import EngineSimulation
+from .releases import sglang_rules
 from .reserve import sglang_rule
-from .routing import RoundRobin
+from .sglang_loop import SGLangSettings
 
 if TYPE_CHECKING:
     from ..inputs.box import Box
     from ..inputs.memory import MemoryRule
     from ..inputs.model import Model
     from ..inputs.plan import Plan
-    from .batches import MicroBatch, PrefillChunk, Request
 
 MiB = 2**20
-
-
-@lru_cache(maxsize=64)
-def capture_sizes(max_bs: int) -> tuple[int, ...]:
-    """Decode batch sizes SGLang captures CUDA graphs for, up to `cuda_graph_max_bs`
-    (server_args.py `_generate_cuda_graph_batch_sizes`, no speculative decoding;
-    docs/engines.md §5)."""
-    sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
-    return tuple(b for b in sizes if b <= max_bs)
-
-
-def padded_size(sizes: tuple[int, ...], n: int) -> int:
-    """The captured size a batch of `n` is padded to (`bisect_left`, as the graph
-    runners do), or 0 when `n` is above every captured size (eager)."""
-    from bisect import bisect_left
-
-    i = bisect_left(sizes, n)
-    return sizes[i] if i < len(sizes) else 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +107,11 @@ class SGLangConfig:
         bounds=(1, MAX_RUNNING),
         source="server_args.py `cuda_graph_max_bs`, `_generate_cuda_graph_batch_sizes`",
     )
+    disable_overlap_schedule: bool = knob(
+        False,
+        help="no overlap scheduler: the next batch is scheduled after this one's results (on from 0.3.6 otherwise)",
+        source="server_args.py `disable_overlap_schedule` (store_true); scheduler.py `event_loop_overlap`",
+    )
 
     name: ClassVar[str] = "sglang"
     title: ClassVar[str] = "SGLang"
@@ -187,7 +171,9 @@ class SGLangConfig:
         gb = gpu_memory_bytes / MiB / 1024
         return 2048 if gb < 35 else 4096 if gb < 60 else 8192 if gb < 160 else 16384
 
-    def resolve(self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int) -> SGLangSettings:
+    def resolve(
+        self, gpu_memory_bytes: float, plan: Plan, model: Model, kv_tokens: int, version: str | None = None
+    ) -> SGLangSettings:
         # model_runner.py: req pool = clamp(kv_tokens / context_len * 512, 2048, 4096);
         # max_running_requests = min(kv_tokens // 2, req pool) unless given.
         pool = min(max(int(kv_tokens / model.max_context * 512), 2048), 4096)
@@ -210,238 +196,11 @@ class SGLangConfig:
             kv_tokens=kv_tokens,
             mem_fraction_static=self.memory_fraction(gpu_memory_bytes, plan.tp, plan.pp),
             cuda_graph_max_bs=0 if self.disable_cuda_graph else self.graph_max_bs(gpu_memory_bytes, plan.tp),
+            host=sglang_rules(
+                version or newest_version("sglang"),
+                plan.pp,
+                plan.tp,
+                plan.dp_attention,
+                self.disable_overlap_schedule,
+            ),
         )
-
-
-@dataclass(frozen=True)
-class SGLangSettings:
-    """Every SGLang knob resolved to the value the engine would run with."""
-
-    max_running_requests: int
-    pp_max_micro_batch_size: int
-    pp_async_batch_depth: int
-    slots: int
-    chunked_prefill_size: int
-    max_prefill_tokens: int
-    kv_tokens: int
-    mem_fraction_static: float
-    cuda_graph_max_bs: int  # 0: CUDA graphs disabled
-
-    @property
-    def running_cap(self) -> int:
-        """`max_running_requests` caps the running requests (EngineSettings)."""
-        return self.max_running_requests
-
-    @property
-    def slot_cap(self) -> int:
-        """`pp_max_micro_batch_size` caps each slot's running requests (EngineSettings)."""
-        return self.pp_max_micro_batch_size
-
-    @property
-    def async_depth(self) -> int:
-        """`pp_async_batch_depth`: the last PP rank holds a batch's outputs this many
-        slot iterations (EngineSettings; docs/engines.md §3)."""
-        return self.pp_async_batch_depth
-
-    @property
-    def inflight_groups(self) -> int:
-        """SGLang has micro-batch slots, not implicit groups (EngineSettings)."""
-        return 0
-
-    @property
-    def prefill_budget(self) -> int:
-        """Prompt tokens one prefill batch takes: the chunk, within the prefill budget
-        (`PrefillAdder`, the scheduler's `_prefill`; EngineSettings)."""
-        return min(self.chunked_prefill_size, self.max_prefill_tokens)
-
-    @property
-    def mixes_prefill(self) -> bool:
-        """Prefill-first: a slot's turn runs a prefill batch instead of its decode batch,
-        never both (EngineSettings)."""
-        return False
-
-    @property
-    def batches_per_request(self) -> int:
-        """A request rides one batch at a time: its slot's (EngineSettings)."""
-        return 1
-
-    def describe(self) -> dict:
-        """The resolved knobs for the scenario description (`scenario.engine`)."""
-        return {"engine": "sglang", **asdict(self)}
-
-    def graphed(self, decode: int, prefill_tokens: int) -> bool:
-        """SGLang replays CUDA graphs for decode batches up to cuda_graph_max_bs;
-        prefill (extend) batches run eagerly."""
-        return prefill_tokens == 0 and decode <= self.cuda_graph_max_bs
-
-    def graph_tokens(self, decode: int, prefill_tokens: int) -> int:
-        """Tokens the batch runs at: a graphed decode batch is padded to the next
-        captured size (`CudaGraphRunner.replay`, docs/engines.md §5); 0 when eager."""
-        if prefill_tokens or not self.cuda_graph_max_bs:
-            return 0
-        return padded_size(capture_sizes(self.cuda_graph_max_bs), decode)
-
-    def scheduler(self, sim: EngineSimulation) -> SGLangScheduler:
-        return SGLangScheduler(sim, self)
-
-    def router(self, dp: int) -> RoundRobin:
-        """The data-parallel controller's default rule (routing.py)."""
-        return RoundRobin(dp)
-
-
-class SGLangScheduler:
-    """The first stage's scheduler loop over micro-batch slots."""
-
-    def __init__(self, sim: EngineSimulation, settings: SGLangSettings):
-        self.sim, self.s = sim, settings
-        self.slot_running: list[list] = [[] for _ in range(settings.slots)]
-        self.inflight: list = [None] * settings.slots
-        self.chunked: Request | None = None  # request whose prompt is partly prefilled
-        self.cpu_s = sim.cpu_iteration_s
-        self.ratio = NewTokenRatio()  # schedule_conservativeness 1.0 (SGLang's default)
-
-    def run(self) -> Generator[simpy.Event, object, None]:
-        """One pass per slot, in SGLang's order (`event_loop_pp`, docs/engines.md §2-3):
-        every slot iteration costs the rank's CPU (`cpu_iteration_ms`: receive requests,
-        form the batch, process the results), empty slots included while the server is
-        busy. It launches this slot's batch, then blocks until the *next* slot's outputs
-        have arrived and processes them, so its CPU time sits between a batch's return
-        and the next launch; with async depth d there are pp + d slots, up to pp + d
-        batches in flight, and the GPUs can work through queued batches meanwhile."""
-        sim, n = self.sim, self.s.slots
-        inflight = self.inflight
-        busy = 0  # batches in flight
-        owed = 0.0  # CPU of empty iterations not yet charged (one event for a run of them)
-        while True:
-            worked = False
-            for slot in range(n):
-                sim.next_iteration()
-                batch = self.form(slot)
-                nxt = (slot + 1) % n
-                if batch is not None or busy:
-                    owed += self.cpu_s
-                if batch is not None:
-                    yield from sim.cpu(owed)
-                    owed = 0.0
-                    inflight[slot] = sim.launch(slot, *batch)
-                    busy += 1
-                    worked = True
-                mb = inflight[nxt]
-                if mb is not None:
-                    if owed:
-                        yield from sim.cpu(owed)
-                        owed = 0.0
-                    yield mb.returned  # outputs relayed from the last stage
-                    inflight[nxt] = None
-                    busy -= 1
-                    worked = True
-            if not worked:
-                owed = 0.0
-                self.ratio.reset()  # the server idles (self_check_during_idle)
-                yield sim.wait_arrival()
-
-    def form(self, slot: int) -> tuple[list, list] | None:
-        """(decode requests, prefill chunks) for this slot's turn, or None."""
-        prefill = self._prefill(slot)
-        if prefill:
-            return [], prefill
-        running = self.slot_running[slot]
-        if running and self._decode_memory(running):
-            return list(running), []
-        return None
-
-    def _decode_memory(self, running: list) -> bool:
-        """`update_running_batch` (docs/engines.md §4): a decode step needs one KV token
-        per request (page size 1, `check_decode_mem`); without them `retract_decode`
-        evicts requests, else the ratio decays. Takes the step's tokens; False when
-        not even one request can decode (SGLang asserts there)."""
-        sim = self.sim
-        if sim.kv_free < len(running):
-            self.retract(running)
-        else:
-            self.ratio.step()
-        if sim.kv_free < len(running):
-            return False
-        for r in running:  # kv.take of one token each, inlined: once per request per step
-            r.kv_reserved += 1
-        sim.kv_free -= len(running)
-        return True
-
-    def retract(self, running: list) -> None:
-        """`ScheduleBatch.retract_decode`: order by (outputs, -prompt) descending and
-        evict from the end (fewest outputs, then longest prompt) until the rest can
-        decode one step, at least one and never the last; the evicted free their KV and
-        join the back of the waiting queue (`_extend_requests_to_queue`), to re-prefill
-        prompt and outputs; the ratio becomes `retract_estimate` of the kept."""
-        sim = self.sim
-        keep = sorted(running, key=lambda r: (r.generated, -r.input_len), reverse=True)
-        first = True
-        while (first or sim.kv_free < len(keep)) and len(keep) > 1:
-            first = False
-            r = keep.pop()
-            r.slot = -1
-            sim.requeue(r, front=False)
-        running[:] = [r for r in running if r.queued is None]
-        self.ratio.value = retract_estimate(running)
-
-    def _prefill(self, slot: int) -> list[PrefillChunk]:
-        """`PrefillAdder` over the waiting queue (docs/engines.md §4): a request is
-        admitted while its prefill + min(max_new, CLIP) + one page is below the free KV
-        less the reservation: the slot's running requests' remaining outputs (clipped)
-        times `new_token_ratio`, plus the whole remaining output of each request
-        admitted in this pass (a truncated chunk reserves none)."""
-        sim, s = self.sim, self.s
-        budget = s.prefill_budget
-        chunks: list[PrefillChunk] = []
-        if self.chunked is not None:  # a chunked request continues in any slot
-            r = self.chunked
-            chunk = min(r.prefill_len - r.scheduled, budget, sim.kv_free)
-            if chunk > 0:
-                take(sim, r, chunk)
-                chunks.append((r, chunk, r.scheduled))
-                r.scheduled += chunk
-                budget -= chunk
-            if r.scheduled == r.prefill_len:
-                self.chunked = None
-        room = s.pp_max_micro_batch_size - len(self.slot_running[slot]) - len(chunks)
-        if not sim.waiting or budget <= 0 or room <= 0:
-            return chunks
-        ratio = self.ratio.value
-        offset = sum(min(r.output_len - r.generated, CLIP_MAX_NEW_TOKENS) for r in self.slot_running[slot])
-        offset *= ratio
-        if self.chunked is None and chunks:
-            r = chunks[0][0]  # the chunked request's last chunk reserves its outputs
-            offset += min(r.output_len - r.generated, CLIP_MAX_NEW_TOKENS)
-        while sim.waiting and budget > 0 and room > 0:
-            r = sim.waiting[0]
-            if sim.running >= s.max_running_requests:
-                break
-            prefill = r.input_len + r.generated
-            max_new = min(r.output_len - r.generated, CLIP_MAX_NEW_TOKENS)
-            if prefill + max_new + 1 >= sim.kv_free - offset:
-                break  # AddReqResult.NO_TOKEN
-            sim.waiting.popleft()
-            sim.admit(r)
-            chunk = min(r.prefill_len, budget)
-            take(sim, r, chunk)
-            chunks.append((r, chunk, 0))
-            r.scheduled = chunk
-            budget -= chunk
-            room -= 1
-            if chunk < r.prefill_len:
-                self.chunked = r
-                break
-            offset += max_new
-        return chunks
-
-    def on_return(self, mb: MicroBatch, finished: list[Request]) -> None:
-        """Results of a slot's batch: newly prefilled requests join this slot (sticky),
-        finished ones leave it."""
-        running = self.slot_running[mb.slot]
-        for r, _, _ in mb.prefill:
-            if r.prefilled == r.prefill_len and r.generated < r.output_len:
-                r.slot = mb.slot
-                running.append(r)
-        if finished:
-            done = {id(r) for r in finished}
-            running[:] = [r for r in running if id(r) not in done]

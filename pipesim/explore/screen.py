@@ -220,7 +220,7 @@ def _with_cap(sc: Scenario, cap: int | None):
             changes[d] = None
     cfg = replace(cfg, **changes)
     cfg.validate()
-    return cfg.resolve(sc.box.gpu.memory_bytes, sc.plan, sc.model, sc.memory.kv_tokens)
+    return cfg.resolve(sc.box.gpu.memory_bytes, sc.plan, sc.model, sc.memory.kv_tokens, sc.engine_version)
 
 
 def _workload(sc: Scenario, load: float, open_loop: bool, kwargs: dict) -> Workload:

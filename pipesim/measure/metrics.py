@@ -17,6 +17,7 @@ import numpy as np
 from ..base.errors import UserError
 from .record import Record
 from .request_tally import ROW_COLUMNS
+from .rows import LOOP_PARTS, PROCESS_PARTS
 from .sketch import percentile
 from .steady import closed_loop_ci, queue_wait_s, slot_orbits
 from .tally import InflightGroups
@@ -140,6 +141,11 @@ class Result:
     # data parallelism (dataparallel.py): ranks, lock step, requests per rank, dummy-step
     # share per rank; empty with one rank
     data_parallel: dict = field(default_factory=dict)
+    # the engine loop's busy share by part (LOOP_PARTS; they sum to cpu_share), and the
+    # busy share of the host's other processes (PROCESS_PARTS: the output path's
+    # detokenizer and API-process streaming, the front end), each a process of its own
+    cpu_parts: dict = field(default_factory=dict)
+    host_processes: dict = field(default_factory=dict)
 
     @cached_property
     def requests(self) -> pd.DataFrame:
@@ -305,7 +311,7 @@ def collect(
         },
         allreduce_share=float(stages["allreduce"].mean()),
         p2p_share=float(np.mean(hops)) if hops else 0.0,
-        cpu_share=st.cpu_s / span,
+        cpu_share=st.cpu_s / span / rec.dp,
         link_wait_share=st.link_wait_s / span,
         mean_requests_per_microbatch=st.batch_requests / st.batches if st.batches else 0.0,
         mean_decode_batch=st.decode_requests / st.decode_batches if st.decode_batches else 0.0,
@@ -329,4 +335,6 @@ def collect(
         stretch_samples=stretches,
         provenance_shares=dict(provenance_shares or {}),
         data_parallel=dict(data_parallel or {}),
+        cpu_parts={p: st.host_s[p] / span / rec.dp for p in LOOP_PARTS},
+        host_processes={p: st.host_s[p] / span for p in PROCESS_PARTS},
     )

@@ -72,6 +72,7 @@ def freeze(
         hops={n: rows.hops[s] for s, n in enumerate(names)},
         hop_names=names,
         cpu=rows.cpu,
+        host=rows.host,
         tokens=rows.tokens,
         batches=rows.batches,
         link_wait=rows.link_wait,
@@ -125,6 +126,7 @@ class Record:
     # running requests evicted for KV, (time_s, rid) (SGLang retract_decode, vLLM preemption)
     evictions: list = field(default_factory=list)
     kv_free: list = field(default_factory=list)  # (launch_s, KV-cache tokens free) per batch
+    host: dict = field(default_factory=dict)  # host part -> its rows (rows.HOST_PARTS; a kept record's)
     # vLLM: batches in flight (max_concurrent_batches); the i-th launched batch is in
     # group i mod groups (0: the engine has micro-batch slots instead)
     groups: int = 0

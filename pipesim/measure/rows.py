@@ -44,6 +44,16 @@ class TokenReturn(NamedTuple):
     tokens: int
 
 
+# The engine loop's parts (its thread, stage 0: `Recorder.cpu` is their union) and the
+# other host processes' (docs/host-loop.md §6): the detokenizer (SGLang), the API
+# process's streaming and its front end (tokenising each request), and the launching of
+# the first stage's kernels by whichever thread launches them (the loop's own, or a
+# forward thread or worker process beside it)
+LOOP_PARTS = ("scheduler", "input_prep", "broadcast", "output_step", "launch")
+PROCESS_PARTS = ("detokenizer", "api_stream", "front_end", "kernel_launch")
+HOST_PARTS = LOOP_PARTS + PROCESS_PARTS
+
+
 def hop_name(stage: int, stages: int) -> str:
     """The name of the PP hop out of `stage` (from the last stage: back to stage 0)."""
     return f"stage{stage}->stage{(stage + 1) % stages}"
@@ -54,13 +64,27 @@ class Recorder:
     (tally.py folds them as the run goes). Per-stage lists are indexed by stage; hops
     are per stage too (the hop out of that stage)."""
 
-    __slots__ = ("compute", "comm", "hops", "cpu", "tokens", "batches", "link_wait", "evictions", "kv_free")
+    __slots__ = (
+        "compute",
+        "comm",
+        "hops",
+        "cpu",
+        "host",
+        "tokens",
+        "batches",
+        "link_wait",
+        "evictions",
+        "kv_free",
+    )
 
     def __init__(self, stages: int) -> None:
         self.compute: list[list[IntervalRow]] = [[] for _ in range(stages)]
         self.comm: list[list[IntervalRow]] = [[] for _ in range(stages)]  # TP collectives
         self.hops: list[list[IntervalRow]] = [[] for _ in range(stages)]  # hop out of each stage
-        self.cpu: list[IntervalRow] = []  # scheduler CPU on the first stage
+        self.cpu: list[IntervalRow] = []  # the engine loop's CPU on the first stage (every part)
+        # the host loop by part (HOST_PARTS): the engine loop's (also in `cpu`) and the
+        # output path's and front end's processes
+        self.host: dict[str, list[IntervalRow]] = {part: [] for part in HOST_PARTS}
         self.tokens: list[TokenReturn] = []
         self.batches: list[Batch] = []
         self.link_wait: list[IntervalRow] = []  # waits for a shared PCIe link
@@ -71,13 +95,13 @@ class Recorder:
     def clip(self, end_s: float) -> None:
         """Cut the rows at the run's stop: work booked to start after it was never
         reached; work under way at the stop ends there (a kept record, the trace)."""
-        for rows in (*self.compute, *self.comm, *self.hops, self.cpu, self.link_wait):
+        for rows in (*self.compute, *self.comm, *self.hops, self.cpu, self.link_wait, *self.host.values()):
             rows[:] = [(a, b if b <= end_s else end_s) for a, b in rows if a < end_s]
 
     def drop_before(self, b: float, final: bool = False) -> None:
         """Let go of the rows a fold up to `b` has counted and no later stretch needs:
         intervals that end by `b` and points before it (every row, when `final`)."""
-        for rows in (*self.compute, *self.comm, *self.hops, self.cpu, self.link_wait):
+        for rows in (*self.compute, *self.comm, *self.hops, self.cpu, self.link_wait, *self.host.values()):
             rows[:] = [r for r in rows if r[1] > b] if not final else []
         for points in (self.tokens, self.batches, self.evictions, self.kv_free):
             del points[: len(upto(points, b, final))]

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .occupancy import Occupancy
-from .rows import Recorder, upto
+from .rows import HOST_PARTS, Recorder, upto
 from .steady import TimeHistogram
 
 if TYPE_CHECKING:
@@ -159,7 +159,9 @@ class StepTally:
     one per slot or, with vLLM's groups, one per group; not for the rows of DP ranks
     (more rows than slots and no groups), whose returns interleave."""
 
-    def __init__(self, stages: int, slots: int, groups: int = 0, open_loop: bool = True) -> None:
+    def __init__(
+        self, stages: int, slots: int, groups: int = 0, open_loop: bool = True, positions: int | None = None
+    ) -> None:
         self.stages, self.slots = stages, slots
         self.cut_s = 0.0  # rows before this time are folded
         self.window_s: tuple[float, float] | None = None  # set by the last fold
@@ -171,13 +173,16 @@ class StepTally:
         self._open_idle_s = list(zeros)  # an idle stretch running into the next stretch
         self.hop_s = list(zeros)  # busy seconds of the hop out of each stage
         self.cpu_s = self.link_wait_s = 0.0
+        self.host_s: dict[str, float] = dict.fromkeys(HOST_PARTS, 0.0)  # busy seconds by host part
         self.tokens = 0.0  # output tokens returned in the window
         # ... and when: an open loop's batch means (a closed loop's come from its requests)
         self.token_times = TimeHistogram() if open_loop else None
         self.batches = self.batch_requests = self.decode_batches = self.decode_requests = 0
         self.slot_decode, self.slot_decode_batches = [0] * slots, [0] * slots
         self.groups = InflightGroups(groups) if groups else None
-        self.occupancy = Occupancy(groups or slots) if groups or slots >= stages else None
+        # positions: the most batches in flight at once (default: a group or a slot each)
+        positions = positions if positions is not None else (groups or slots)
+        self.occupancy = Occupancy(positions) if groups or slots >= stages else None
         self.evictions = self.evictions_total = 0
         self.visits = 0  # stage visits (compute rows) of the whole run
 
@@ -207,6 +212,9 @@ class StepTally:
         cpu = rows_array(rec.cpu)
         self.cpu_s += busy_in(cpu, lo, hi)
         self.link_wait_s += busy_in(rec.link_wait, lo, hi)
+        for part, rows in rec.host.items():
+            if rows:
+                self.host_s[part] += busy_in(rows, lo, hi)
         hops = [rows_array(h) for h in rec.hops]
         for s in range(n):
             self.hop_s[s] += busy_in(hops[s], lo, hi)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,8 +33,10 @@ if TYPE_CHECKING:
 CATALOGUE_EXTRA = "pip install 'pipesim[catalogue]'"
 FIRST_PRINCIPLES = (
     "first principles: the roofline on the box's datasheet rates, kernels through the efficiency "
-    "curves fitted on the measured GPUs (docs/roofline.md), collectives by NCCL's ring model on its links"
+    "curves fitted on the measured GPUs (docs/roofline.md), collectives by NCCL's model on its links "
+    "(calibrated on measured fabrics: docs/collectives.md)"
 )
+NCCL_MODEL = "NCCL's model on this box's links (calibrated on measured fabrics: docs/collectives.md)"
 
 
 def data_root() -> Path | None:
@@ -112,14 +114,17 @@ def profile_for_box(box: Box, engine: str, model: str | None, version: str | Non
     choice = choose(box, engine, model, version)
     if choice.kind == "profile":
         return load_profile(choice.name)
-    if choice.kind == "roofline":
-        require(
-            version is None,
-            f"--engine-version {version}: box {box.name} has no measured tables to pick a version of",
-        )
+    if choice.kind == "roofline":  # the version then picks only the host loop's rules (build.py)
         return first_principles_profile(box, engine)
     if choice.kind == "shipped" and derived.index(choice.name) is not None:
-        prof = _shipped_profile(choice.name, engine, version)
+        measured = measured_version(choice.name, engine, version)
+        prof = _shipped_profile(choice.name, engine, measured)
+        if measured != version:
+            near = (
+                f" (AIConfigurator did not measure {engine} {version}, the version asked: the newest tables)"
+            )
+            sources = {t: v + near for t, v in prof.meta["table_sources"].items()}
+            prof = replace(prof, meta={**prof.meta, "table_sources": sources, "sources": sources})
     else:
         root = data_root()
         require(
@@ -133,7 +138,43 @@ def profile_for_box(box: Box, engine: str, model: str | None, version: str | Non
             f"box {box.name}: AIConfigurator {installed_version()} has no measurements of system {choice.name}",
         )
         prof = _catalogue_profile(str(folder), engine, version)
-    return replace(prof, box=box.name, box_spec=box)
+    if box.collectives_set_aside and "collectives" in prof.tables:
+        prof = _without_collectives(prof, box)
+    chassis = measured_chassis(choice.name)
+    meta = {**prof.meta, **({"collectives_measured_on": chassis} if chassis else {})}
+    return replace(prof, box=box.name, box_spec=box, meta=meta)
+
+
+@cache
+def measured_chassis(system: str) -> str | None:
+    """The box preset that describes the chassis AIConfigurator measured `system`'s
+    collectives in: the 8-GPU preset naming the system (its NCCL tables reach 8 GPUs).
+    A box of another chassis naming the same system (a what-if's slower links, a 4-GPU
+    box) has the bandwidth part of those tables rescaled to its own links against this
+    one's (costs/collectives.py)."""
+    from ..inputs.box import box_names, load_box
+
+    for name in box_names():
+        box = load_box(name)
+        if box.aiconfigurator_system == system and box.gpu_count == 8 and box.nodes == 1:
+            return name
+    return None
+
+
+def _without_collectives(prof: Profile, box: Box) -> Profile:
+    """The system's kernels with its measured collectives set aside, as the box file says
+    and why: its collectives then come from NCCL's model on the box's own links."""
+    note = f"{NCCL_MODEL}; AIConfigurator's measured table set aside: {box.collectives_set_aside}"
+    sources = {**prof.meta["table_sources"], "collectives": note}
+    meta = {**prof.meta, "table_sources": sources, "sources": sources}
+    return replace(prof, tables=prof.tables.without("collectives"), meta=meta)
+
+
+def measured_version(system: str, engine: str, version: str | None) -> str | None:
+    """The version whose shipped tables a run of `engine` `version` reads: that one when
+    AIConfigurator measured it, else the newest tables (None), as without a version: the
+    engine version itself picks the host loop's rules (profiles/hostloop.py)."""
+    return version if version in derived.versions(system, engine) else None
 
 
 def table_source(box: Box, engine: str, model: str | None = None) -> str:
@@ -184,6 +225,7 @@ def _tables_line(box: Box, engine: str, choice: Choice) -> str:
         f"AIConfigurator's measured {choice.name} tables, derived and shipped with pipesim "
         f"(aiconfigurator-core {idx['aiconfigurator_core']}, Apache-2.0): {engine} {newest}"
         + (f" (also --engine-version {', '.join(older)})" if older else "")
+        + (f"; collectives by {NCCL_MODEL}: {box.collectives_set_aside}" if box.collectives_set_aside else "")
     )
 
 

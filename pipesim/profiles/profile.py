@@ -40,18 +40,40 @@ class Params:
     """Costs the tables do not pin. Each is measured, fitted (with its fit report in the
     profile) or left at a stated neutral value; `profile.toml` says which."""
 
-    cpu_iteration_ms: float = 0.0  # scheduler CPU time per micro-batch iteration (stage 0)
+    cpu_iteration_ms: float = 0.0  # extra scheduler CPU per loop iteration, empty ones included (absolute)
     cpu_hop_ms: float = 0.0  # CPU time per PP hop per micro-batch (metadata pickling)
     allreduce_scale: float = 1.0  # this box's TP path vs its measured all-reduce table
     allreduce_offset_us: float = 0.0  # extra fixed cost per all-reduce on this box's TP path
     kernel_floor_us: float = 0.0  # shortest kernel on this GPU (launch + tail)
-    eager_launch_us_per_layer: float = 0.0  # CPU time to launch one layer's kernels without CUDA graphs
+    # CPU time to launch one layer's kernels without CUDA graphs, as measured or fitted on a
+    # deployment (absolute); 0: kernels per layer (costs/host.py) x launch_us_per_kernel
+    eager_launch_us_per_layer: float = 0.0
     kernel_scale: float = 1.0  # this deployment's kernels vs the measured kernel tables
     frontend_ms: float = 0.0  # per request, serial: tokenize + hand to the scheduler
     detokenize_step_us: float = 0.0  # output path per returned step (detokenizer, serial)
     detokenize_token_us: float = 0.0  # output path per token of a returned step
     moe_distribution: str = "power_law_1.01"  # routing skew to read the MoE table at
     custom_allreduce_max_gpus: int = 2  # engines use their custom all-reduce up to this many PCIe GPUs
+    # The engine's host loop (costs/host.py, docs/host-loop.md §6; defaults per engine and
+    # version: pipesim/data/host_loop.toml). CPU time on the CPU the engines' code was timed
+    # on, multiplied by host_cpu_factor; so are frontend_ms, detokenize_* and cpu_hop_ms
+    # (measured on the same kind of CPU). cpu_iteration_ms and eager_launch_us_per_layer
+    # are a deployment's own, taken as they are.
+    host_cpu_factor: float = 1.0  # the deployment's CPU against the measuring CPU (cpu_speed.py)
+    sched_base_us: float = 0.0  # scheduler per step: fixed part
+    sched_per_req_us: float = 0.0  # ... per request in the step
+    sched_per_prefill_token_us: float = 0.0  # ... per prompt token in the step
+    prep_base_us: float = 0.0  # input preparation and sampling's host part per step: fixed part
+    prep_per_req_us: float = 0.0  # ... per request in the step
+    out_step_base_us: float = 0.0  # vLLM V0: the engine loop's output processing per step
+    out_step_per_req_us: float = 0.0  # ... per request in the step
+    launch_us_per_kernel: float = 0.0  # CPU time to launch one kernel from a model layer, eager
+    piecewise_kernels_decode: float = 0.0  # kernels per layer a graphed decode batch still launches
+    piecewise_kernels_mixed: float = 0.0  # ... a graphed batch with prompt tokens
+    tp_bcast_base_us: float = 0.0  # the step's objects to the other TP ranks over the CPU group
+    tp_bcast_per_rank_us: float = 0.0  # ... per rank beyond the first
+    stream_step_us: float = 0.0  # output path per returned step (the API process, serial)
+    stream_token_us: float = 0.0  # ... per streamed token
 
     @classmethod
     def from_dict(cls, data: dict, origin: str) -> Params:
@@ -88,7 +110,44 @@ FITTABLE = {
     "frontend_ms": (0.0, 50.0, 0.1),
     "detokenize_step_us": (0.0, 50000.0, 100.0),
     "detokenize_token_us": (0.0, 5000.0, 10.0),
+    "host_cpu_factor": (0.1, 20.0, 0.5),
+    "sched_base_us": (0.0, 20000.0, 10.0),
+    "sched_per_req_us": (0.0, 1000.0, 1.0),
+    "sched_per_prefill_token_us": (0.0, 100.0, 0.1),
+    "prep_base_us": (0.0, 20000.0, 10.0),
+    "prep_per_req_us": (0.0, 1000.0, 1.0),
+    "out_step_base_us": (0.0, 20000.0, 10.0),
+    "out_step_per_req_us": (0.0, 1000.0, 1.0),
+    "launch_us_per_kernel": (0.0, 500.0, 5.0),
+    "tp_bcast_base_us": (0.0, 20000.0, 10.0),
+    "tp_bcast_per_rank_us": (0.0, 5000.0, 10.0),
+    "stream_step_us": (0.0, 50000.0, 10.0),
+    "stream_token_us": (0.0, 5000.0, 1.0),
 }
+# The host-loop terms (docs/host-loop.md §6): the defaults of pipesim/data/host_loop.toml set
+# them, and cpu_hop_ms, frontend_ms and detokenize_* among them, per engine and version
+HOST_PARAMS = (
+    "host_cpu_factor",
+    "sched_base_us",
+    "sched_per_req_us",
+    "sched_per_prefill_token_us",
+    "prep_base_us",
+    "prep_per_req_us",
+    "out_step_base_us",
+    "out_step_per_req_us",
+    "launch_us_per_kernel",
+    "piecewise_kernels_decode",
+    "piecewise_kernels_mixed",
+    "tp_bcast_base_us",
+    "tp_bcast_per_rank_us",
+    "stream_step_us",
+    "stream_token_us",
+    "detokenize_step_us",
+    "detokenize_token_us",
+    "frontend_ms",
+    "cpu_hop_ms",
+    "cpu_iteration_ms",
+)
 
 
 @dataclass(frozen=True)
@@ -118,8 +177,11 @@ class Profile:
         return self.meta.get("deployment", {})
 
     def with_params(self, **values: float | str) -> Profile:
-        """The same profile (same indexed tables) with some parameters changed."""
-        return replace(self, params=replace(self.params, **values))
+        """The same profile (same indexed tables) with some parameters changed; they are
+        then its own (`meta["params"]`), so the host loop's defaults do not replace them
+        (profiles/hostloop.py)."""
+        meta = {**self.meta, "params": {**self.meta.get("params", {}), **values}}
+        return replace(self, params=replace(self.params, **values), meta=meta)
 
     # lookups, from the shared tables
     gemm = property(lambda self: self.tables.gemm)
@@ -141,7 +203,7 @@ def _shipped():
     try:
         return resources.files("pipesim.data.profiles")
     except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "calibration" / "profiles"
+        return Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 
 
 def profile_names() -> list[str]:

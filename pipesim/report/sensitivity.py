@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from ..base.errors import require
-from ..profiles.profile import FITTABLE
+from ..profiles.profile import FITTABLE, HOST_PARAMS
 
 if TYPE_CHECKING:
     from ..base.cache import ResultCache
@@ -27,6 +27,22 @@ METRICS = ("output_throughput_tok_s", "per_request_tok_s", "ttft_ms_p50", "tpot_
 DEFAULT_STEP = 0.20
 # Params that are settings, not costs: not perturbed
 NOT_COSTS = ("moe_distribution", "custom_allreduce_max_gpus")
+# The host loop's new terms move with `host_cpu_factor`, which scales them all (costs/host.py):
+# the tornado steps the factor, the launch cost per kernel and the terms it stepped before
+HOST_TOGETHER = tuple(
+    p
+    for p in HOST_PARAMS
+    if p
+    not in (
+        "host_cpu_factor",
+        "launch_us_per_kernel",
+        "cpu_iteration_ms",
+        "cpu_hop_ms",
+        "frontend_ms",
+        "detokenize_step_us",
+        "detokenize_token_us",
+    )
+)
 LENGTH_SPREAD = 0.5  # a fixed length N against uniform [N/2, 3N/2] (same mean)
 
 
@@ -151,7 +167,7 @@ def _param_bars(scenario: Scenario, step: float) -> list[Bar]:
     prof = scenario.profile
     bars = []
     for f in fields(prof.params):
-        if f.name in NOT_COSTS:
+        if f.name in NOT_COSTS or f.name in HOST_TOGETHER:
             continue
         v = float(getattr(prof.params, f.name))
         if v == 0:

@@ -99,10 +99,12 @@ def table(result: Result) -> str:
         if w["kind"] == "poisson"
         else f"trace {w['trace']}"
     )
+    gen = eng.get("host", {}).get("generation")
+    version = (f" {sc['engine_version']}" if sc.get("engine_version") else "") + (f" ({gen})" if gen else "")
     lines = [
         f"pipesim  {sc['model']} on {sc['box']} ({sc['profile']})",
         f"  TP{sc['tp']} x PP{sc['pp']}{_parallel(sc)}  layers {','.join(map(str, sc['layers_per_stage']))}  "
-        f"{eng['engine']}  {load}  in/out {w.get('input_len', '-')}/{w.get('output_len', '-')} tokens",
+        f"{eng['engine']}{version}  {load}  in/out {w.get('input_len', '-')}/{w.get('output_len', '-')} tokens",
     ]
     src = _sources(sc.get("knob_sources", {}))
     if eng["engine"] == "sglang":
@@ -147,7 +149,8 @@ def table(result: Result) -> str:
         f"   KV {_evicted(eng['engine'])} {r.preemptions} ({r.preemptions_total} in the run)",
         "",
         f"  GPU time: compute {sh['compute']:.0%}  all-reduce {sh['allreduce']:.0%}  idle (bubble) {sh['idle']:.0%};"
-        f"  P2P links busy {r.p2p_share:.0%}, scheduler CPU busy {r.cpu_share:.0%}",
+        f"  P2P links busy {r.p2p_share:.0%}",
+        *_host(r),
         ("  DP rank busy: " if r.data_parallel else "  stage busy: ")
         + "  ".join(
             f"{'r' if r.data_parallel else 's'}{i} {b:.0%}" for i, b in enumerate(r.stage_busy_fraction)
@@ -223,3 +226,37 @@ def _parallel(sc: dict) -> str:
     ep = f" x EP{sc['ep']}" if sc["ep"] > 1 else ""
     a2a = ", all-to-all" if sc.get("moe_a2a") == "alltoall" else ""
     return f"{dp}{ep} (attention TP {sc['attn_tp']}, experts split {sc['moe_tp']} way(s){a2a}, {sc['gpus']} GPUs)"
+
+
+_PARTS = {
+    "scheduler": "scheduler",
+    "input_prep": "input prep",
+    "broadcast": "broadcast",
+    "output_step": "output processing",
+    "launch": "launch",
+    "detokenizer": "detokenizer",
+    "api_stream": "API streaming",
+    "front_end": "front end",
+    "kernel_launch": "first stage's kernel launches",
+}
+
+
+def _host(r: Result) -> list[str]:
+    """The host loop's line (docs/host-loop.md §6): the engine loop's busy share by part,
+    what hides it, and the other host processes' busy shares (each its own process)."""
+    if not r.cpu_parts:
+        return []
+    host = r.scenario.get("engine", {}).get("host", {})
+    how = (
+        "overlapped with the GPU"
+        if host.get("overlap")
+        else "async output"
+        if host.get("async_output")
+        else "in series with the GPU"
+    )
+    loop = " + ".join(f"{_PARTS[k]} {v:.0%}" for k, v in r.cpu_parts.items() if v >= 0.005) or "0%"
+    other = ", ".join(f"{_PARTS[k]} {v:.0%}" for k, v in r.host_processes.items() if v >= 0.005)
+    return [
+        f"  host CPU: engine loop {r.cpu_share:.0%} ({how}) = {loop}"
+        + (f";  own processes: {other}" if other else "")
+    ]

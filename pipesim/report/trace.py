@@ -26,6 +26,7 @@ import numpy as np
 from ..measure.metrics import Result, idle_breakdown, inflight_groups
 from ..measure.occupancy import occupancy_steps, ordinal
 from ..measure.record import Record
+from ..measure.rows import PROCESS_PARTS
 
 TRACK_GPUS, TRACK_HOPS, TRACK_CPU, TRACK_WINDOW = 1, 2, 3, 4
 
@@ -234,8 +235,15 @@ def build_trace(rec: Record, result: Result) -> dict:
             for i, (a, b) in enumerate(rec.hops[name]):
                 events.append(_slice(f"P2P {what}", "p2p", a, b, TRACK_HOPS, s, batch_args(i, s)))
         events += flows(rec)
-    for a, b in rec.cpu:
-        events.append(_slice("schedule", "cpu", a, b, TRACK_CPU, 0))
+    # the engine loop's CPU by part on one track, the host's other processes on theirs
+    # (measure/rows.py HOST_PARTS); a record built without parts shows its CPU rows
+    parts = {p: rows for p, rows in rec.host.items() if rows} if rec.host else {"schedule": rec.cpu}
+    for part, rows in parts.items():
+        tid = 1 + PROCESS_PARTS.index(part) if part in PROCESS_PARTS else 0
+        if tid:
+            events.append(_meta("thread_name", TRACK_CPU, tid, part.replace("_", " ")))
+        for a, b in rows:
+            events.append(_slice(part.replace("_", " "), "cpu", a, b, TRACK_CPU, tid))
     events += counters(rec, sc["engine"]["engine"])
     events.append(
         _slice(

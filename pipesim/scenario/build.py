@@ -51,6 +51,7 @@ from ..inputs.workload import (
     from_trace,
     poisson,
 )
+from ..profiles.hostloop import check_version, newest, with_host_defaults
 
 if TYPE_CHECKING:  # profiles load pandas: imported where one is loaded, so the CLI starts without it
     from ..engines.protocol import EngineConfig, EngineSettings
@@ -73,6 +74,7 @@ class Scenario:
         default_factory=dict
     )  # knob -> "user" | "profile deployment" | "engine default"
     whatif: dict = field(default_factory=dict)  # what-if knobs given (whatif.py), as given
+    engine_version: str = ""  # the engine release whose host loop and rules run (releases.py)
 
     def describe(self) -> dict:
         """Every resolved input, for reports and --json."""
@@ -99,6 +101,8 @@ class Scenario:
                 else {}
             ),
             "engine": self.settings.describe(),
+            "engine_version": self.engine_version,
+            "host_loop": dict(self.profile.meta.get("host_loop", {})),
             "knob_sources": dict(self.knob_sources),
             "workload": self.workload.describe(),
             "weights_per_gpu_gib": [round(w / 2**30, 2) for w in m.weights_per_gpu_bytes],
@@ -118,6 +122,7 @@ class Scenario:
             "profile_params": {
                 f.name: getattr(self.profile.params, f.name) for f in fields(self.profile.params)
             },
+            "param_sources": dict(self.profile.meta.get("param_sources", {})),
             **(
                 {"table_sources": dict(self.profile.meta["table_sources"])}
                 if "table_sources" in self.profile.meta
@@ -200,8 +205,11 @@ def build_scenario(
         )
     )
     require(engine is None or engine in ENGINES, f"unknown engine '{engine}'; known: {', '.join(ENGINES)}")
+    require(
+        engine_version is None or isinstance(engine_version, str),
+        f"--engine-version {engine_version!r} must be a version string, e.g. 0.6.3",
+    )
     prof, bx = _profile_and_box(profile, box, engine, model, engine_version)
-    prof = apply_profile(prof, changes)
     if moe_distribution is not None:  # the routing the MoE tables are read at (moe.py)
         require(
             moe_distribution == "balanced" or is_power_law(moe_distribution),
@@ -211,6 +219,11 @@ def build_scenario(
         prof = prof.with_params(moe_distribution=moe_distribution)
     engine_name = engine or prof.engine
     require(engine_name in ENGINES, f"unknown engine '{engine_name}'; known: {', '.join(ENGINES)}")
+    # the engine release: as given, else the profile's, else the newest modelled; it picks
+    # the host loop's defaults (profiles/hostloop.py) and rules (engines/releases.py)
+    own = prof.engine_version if prof.engine == engine_name else ""
+    version = check_version(engine_name, engine_version or own or newest(engine_name))
+    prof = apply_profile(with_host_defaults(prof, engine_name, version), changes)
     prof = _borrowed(prof, bx, engine_name, allow_foreign_profile)
     if model is None:
         model = str(prof.meta.get("model", DEFAULT_MODEL))
@@ -220,6 +233,7 @@ def build_scenario(
         bx = cluster(bx, nodes, load_network(network) if network is not None else None)
     bx = apply_box(bx, changes)
     mdl = model if isinstance(model, Model) else load_model(model)
+    prof = _launch_for_model(prof, mdl)
     if kv_cache_dtype is not None:  # engine flag --kv-cache-dtype; auto = the model's 16-bit dtype
         mdl = replace(mdl, kv_cache_dtype=resolve_kv_cache_dtype(kv_cache_dtype))
     plan = make_plan(
@@ -237,7 +251,7 @@ def build_scenario(
         moe_a2a="none" if moe_a2a_backend is None else moe_a2a_backend,
     )
     mdl.check_plan(plan)
-    memory = plan_memory(bx, mdl, plan, config.memory_rule(bx, plan, mdl, prof.engine_version))
+    memory = plan_memory(bx, mdl, plan, config.memory_rule(bx, plan, mdl, version))
 
     workload = _workload(concurrency, rate_rps, num_requests, trace, input_len, output_len, seed)
     need = workload.max_request_tokens
@@ -251,8 +265,20 @@ def build_scenario(
         f"one request needs {need} tokens (input + output), above the model's context of {mdl.max_context} "
         f"(max_position_embeddings of {mdl.name}); shorten the request",
     )
-    settings = config.resolve(bx.gpu.memory_bytes, plan, mdl, memory.kv_tokens)
-    scenario = Scenario(bx, mdl, plan, config, settings, memory, workload, prof, sources, whatif=changes)
+    settings = config.resolve(bx.gpu.memory_bytes, plan, mdl, memory.kv_tokens, version)
+    scenario = Scenario(
+        bx,
+        mdl,
+        plan,
+        config,
+        settings,
+        memory,
+        workload,
+        prof,
+        sources,
+        whatif=changes,
+        engine_version=version,
+    )
     check_work(*scenario_steps(scenario))
     return scenario
 
@@ -275,13 +301,27 @@ def _profile_and_box(
             bx = box if isinstance(box, Box) else load_box(box or load_profile(DEFAULT_PROFILE).box)
             model_name = model.name if isinstance(model, Model) else (model or DEFAULT_MODEL)
             return profile_for_box(bx, engine or default_engine, model_name, engine_version), bx
+    # a named profile keeps its own tables: the version asked picks the host loop's rules
     prof = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
-    require(
-        engine_version is None or engine_version == prof.engine_version,
-        f"--engine-version {engine_version}: profile {prof.name} was measured with {prof.engine} "
-        f"{prof.engine_version or '(version not recorded)'}; leave out --profile to pick the version from the catalogue",
-    )
     return prof, box if isinstance(box, Box) else load_box(box or prof.box)
+
+
+def _launch_for_model(prof: Profile, mdl: Model) -> Profile:
+    """A profile's own `eager_launch_us_per_layer` was measured or fitted on its model's
+    layers; another model's layers launch their own kernels (costs/host.py: kernels per
+    layer x launch_us_per_kernel)."""
+    own = prof.meta.get("model")
+    if not prof.params.eager_launch_us_per_layer or not own or own == mdl.name:
+        return prof
+    note = (
+        f"not used: measured per layer of {own}; {mdl.name}'s layers launch their own kernels (costs/host.py)"
+    )
+    sources = {**prof.meta.get("param_sources", {}), "eager_launch_us_per_layer": note}
+    return replace(
+        prof,
+        params=replace(prof.params, eager_launch_us_per_layer=0.0),
+        meta={**prof.meta, "param_sources": sources},
+    )
 
 
 def _borrowed(prof: Profile, bx: Box, engine: str, allowed: bool) -> Profile:

@@ -11,7 +11,8 @@ Each knob changes what the profile or box says, never the simulator:
   bandwidth part of every collective, a measured table's too (its time beyond the
   latency fitted to it, costs/collectives.py: such a value is tagged `scaled`), not
   the latency part (`allreduce_scale` scales a whole all-reduce);
-- `cpu_iteration_ms`: the scheduler's CPU time per iteration, set outright.
+- `cpu_iteration_ms`: extra scheduler CPU time per loop iteration, set outright (on top
+  of the engine's host loop, costs/host.py).
 
 `pipesim.predict(..., kernel_scale=0.5)` and the same flags on the command line
 (`--kernel-scale 0.5`) take them; `pipesim.whatif(base, **changes)` (api.py) predicts a

@@ -4,12 +4,15 @@ when a client hears back.
 - Arrivals: a closed loop's C clients send their first requests at once and each its
   next one once its response has fully arrived; an open loop's arrivals come from its
   `ArrivalPlan` (drawn before any request length, workload.py); a trace's at its times.
-- The tokenizer (SGLang's TokenizerManager, vLLM's API server: one process) handles
+- The API process (SGLang's TokenizerManager, vLLM's API server: one process) tokenises
   requests one at a time, `frontend_ms` each (docs/engines.md §1).
 - With data-parallel ranks the engine's router picks the rank (engines/routing.py).
-- The detokenizer (one process, serial) handles each returned step's outputs,
-  `detokenize_step_us` + `detokenize_token_us` per token, before a finished request's
-  response reaches its client.
+- The output path (docs/host-loop.md §2.2, §3.1): each returned step's tokens pass the
+  detokenizer process (SGLang: `detokenize_step_us` + `detokenize_token_us` per token),
+  then the API process's streaming (`stream_step_us` + `stream_token_us` per token, on
+  the same serial clock as its tokenising), before a client sees them: its first token,
+  its last, and a closed loop's next request wait for it. Each process is serial, so the
+  output path caps output tokens per second at 1 / its slower per-token cost.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from collections.abc import Callable, Generator, Sequence
 import numpy as np
 import simpy
 
+from ..costs.host import frontend_s, output_path_s
 from ..engines.batches import Request
 from ..engines.protocol import DPRouter
 from ..inputs.workload import ArrivalPlan, Workload
+from ..measure.rows import PROCESS_PARTS
 from ..profiles.profile import Params
 from .env import CountingEnvironment
 from .instance import EngineInstance
@@ -39,11 +44,12 @@ class FrontEnd:
         self.plan = None if workload.kind == "closed" else ArrivalPlan(workload, self.rng)
         self.arrived = 0
         self.requests: list[Request] | None = None  # every request, when the run keeps them
-        self._tokenize_s = params.frontend_ms * 1e-3
-        self._tokenizer_free_s = 0.0
-        self._detok_step_s = params.detokenize_step_us * 1e-6
-        self._detok_token_s = params.detokenize_token_us * 1e-6
-        self._detok_free_s = 0.0
+        self.params = params
+        self._tokenize_s = frontend_s(params)
+        self._api_free_s = 0.0  # the API process: tokenising and streaming, one at a time
+        self._detok_free_s = 0.0  # the detokenizer process
+        # the host processes' rows by part (measure/rows.py HOST_PARTS), set by the simulation
+        self.rows: dict[str, list] = {part: [] for part in PROCESS_PARTS}  # (kernel_launch: pipeline.py)
         self.instances: Sequence[EngineInstance] = ()
         self.router: DPRouter | None = None
         self.per_rank: list[int] = []  # requests routed to each DP rank
@@ -99,8 +105,10 @@ class FrontEnd:
         if self._tokenize_s <= 0:
             self.enqueue(req)
             return
-        # the tokenizer handles requests one at a time
-        done = self._tokenizer_free_s = max(self.env.now, self._tokenizer_free_s) + self._tokenize_s
+        # the API process handles requests one at a time, between its streaming
+        start = max(self.env.now, self._api_free_s)
+        done = self._api_free_s = start + self._tokenize_s
+        self.rows["front_end"].append((start, done))
         self.env.call_at(done, lambda _ev: self.enqueue(req))
 
     def enqueue(self, req: Request) -> None:
@@ -114,17 +122,28 @@ class FrontEnd:
             self.routed.append(r)
         self.instances[r].enqueue(req)
 
-    def respond(self, finished: list[Request], produced: int) -> None:
+    def deliver(self, tokens: int) -> float:
+        """When the clients see a step's `tokens`, returned now: after the detokenizer
+        and then the API process have handled them, each in turn (free-at clocks, no
+        event; each busy stretch a row)."""
+        t = self.env.now
+        detok_s, stream_s = output_path_s(self.params, tokens)
+        if detok_s:
+            start = max(t, self._detok_free_s)
+            t = self._detok_free_s = start + detok_s
+            self.rows["detokenizer"].append((start, t))
+        if stream_s:
+            start = max(t, self._api_free_s)
+            t = self._api_free_s = start + stream_s
+            self.rows["api_stream"].append((start, t))
+        return t
+
+    def respond(self, finished: list[Request], seen_s: float) -> None:
         """A closed loop's clients whose requests finished send their next ones once
-        the detokenizer has handled this step's `produced` outputs (one process, serial;
-        docs/engines.md §1)."""
-        if self._detok_step_s or self._detok_token_s:
-            now = self.env.now
-            done = self._detok_free_s = (
-                max(now, self._detok_free_s) + self._detok_step_s + self._detok_token_s * produced
-            )
+        they have seen the last token, at `seen_s` (`deliver`; docs/engines.md §1)."""
+        if seen_s > self.env.now:
             clients = [r.client for r in finished]
-            self.env.call_at(done, lambda _ev: self._resend(clients))
+            self.env.call_at(seen_s, lambda _ev: self._resend(clients))
             return
         for r in finished:
             self.arrive(r.client)

@@ -12,13 +12,16 @@ outlives an instance (the run's load, evictions) go through the simulation.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator
-from typing import Protocol
+from collections.abc import Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import simpy
 
 from ..engines.batches import MicroBatch, Request
 from ..engines.protocol import EngineScheduler
+
+if TYPE_CHECKING:
+    from ..costs.host import HostCosts
 
 
 class Backend(Protocol):
@@ -35,6 +38,7 @@ class Host(Protocol):
     """What an instance asks of the simulation that holds it (simulation.py)."""
 
     cpu_iteration_s: float
+    host: HostCosts
 
     # read-only here: the simulation's own are of narrower types (its counting
     # environment, its one back end)
@@ -52,6 +56,8 @@ class Host(Protocol):
 
     def cpu(self, seconds: float) -> Generator[simpy.Event, None, None]: ...
 
+    def charge(self, parts: Sequence[tuple[str, float]]) -> Generator[simpy.Event, None, None]: ...
+
 
 class EngineInstance:
     """An engine instance's queue, running count and KV pool (EngineSimulation)."""
@@ -62,6 +68,7 @@ class EngineInstance:
         self.running = 0  # admitted, not finished
         self.kv_free = kv_tokens
         self.cpu_iteration_s = sim.cpu_iteration_s
+        self.host = sim.host
         self.scheduler: EngineScheduler | None = None
         self.idle = False  # its scheduler waits for an arrival: nothing to run or form
         self.on_idle: Callable[[], None] = _nothing  # who wants to know (the DP lock step)
@@ -96,6 +103,10 @@ class EngineInstance:
     def cpu(self, seconds: float) -> Generator[simpy.Event, None, None]:
         """Scheduler CPU time (a generator to `yield from`)."""
         return self.sim.cpu(seconds)
+
+    def charge(self, parts: Sequence[tuple[str, float]]) -> Generator[simpy.Event, None, None]:
+        """The engine loop's CPU by part (Simulation.charge)."""
+        return self.sim.charge(parts)
 
     def next_iteration(self) -> None:
         """The first rank starts its next slot iteration (SGLang PP; pipeline.py)."""

@@ -53,7 +53,7 @@ class Pipeline:
         links: Links,
         *,
         depth: int,
-        cpu_iteration_s: float,
+        empty_iteration_s: float | None,
         cpu_hop_s: float,
         complete: Callable[[MicroBatch], list],
     ):
@@ -66,10 +66,12 @@ class Pipeline:
         self.depth = depth if pp > 1 else 0
         self.iteration = -1  # the first rank's current slot iteration
         self._parked: deque[MicroBatch] = deque()  # computed on the last stage, outputs held
-        # every PP rank runs the scheduler loop (docs/engines.md §2): ranks >= 1 keep a
-        # CPU free-at clock and the last slot iteration they ran
-        self._cpu_iteration_s, self._cpu_hop_s = cpu_iteration_s, cpu_hop_s
-        self._rank_cpu = pp > 1 and (cpu_iteration_s > 0 or cpu_hop_s > 0)
+        # every PP rank runs the scheduler loop (docs/engines.md §2; `empty_iteration_s`
+        # given: SGLang): ranks >= 1 keep a CPU free-at clock and the last slot iteration
+        # they ran; each iteration costs what the first rank's did (`MicroBatch.host_s`),
+        # an empty one `empty_iteration_s`, and the rank's thread then launches the stage
+        self._empty_s, self._cpu_hop_s = empty_iteration_s or 0.0, cpu_hop_s
+        self._rank_cpu = pp > 1 and empty_iteration_s is not None
         self._rank_free_s = [0.0] * pp
         self._rank_it = [-1] * pp
         self._users = self._link_users()
@@ -86,6 +88,7 @@ class Pipeline:
         self._free_s = [0.0] * pp  # when each stage finishes the visits booked so far
         self._held = [False] * pp  # a visit awaits a shared-link booking: the rest queue
         self._hop_bytes = 2 * costs.model.hidden * ACT_BYTES  # hidden states + residual, bf16
+        self._launching = rec.host["kernel_launch"]
 
     # ---- links -----------------------------------------------------------------------
     def _link_users(self) -> dict:
@@ -122,6 +125,10 @@ class Pipeline:
             compute_s, comm_s = stage_time(s, mb.shape)
             end = start + compute_s
             computed.append((start, end))
+            if not s:  # the first stage's kernels being launched, from the stage's start
+                launch_s = self.costs.host.launch_s(0, mb.shape.graphed, bool(mb.prefill))
+                if launch_s:
+                    self._launching.append((start, start + launch_s))
             if comm_s:
                 if not self._ring_own[s]:  # booked at its own time: one event
                     held[s] = True
@@ -145,18 +152,19 @@ class Pipeline:
 
     def _rank_launch(self, s: int, mb: MicroBatch) -> float:
         """When rank `s`'s CPU launches `mb` (docs/engines.md §2): after its own slot
-        iterations up to this one, empty ones included, each `cpu_iteration_ms`, and
-        after the previous rank's iteration for this slot plus the pickled metadata
-        relay (`cpu_hop_ms`). A free-at clock: no event."""
+        iterations up to this one, empty ones included, and after the previous rank's
+        iteration for this slot plus the pickled metadata relay (`cpu_hop_ms`); its
+        thread then launches the stage's kernels. A free-at clock: no event."""
         iterations = mb.it - self._rank_it[s] if self._rank_it[s] >= 0 else 1
         launch_s = (
             max(
-                self._rank_free_s[s] + (iterations - 1) * self._cpu_iteration_s,
+                self._rank_free_s[s] + (iterations - 1) * self._empty_s,
                 mb.cpu_launch_s + self._cpu_hop_s,
             )
-            + self._cpu_iteration_s
+            + mb.host_s
         )
-        self._rank_free_s[s], self._rank_it[s] = launch_s, mb.it
+        kernels_s = self.costs.host.launch_s(s, mb.shape.graphed, bool(mb.prefill))
+        self._rank_free_s[s], self._rank_it[s] = launch_s + kernels_s, mb.it
         mb.cpu_launch_s = launch_s
         return launch_s
 

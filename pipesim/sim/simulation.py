@@ -24,10 +24,11 @@ trace as a frozen `Record`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 
 import simpy
 
+from ..costs.host import hop_cpu_s
 from ..costs.stage import CostModel
 from ..engines.batches import MicroBatch, Request
 from ..engines.protocol import EngineScheduler, EngineSettings, EngineSimulation
@@ -80,7 +81,9 @@ class Simulation:
         closed = workload.kind == "closed"
         params = costs.params
         self.cpu_iteration_s = params.cpu_iteration_ms * 1e-3
+        self.host = costs.host  # the host loop's terms (costs/host.py)
         self.stop = env.event()
+        self._stopping = False  # the stopping rule has fired (the stop follows the output path)
         self.frontend = FrontEnd(env, workload, params, self.stop)
         plan_s = self.frontend.plan
         self.done = RequestTally(  # an open loop's arrival plan: None for a closed loop
@@ -112,6 +115,7 @@ class Simulation:
         self.window_start_s = None if closed and warmup_requests > 0 else 0.0
         # rows per pipeline stage, or per DP rank
         self.rec = Recorder(self.dp if self.ranked else plan.pp)
+        self.frontend.rows = self.rec.host
         self.links = Links(self.rec)
         self.instances = [EngineInstance(self, r, settings.kv_tokens, plan.pp) for r in range(self.dp)]
         self._seq = 0
@@ -124,8 +128,10 @@ class Simulation:
                 self.rec,
                 self.links,
                 depth=settings.async_depth,
-                cpu_iteration_s=self.cpu_iteration_s,
-                cpu_hop_s=params.cpu_hop_ms * 1e-3,
+                # every PP rank runs SGLang's slot loop (docs/engines.md §2); vLLM's stages
+                # are workers that only relay (their metadata's CPU is in the hop)
+                empty_iteration_s=costs.host.empty_s if settings.slots > 1 else None,
+                cpu_hop_s=hop_cpu_s(params),
                 complete=complete,
             )
         elif plan.moe_spans_dp:  # a MoE layer spans the ranks: they step together
@@ -140,6 +146,7 @@ class Simulation:
             settings.slots,
             0 if self.ranked else settings.inflight_groups,
             open_loop=not closed,
+            positions=settings.in_flight,
         )
         router = settings.router(self.dp) if self.ranked else None
         self.frontend.start(self.instances, router, self.done.arrival, keep=self.full)
@@ -195,13 +202,23 @@ class Simulation:
         self.backend.launch(mb)
         return mb
 
-    def cpu(self, seconds: float) -> Generator[simpy.Event, None, None]:
+    def cpu(self, seconds: float, part: str = "scheduler") -> Generator[simpy.Event, None, None]:
         """Scheduler CPU time on the first stage (a generator to `yield from`),
         recorded as it starts (tally.py: every row at or before its start)."""
-        if seconds > 0:
-            t0 = self.env.now
-            self.rec.cpu.append((t0, t0 + seconds))
-            yield self.env.timeout(seconds)
+        return self.charge(((part, seconds),))
+
+    def charge(self, parts: Sequence[tuple[str, float]]) -> Generator[simpy.Event, None, None]:
+        """The engine loop's CPU, part after part (rows.LOOP_PARTS), in one wait: each
+        part a row of its own, all of them the loop's (`rec.cpu`)."""
+        t0 = t = self.env.now
+        cpu, host = self.rec.cpu, self.rec.host
+        for part, seconds in parts:
+            if seconds > 0:
+                cpu.append((t, t + seconds))
+                host[part].append((t, t + seconds))
+                t += seconds
+        if t > t0:
+            yield self.env.timeout(t - t0)
 
     def _count_load(self) -> None:
         """Add the running count's time since its last change (the engine's load)."""
@@ -217,7 +234,9 @@ class Simulation:
         inst = self.instances[mb.rank]
         if not self.full and len(self.rec.tokens) >= FOLD_RETURNS:
             fold(self.rec, self.tally, now, self.window_start_s)
-        produced = 0
+        produced = len(mb.decode) + sum(1 for r, c, _ in mb.prefill if r.prefilled + c == r.prefill_len)
+        # the clients see this step's tokens once the output path has handled them (frontend.py)
+        seen = self.frontend.deliver(produced)
         finished = []
         for r, chunk, _ in mb.prefill:
             r.inflight -= 1
@@ -225,22 +244,20 @@ class Simulation:
             if r.prefilled == r.prefill_len:
                 r.generated += 1
                 if r.first_token_s < 0:
-                    r.first_token_s = now
-                    self.done.first_token(now)
-                produced += 1
+                    r.first_token_s = seen
+                    self.done.first_token(seen)
                 if r.generated == r.output_len:
                     finished.append(r)
         for r in mb.decode:
             r.inflight -= 1
             r.generated += 1
-            produced += 1
             if r.generated == r.output_len:
                 finished.append(r)
         self.rec.tokens.append(TokenReturn(now, produced))
         freed_kv = left = 0  # what the finished requests give back to their instance
         for r in finished:
-            r.finish_s = now
-            self.done.finish(r, self.window_start_s is not None and now > self.window_start_s)
+            r.finish_s = seen
+            self.done.finish(r, self.window_start_s is not None and seen > self.window_start_s)
             freed_kv += r.kv_reserved
             self._count_load()
             if r.queued is not None:  # evicted while a batch carried it (vLLM): it leaves the queue
@@ -250,11 +267,15 @@ class Simulation:
                 self.running -= 1
                 left += 1
             self.completed += 1
-            if self.completed == self.warmup_requests:
-                self.window_start_s = now
+            if self.completed == self.warmup_requests:  # the window runs between two clients' views
+                self.window_start_s = seen
                 self._load_warm_s = self._load_s
-            if not self.stop.triggered and self.stopping.done(self.completed, self.done):
-                self.stop.succeed()
+            if not self._stopping and self.stopping.done(self.completed, self.done):
+                self._stopping = True  # the run ends when the client sees this completion
+                if seen > now:
+                    self.env.call_at(seen, self._stop_now)
+                else:
+                    self.stop.succeed()
         if not self.ranked:
             inst.kv_free += freed_kv
             inst.running -= left
@@ -262,8 +283,8 @@ class Simulation:
         inst.scheduler.on_return(mb, finished)
         if not mb.returned.triggered:
             mb.returned.succeed(finished)
-        if self.workload.kind == "closed" and not self.stop.triggered and finished:
-            self.frontend.respond(finished, produced)
+        if self.workload.kind == "closed" and not self._stopping and finished:
+            self.frontend.respond(finished, seen)
         # A DP rank's counts change after a closed loop's next requests were routed on
         # them, its finished requests still counted at that instant. vLLM's engines
         # publish their counts after update_from_output drops finished requests, but
@@ -274,6 +295,9 @@ class Simulation:
             inst.kv_free += freed_kv
             inst.running -= left
         return finished
+
+    def _stop_now(self, _ev: simpy.Event) -> None:
+        self.stop.succeed()
 
     def engine_load(self) -> float:
         """Mean number of admitted requests over the measurement window so far."""
