@@ -41,6 +41,7 @@ CHECKED = (
     "pipesim/measure/request_tally.py",
     "pipesim/measure/result_view.py",
     "pipesim/report/unchecked.py",
+    "pipesim/measure/stretches.py",
 )
 EXCEPT = ("pipesim/inputs/box.py", "pipesim/cli/presets.py")
 

@@ -282,13 +282,13 @@ def _shipped_profile(system: str, engine: str, version: str | None) -> Profile:
             f"--engine-version {version}: AIConfigurator measured {system}'s {engine} kernels with "
             f"{', '.join(have)}; pick one of those"
         )
-    columns, read = got
+    columns, read, keys = got
     idx = derived.index(system)
     built_by = (
         f"pipesim's derived tables (calibration/build_catalogue.py) of aiconfigurator-core "
         f"{idx['aiconfigurator_core']}, shipped"
     )
-    return _profile(system, engine, Tables(columns=columns), read, built_by)
+    return _profile(system, engine, Tables(columns=columns, keys=keys), read, built_by)
 
 
 @lru_cache(maxsize=8)
