@@ -22,7 +22,7 @@ from pipesim.inputs.model import load_model
 from pipesim.profiles.profile import load_profile
 from pipesim.sim.simulation import Simulation
 
-# the session's own cache folder (parsed tables, tables.cached_columns; simulated
+# the session's own cache folder (parsed tables, table_cache.cached_columns; simulated
 # results, base/cache.py), not the user's: every profile folder a test copies is a new
 # cache key. Made by the process that starts the session; pytest-xdist's workers inherit
 # it and share it (every write is atomic), and only its maker removes it, after them.

@@ -15,6 +15,7 @@ from pipesim.scenario.build import build_scenario
 
 # the command's own options, not scenario keywords
 NOT_SCENARIO = {"as_json", "intervals", "ensemble", "sensitivity", "step", "plot_file", "progress", "help"}
+NOT_SCENARIO |= {"jobs", "cache"}  # the tornado's processes and its stored runs: api.sensitivity's keywords
 SMALL = dict(model="llama-3.1-8b", input_len="32", output_len="8", intervals=False)
 
 

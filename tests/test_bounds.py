@@ -44,7 +44,7 @@ def measured_tables():
         for engine in ("sglang", "vllm"):
             found = derived.load_tables(system, engine, None)
             for table, cols in (found[0] if found else {}).items():
-                out.append((f"{system} {engine}", table, cols, sheet))
+                out.append((f"{system} {engine}", table, cols() if callable(cols) else cols, sheet))
     sheet = Datasheet.of(load_box("rtx-pro-6000-server-8x"))
     for f in sorted(glob.glob(str(ROOT / "calibration/profiles/rtx-pro-6000-*/*.csv.gz"))):
         table = Path(f).name.split(".")[0]

@@ -98,7 +98,7 @@ def round3_files(t: Path) -> Path:
     (t / "box-deep3000.toml").write_text(deep_box(3000))
     head = "model,tp,pp,conc,input_len,output_len,tok_s\n"
     _copy(t, "m-work", measured=head + "llama-3.1-8b,1,1,1,16,29000,30\n" * 210)
-    _copy(t, "m-fit", measured=head + "llama-3.1-8b,1,1,1,16,2000,30\n" * 20)
+    _copy(t, "m-fit", measured=head + "llama-3.1-8b,1,1,1,16,10000,30\n" * 20)
     _copy(t, "m-rows", measured="tp,pp,conc,tok_s\n" + "8,1,1,30\n" * 1001)
     return t
 
@@ -400,7 +400,7 @@ WORK_CASES: list[tuple[list[str], str]] = [
         "is 3001 links below the top of the tree, above the limit of 64",
     ),
     (
-        ["predict", "--rate", "1000", "--num-requests", "1000000", *_fast],
+        ["predict", "--rate", "1000", "--num-requests", "1000000", "--ensemble", *_fast],
         "this prediction runs 5 simulations needing about 875,000 decode batch steps together (the run: "
         "1 x 125,000; the interval's ensemble: 4 x 187,500), above the limit of 500,000",
     ),

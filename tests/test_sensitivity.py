@@ -128,14 +128,16 @@ def test_parallel_and_stored_runs_give_the_serial_tornado(sens, tmp_path, monkey
 
 
 def test_every_run_of_the_tornado_is_counted_in_the_work_bound(monkeypatch):
-    import pipesim.base.checks as checks
+    import pipesim.scenario.work as W
     from pipesim.base.errors import UserError
     from pipesim.report import sensitivity as S
     from pipesim.scenario.build import scenario_steps
 
     sc = build_scenario(tp=2, pp=2, concurrency=8, **FAST)
     one = scenario_steps(sc)[0]
-    monkeypatch.setattr(checks, "MAX_BATCH_STEPS", one * 5)  # the scenario alone fits, its 25 runs do not
-    with pytest.raises(UserError, match="runs of the tornado"):
+    real = W.Work
+    # the scenario alone fits, its 25 runs do not
+    monkeypatch.setattr(W, "Work", lambda what, hint: real(what, hint, one * 5))
+    with pytest.raises(UserError, match="this sensitivity runs .*the tornado's runs"):
         sensitivity(sc, 0.2)
     assert len(S.runs(sc, 0.2)) > 5

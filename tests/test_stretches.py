@@ -74,15 +74,15 @@ def test_a_trace_runs_no_ensemble_its_workload_is_pinned(monkeypatch, tmp_path):
 def test_the_ensemble_runs_are_counted_in_the_work_bound(monkeypatch):
     """A prediction whose run fits the bound but whose run and ensemble together do not
     is refused before any simulation."""
-    import pipesim.base.checks as checks
     from pipesim import api
+    from pipesim.scenario.work import Work
 
     sc = build_scenario(tp=1, pp=1, concurrency=8, **FAST)
     steps = scenario_steps(sc)[0]
     members = sum(scenario_steps(m)[0] for m in U.ensemble_scenarios(sc))
-    monkeypatch.setattr(checks, "MAX_BATCH_STEPS", steps + members / 2)
+    monkeypatch.setattr(api, "Work", lambda what, hint: Work(what, hint, steps + members / 2))
     monkeypatch.setattr(api, "run_scenario", lambda *a, **k: pytest.fail("a run started"))
-    with pytest.raises(UserError, match="ensemble runs"):
+    with pytest.raises(UserError, match="ensemble"):
         api.run(sc, intervals="ensemble")
 
 

@@ -414,7 +414,7 @@ def test_trace_out_onto_its_own_model_config_is_refused(tmp_path, capsys):
 
 
 def test_the_table_cache_trims_only_its_own_copies(tmp_path, monkeypatch):
-    from pipesim.profiles import tables
+    from pipesim.profiles import table_cache as tables
 
     monkeypatch.setenv("PIPESIM_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tables, "CACHE_MAX_FILES", 0)  # trim every copy the cache holds

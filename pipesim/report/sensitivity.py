@@ -268,16 +268,19 @@ def _run_all(
     """The figures of every run: found in `cache`, else simulated on `jobs` processes
     (each run to simulate counted in the work bound before the first starts) and stored."""
     from ..base.cache import result_key
-    from ..base.checks import check_work
     from ..base.pool import map_shared
-    from ..scenario.build import scenario_steps
     from ..scenario.fingerprint import fingerprint
+    from ..scenario.work import Work
 
     keys = [result_key("sensitivity", fingerprint(changed(scenario, c))) for c in changes]
     found = [cache.get(k) if cache is not None else None for k in keys]
     todo = [i for i, v in enumerate(found) if v is None]
-    steps = sum(scenario_steps(changed(scenario, changes[i]))[0] for i in todo)
-    check_work(steps, f"{len(todo)} runs of the tornado, {len(changes) - len(todo)} more found stored")
+    work = Work("this sensitivity", "give it a shorter scenario (fewer requests or shorter outputs)")
+    work.add(
+        f"the tornado's runs ({len(changes) - len(todo)} more found stored)",
+        [changed(scenario, changes[i]) for i in todo],
+    )
+    work.check()
     for _ in range(len(changes) - len(todo)):
         if on_run:
             on_run()
