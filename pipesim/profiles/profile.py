@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..base.checks import is_number, parse_toml, read_text
 from ..base.errors import require
@@ -27,7 +27,11 @@ from .measured import read_points
 from .tables import TABLE_COLUMNS, Tables, cached_columns
 
 if TYPE_CHECKING:  # tables are read into numpy columns; pandas only where a DataFrame is asked for
+    from importlib.abc import Traversable
+
     import pandas as pd
+
+    from ..inputs.box import Box
 
 DEFAULT_PROFILE = "rtx-pro-6000-sglang-deployment"  # the reference deployment
 # profile.toml: keys that must be tables, and keys that must be strings
@@ -82,7 +86,7 @@ class Params:
         require(
             not unknown, f"{origin}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(known)}"
         )
-        values = {}
+        values: dict[str, Any] = {}  # each value checked below against its field
         for f in fields(cls):
             if f.name not in data:
                 continue
@@ -163,7 +167,7 @@ class Profile:
     foreign: str = field(
         default="", hash=False, compare=False
     )  # what differs from the run it costs (borrowed)
-    box_spec: object = field(
+    box_spec: Box | None = field(
         default=None, hash=False, compare=False
     )  # the Box it was built for (catalogue), else box names it
 
@@ -181,7 +185,11 @@ class Profile:
         then its own (`meta["params"]`), so the host loop's defaults do not replace them
         (profiles/hostloop.py)."""
         meta = {**self.meta, "params": {**self.meta.get("params", {}), **values}}
-        return replace(self, params=replace(self.params, **values), meta=meta)
+        # replace() refuses a name that is not a field; that each value suits its field
+        # (a float, moe_distribution a str) is the caller's: keywords of one type cannot
+        # be matched field by field
+        params = replace(self.params, **values)  # type: ignore[arg-type]
+        return replace(self, params=params, meta=meta)
 
     # lookups, from the shared tables
     gemm = property(lambda self: self.tables.gemm)
@@ -197,7 +205,7 @@ class Profile:
 # ---- loading and writing -----------------------------------------------------------------
 
 
-def _shipped():
+def _shipped() -> Traversable:
     """Where the shipped profiles are: the installed package `pipesim.data.profiles`, or
     calibration/profiles beside the source when pipesim runs uninstalled."""
     try:
@@ -211,7 +219,7 @@ def profile_names() -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and p.joinpath("profile.toml").is_file())
 
 
-def _profile_dir(name_or_path: str | Path):
+def _profile_dir(name_or_path: str | Path) -> Traversable:
     text = str(name_or_path)
     if text in profile_names():
         return _shipped().joinpath(text)
@@ -254,7 +262,7 @@ def shipped_meta() -> list[dict]:
     out = []
     for name in profile_names():
         f = root.joinpath(name).joinpath("profile.toml")
-        out.append(parse_toml(read_text(f, "profile file"), str(f)))
+        out.append(parse_toml(read_text(Path(str(f)), "profile file"), str(f)))
     return out
 
 

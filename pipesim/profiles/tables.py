@@ -9,7 +9,7 @@ import gzip
 import hashlib
 import io
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..base.errors import UserError, require
-from .curves import Surface, group_curves
+from .curves import Curves, Surface, group_curves
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -72,7 +72,7 @@ class Tables(Mapping):
             self._frames[table] = pd.DataFrame(self._columns[table])
         return self._frames[table]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(sorted(set(self._frames) | set(self._columns), key=list(TABLE_COLUMNS).index))
 
     def __len__(self) -> int:
@@ -91,11 +91,11 @@ class Tables(Mapping):
     @cached_property
     def gemm(self) -> dict:
         """dtype -> (ns, ks, {(n, k): Curve over m})."""
-        out = {}
+        out: dict[str, tuple[list[int], list[int], Curves]] = {}
         df = self.columns("gemm")
         if df is None:
             return out
-        for dtype, part in _groups(df, ("dtype",)):
+        for (dtype,), part in _groups(df, ("dtype",)):
             curves = group_curves(_keys(part, ("n", "k")), part["m"], part["latency_ms"])
             ns = sorted({n for n, _ in curves})
             ks = sorted({k for _, k in curves})
@@ -167,11 +167,11 @@ class Tables(Mapping):
         return out
 
 
-def _keys(cols: dict, names) -> np.ndarray:
+def _keys(cols: dict, names: Iterable[str]) -> np.ndarray:
     return np.column_stack([np.asarray(cols[c]).astype(np.int64) for c in names])
 
 
-def _groups(cols: dict, by: tuple[str, ...]):
+def _groups(cols: dict, by: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], dict[str, np.ndarray]]]:
     """(key, columns of its rows in table order) per distinct value of the `by`
     columns, keys sorted (as a DataFrame groupby)."""
     # each column's distinct values sorted (as strings) and each row's rank among them;
@@ -184,7 +184,7 @@ def _groups(cols: dict, by: tuple[str, ...]):
     order = np.argsort(code, kind="stable")  # table order within a key
     for idx in np.split(order, np.flatnonzero(np.diff(code[order])) + 1) if len(order) else ():
         key = tuple(str(t[idx[0]]) for t in texts)
-        yield (key[0] if len(by) == 1 else key), {c: np.asarray(v)[idx] for c, v in cols.items()}
+        yield key, {c: np.asarray(v)[idx] for c, v in cols.items()}
 
 
 def _check_units_and_sizes(cols: dict, table: str, origin: str) -> None:
@@ -248,7 +248,8 @@ def cached_columns(f: Path | Traversable, table: str) -> dict[str, np.ndarray]:
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
             tmp = cached.with_suffix(f".{os.getpid()}.tmp.npz")
-            np.savez(tmp, **cols)
+            # the stubs match the columns against savez's own allow_pickle keyword too
+            np.savez(tmp, **cols)  # type: ignore[arg-type]
             os.replace(tmp, cached)
             _trim_cache(cached.parent)
         except OSError:

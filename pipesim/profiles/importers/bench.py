@@ -28,12 +28,13 @@ def _rows_from_json(objs: list[dict], origin: str, tp: int, pp: int, extra: dict
     for i, o in enumerate(objs, start=1):
         require(isinstance(o, dict), f"{origin}: record {i} is not a JSON object")
         out = o.get("output_throughput")
-        require(
-            is_number(out) and math.isfinite(out) and out > 0,
-            f"{origin}: record {i} has no positive output_throughput (tok/s): output_throughput = {out!r}",
-        )
+        if not (is_number(out) and math.isfinite(out) and out > 0):
+            raise UserError(
+                f"{origin}: record {i} has no positive output_throughput (tok/s): output_throughput = {out!r}"
+            )
         conc = o.get("max_concurrency") or o.get("concurrency") or extra.get("conc")
-        require(conc is not None, f"{origin}: record {i} has no max_concurrency; pass --conc")
+        if conc is None:
+            raise UserError(f"{origin}: record {i} has no max_concurrency; pass --conc")
         require(
             is_int(conc) or (is_number(conc) and math.isfinite(conc) and conc == int(conc)),
             f"{origin}: record {i}: max_concurrency = {conc!r} must be a whole number from 1 to {MAX_CONCURRENCY}",
@@ -79,7 +80,7 @@ def _rows_from_json(objs: list[dict], origin: str, tp: int, pp: int, extra: dict
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def _blank(value):
+def _blank(value: object) -> object:
     return "" if value is None else value
 
 
@@ -128,10 +129,8 @@ def import_file(
     if fmt == "csv":
         new = points_frame(read_points(path, str(file), default_model, prof.engine))
     else:
-        require(
-            tp is not None and pp is not None,
-            f"--tp and --pp are needed: {fmt} benchmark output does not record the split",
-        )
+        if tp is None or pp is None:
+            raise UserError(f"--tp and --pp are needed: {fmt} benchmark output does not record the split")
         parse = parse_sglang if fmt == "sglang" else parse_vllm
         rows = parse(
             read_text(path, "benchmark output"), str(file), tp, pp, conc=conc, name=name, model=model
