@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..base.errors import require
-from ..inputs.box import Box
+from ..inputs.box import Box, LinkDir
 from ..inputs.model import Model
 from ..inputs.plan import Plan
 from ..inputs.quantization import WeightFormat, as_format
@@ -48,7 +48,9 @@ KERNEL_TABLES = ("gemm", "moe", "gqa_decode", "gqa_prefill", "mla_decode", "mla_
 class Op(NamedTuple):
     name: str
     seconds: float  # for one layer / one occurrence
-    count: int  # occurrences in the stage
+    # the field shadows tuple.count (a method), which nothing here calls: the checker
+    # refuses the override whatever the code does with it
+    count: int  # type: ignore[assignment]  # occurrences in the stage
     source: str  # its provenance, one of PROVENANCE
     kind: str  # "compute" or "tp_comm"
 
@@ -130,6 +132,7 @@ class Primitives:
     def moe(self, tokens: int, tp: int) -> tuple[float, str]:
         """Routed experts of one MoE layer for `tokens` tokens, split over `tp` ranks."""
         mo, m = self.model.moe, self.model
+        assert mo is not None  # priced only for a MoE layer
         base = (m.expert_dtype.kernel, m.hidden, mo.moe_intermediate, mo.topk, mo.n_routed_experts, tp)
         for dist in (self.params.moe_distribution, "balanced"):
             curve = self.profile.moe.get(base + (dist,))
@@ -244,8 +247,8 @@ class Primitives:
             hit = self._hop_cache[key] = (latency, per_byte)
         return hit
 
-    def hop_links(self, src_stage: int, dst_stage: int) -> tuple:
-        links = set()
+    def hop_links(self, src_stage: int, dst_stage: int) -> tuple[LinkDir, ...]:
+        links: set[LinkDir] = set()
         for a, b in zip(self.plan.stage_gpus(src_stage), self.plan.stage_gpus(dst_stage)):
             links.update(self.box.path(a, b))
         return tuple(sorted(links))
