@@ -20,6 +20,7 @@ one is ~80% by construction.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -60,7 +61,7 @@ def fit(rows: pd.DataFrame) -> dict[str, Residuals]:
             continue
         x, w = g.log_residual.to_numpy(float), g.weight.to_numpy(float)
         q_lo, q_mid, q_hi = (weighted_quantile(x, w, q) for q in (Q_LO, 0.5, Q_HI))
-        out[group] = Residuals(q_lo, q_hi, len(g), q_mid)
+        out[str(group)] = Residuals(q_lo, q_hi, len(g), q_mid)  # a RESIDUAL_GROUP name
     return out
 
 
@@ -68,6 +69,7 @@ def inside(rows: pd.DataFrame, residuals: dict[str, Residuals]) -> np.ndarray:
     """Whether each measured value falls in the band the residuals give its prediction
     (the cheap band of crosscheck: calibration and the run's CI, no ensemble)."""
     out = []
+    r: Any  # a row: its columns' values (the stubs make each field any scalar)
     for r in rows.itertuples():
         c, below, above = band_log(
             r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel), residuals
@@ -102,6 +104,7 @@ def corrected_error(rows: pd.DataFrame, by: str = "source") -> pd.DataFrame:
     every other source (`by="source"`) or publisher, never to the number's own."""
     keys = rows.source_id if by == "source" else rows.source_id.map(publisher)
     out = []
+    r: Any  # a row: its columns' values (the stubs make each field any scalar)
     for key in sorted(keys.unique()):
         held = rows[keys == key]
         res = fit(rows[keys != key])
