@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..base.checks import is_number, parse_toml, read_text
 from ..base.errors import require
-from .measured import read_points
+from .measured import Point, read_points
 from .tables import TABLE_COLUMNS, Tables, cached_columns
 
 if TYPE_CHECKING:  # tables are read into numpy columns; pandas only where a DataFrame is asked for
@@ -163,7 +163,7 @@ class Profile:
     params: Params
     meta: dict = field(hash=False, compare=False)
     tables: Tables = field(hash=False, compare=False)
-    measured: tuple = field(default=(), hash=False, compare=False)  # measured.Point, to fit and validate
+    measured: tuple[Point, ...] = field(default=(), hash=False, compare=False)  # to fit and validate
     foreign: str = field(
         default="", hash=False, compare=False
     )  # what differs from the run it costs (borrowed)
@@ -291,7 +291,7 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
         if f.is_file():
             columns[table] = cached_columns(f, table)
     tables = Tables(columns=columns)
-    measured: tuple = ()
+    measured: tuple[Point, ...] = ()
     f = folder.joinpath("measured.csv")
     if f.is_file():
         with f.open("r") as fh:

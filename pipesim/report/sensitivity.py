@@ -19,6 +19,7 @@ from ..base.errors import require
 from ..profiles.profile import FITTABLE, HOST_PARAMS
 
 if TYPE_CHECKING:
+    from ..inputs.workload import Lengths, Workload
     from ..scenario.build import Scenario
 
 METRICS = ("output_throughput_tok_s", "per_request_tok_s", "ttft_ms_p50", "tpot_ms_p50")
@@ -52,8 +53,8 @@ class Item:
     kind: str  # "parameter" or "workload"
     low_label: str  # the value moved to, as text
     high_label: str
-    low: dict  # metric -> value with the item moved down (None: not moved down)
-    high: dict
+    low: dict | None  # metric -> value with the item moved down (None: not moved down)
+    high: dict | None
     note: str = ""
 
     def swing(self, base: dict, metric: str = "output_throughput_tok_s") -> float:
@@ -120,7 +121,7 @@ class Sensitivity:
         }
 
 
-def _metrics(scenario) -> dict:
+def _metrics(scenario: Scenario) -> dict:
     from ..sim.runner import run
 
     r = run(scenario, ci_target=None)
@@ -131,7 +132,7 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
-def _param_items(scenario, step: float) -> list[Item]:
+def _param_items(scenario: Scenario, step: float) -> list[Item]:
     prof = scenario.profile
     items = []
     for f in fields(prof.params):
@@ -159,13 +160,18 @@ def _param_items(scenario, step: float) -> list[Item]:
     return items
 
 
-def _scaled(lengths, f: float):
+def _scaled(lengths: Lengths, f: float) -> Lengths:
     from ..inputs.workload import Lengths
 
     return Lengths(max(1, round(lengths.lo * f)), max(1, round(lengths.hi * f)))
 
 
-def _workload_items(scenario, step: float) -> list[Item]:
+def _with_lengths(w: Workload, name: str, lengths: Lengths) -> Workload:
+    """The workload with its input_len or output_len (`name`) replaced."""
+    return replace(w, input_len=lengths) if name == "input_len" else replace(w, output_len=lengths)
+
+
+def _workload_items(scenario: Scenario, step: float) -> list[Item]:
     from ..inputs.workload import Lengths
 
     w = scenario.workload
@@ -181,8 +187,8 @@ def _workload_items(scenario, step: float) -> list[Item]:
                 "workload",
                 str(lo),
                 str(hi),
-                _metrics(replace(scenario, workload=replace(w, **{name: lo}))),
-                _metrics(replace(scenario, workload=replace(w, **{name: hi}))),
+                _metrics(replace(scenario, workload=_with_lengths(w, name, lo))),
+                _metrics(replace(scenario, workload=_with_lengths(w, name, hi))),
             )
         )
         if cur.lo == cur.hi:
@@ -195,7 +201,7 @@ def _workload_items(scenario, step: float) -> list[Item]:
                     str(cur),
                     str(spread),
                     None,
-                    _metrics(replace(scenario, workload=replace(w, **{name: spread}))),
+                    _metrics(replace(scenario, workload=_with_lengths(w, name, spread))),
                     f"fixed {n} against uniform {spread} (same mean)",
                 )
             )

@@ -51,7 +51,9 @@ from .residual_band import (
 )
 
 if TYPE_CHECKING:
+    from ..inputs.workload import Lengths
     from ..measure.metrics import Result
+    from ..profiles.measured import Point
     from ..profiles.profile import Profile
     from ..scenario.build import Scenario
 
@@ -95,7 +97,7 @@ def regime(tp: int, pp: int, conc: int | None) -> tuple[str, str]:
     return ("C=1" if conc == 1 else "batched", "PP" if pp > 1 else "TP")
 
 
-def loo_residuals(profile: Profile) -> list[tuple[object, float]]:
+def loo_residuals(profile: Profile) -> list[tuple[Point, float]]:
     """(point, leave-one-out relative error) of the profile's measured points, as its
     fit stored them in profile.toml [fit.loo_error_pct] (point label -> %)."""
     stored = profile.meta.get("fit", {}).get("loo_error_pct", {})
@@ -134,7 +136,7 @@ def calibration_spread(profile: Profile, tp: int, pp: int, conc: int | None) -> 
     )
 
 
-def _spread(lengths, s: float):
+def _spread(lengths: Lengths, s: float) -> Lengths:
     from ..inputs.workload import Lengths
 
     if lengths.lo != lengths.hi:
@@ -165,7 +167,7 @@ def ensemble_scenarios(scenario: Scenario, runs: int = ENSEMBLE_RUNS) -> list[Sc
     return members
 
 
-def _values(result) -> dict:
+def _values(result: Result) -> dict:
     return {m: getattr(result, m) for m in HEADLINE}
 
 
