@@ -170,7 +170,7 @@ def _label(combo: dict, several: bool) -> str:
 
 def build_grid(
     gpu_counts: list[int],
-    loads: list[float],
+    loads: Sequence[float],
     open_loop: bool,
     kwargs: dict,
     lists: dict[str, Sequence],

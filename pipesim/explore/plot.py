@@ -26,6 +26,9 @@ from .plot_parts import _annotate_apart, _conc_axis, _figure, _mark_caps, _split
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from matplotlib.axes import Axes
+
+    from .plot_parts import Label
     from .search import Search, Searches
 
 # GPU time of a stage: these five add up to 100% (metrics.idle_breakdown)
@@ -91,12 +94,12 @@ def tradeoff(df: pd.DataFrame) -> Figure:
     concurrency (top left: fast requests, little throughput) to high (bottom right)."""
     fig = _figure()
     ax = fig.add_subplot()
-    labels = []
+    labels: list[Label] = []
     for label, part in _splits(df):
         (line,) = ax.plot(part.output_throughput_tok_s, part.per_request_tok_s, marker="o", label=label)
         labels += [
-            (r.output_throughput_tok_s, r.per_request_tok_s, str(r.conc), line.get_color())
-            for r in part.itertuples()
+            (x, y, str(c), line.get_color())
+            for x, y, c in zip(part.output_throughput_tok_s, part.per_request_tok_s, part.conc)
         ]
     ax.set_xlabel("output throughput (tok/s, whole engine)")
     ax.set_ylabel("per-request decode speed (tok/s)")
@@ -130,8 +133,9 @@ def pareto(result: Search | Searches) -> Figure:
     lines; the winner starred. A search of several conditions (`Searches`): one panel
     per condition, titled with it."""
     from .objectives import CONSTRAINTS
+    from .search import Searches
 
-    results = getattr(result, "results", (result,))
+    results = result.results if isinstance(result, Searches) else (result,)
     cols = min(2, len(results))
     rows = math.ceil(len(results) / cols)
     fig = _figure(8.5 * cols, 5.5 * rows) if len(results) > 1 else _figure(8.5, 5.5)
@@ -152,7 +156,7 @@ def pareto(result: Search | Searches) -> Figure:
     return fig
 
 
-def _pareto_axes(ax, result: Search) -> None:
+def _pareto_axes(ax: Axes, result: Search) -> None:
     """One search's points, frontier, constraint lines and winner on `ax`."""
     from .objectives import CONSTRAINTS, load_text
     from .sweep import load_column
@@ -307,7 +311,7 @@ def compare(
         for r in best.itertuples():
             if i == 0 or reference.get(r.conc) != r.split:
                 ax.annotate(
-                    r.split.replace(" ", ""),
+                    str(r.split).replace(" ", ""),
                     (r.conc, getattr(r, column)),
                     textcoords="offset points",
                     xytext=(5, -10),
@@ -369,11 +373,11 @@ def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", pref
     try:
         for (name, part, _), path in zip(jobs, paths):
             fig = makers[name](part)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=folder)
+            fd, name_ = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=folder)
             os.close(fd)
-            temps.append(Path(tmp))
-            fig.savefig(tmp, format=fmt)
-            os.chmod(tmp, 0o644)
+            temps.append(Path(name_))
+            fig.savefig(name_, format=fmt)
+            os.chmod(name_, 0o644)
         for tmp, path in zip(temps, paths):
             os.replace(tmp, path)
     finally:

@@ -12,12 +12,12 @@ stopped (stream.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..base.checks import MAX_CONCURRENCY, MAX_GPUS, MAX_WORKERS, is_int, whole
-from ..base.errors import require
+from ..base.errors import UserError, require
 from ..base.files import TABLE_SUFFIXES
 from ..base.progress import bar as progress_bar
 from ..inputs.workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
@@ -34,15 +34,13 @@ DEFAULT_CONC = (1, 2, 4, 8, 16, 32, 64, 128)
 WALL_COLUMNS = ("sim_wall_s",)  # the only columns that differ between identical runs
 
 
-def whole_numbers(values: int | Sequence[int], what: str, limit: int = MAX_GPUS) -> list[int]:
+def whole_numbers(values: object, what: str, limit: int = MAX_GPUS) -> list[int]:
     """An int or a sequence of ints -> sorted and distinct; each from 1 to `limit`, at
     least one. (The command line turns '1,8,32' into a list first: `cli.options.parse_ints`.)"""
     if is_int(values):
         values = [values]
-    require(
-        not isinstance(values, (str, bytes)),
-        f"{what} {values!r} must be a whole number or a sequence of them, e.g. [1, 8, 32]",
-    )
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):  # a bool, None
+        raise UserError(f"{what} {values!r} must be a whole number or a sequence of them, e.g. [1, 8, 32]")
     values = list(values)
     require(len(values) > 0, f"{what} is empty; give at least one whole number >= 1, e.g. 1,8,32")
     for v in values:
@@ -51,14 +49,12 @@ def whole_numbers(values: int | Sequence[int], what: str, limit: int = MAX_GPUS)
     return sorted({int(v) for v in values})
 
 
-def positive_numbers(values: float | Sequence[float], what: str) -> list[float]:
+def positive_numbers(values: object, what: str) -> list[float]:
     """A number or a sequence of numbers -> sorted and distinct; each finite and > 0."""
     if isinstance(values, (int, float)) and not isinstance(values, bool):
         values = [values]
-    require(
-        not isinstance(values, (str, bytes)),
-        f"{what} {values!r} must be a number or a sequence of them, e.g. [0.5, 1, 2]",
-    )
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):  # a bool, None
+        raise UserError(f"{what} {values!r} must be a number or a sequence of them, e.g. [0.5, 1, 2]")
     values = list(values)
     require(len(values) > 0, f"{what} is empty; give at least one number > 0, e.g. 0.5,1,2")
     for v in values:
@@ -251,12 +247,13 @@ def sweep(
 
     only = None
     if splits is not None:
-        only = [tuple(x) for x in splits]
+        pairs = [tuple(x) for x in splits]
         require(
-            len(only) > 0
-            and all(len(x) == 2 and all(isinstance(v, int) and v >= 1 for v in x) for x in only),
+            len(pairs) > 0
+            and all(len(x) == 2 and all(isinstance(v, int) and v >= 1 for v in x) for x in pairs),
             f"splits {splits!r} must be (tp, pp) pairs of whole numbers >= 1, e.g. [(2, 4), (8, 1)]",
         )
+        only = [(tp, pp) for tp, pp in pairs]
         gpus = sorted({tp * pp for tp, pp in only})
     gpu_counts = whole_numbers(gpus, "gpus")
     dps = whole_numbers(dp, "dp")
@@ -274,7 +271,7 @@ def sweep(
     from ..api import RUN_KEYS
 
     run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
-    lists = dict(
+    lists: dict[str, Sequence] = dict(
         box=choices(box, "box"),
         engine=choices(engine, "engine"),
         input_len=choices(input_len, "input length"),
@@ -380,7 +377,7 @@ def summary(df: pd.DataFrame) -> str:
     return "\n\n".join(blocks + [skipped]).rstrip()
 
 
-def _heading(df: pd.DataFrame, varying: list[str] = ()) -> list[str]:
+def _heading(df: pd.DataFrame, varying: Sequence[str] = ()) -> list[str]:
     """The sweep's model, box, profile, engine and lengths (those in `varying` listed),
     what the cells hold, and a blank line."""
     lc = load_column(df)
@@ -408,7 +405,7 @@ def _table(df: pd.DataFrame) -> list[str]:
     splits_ = (
         df[["gpus", "tp", "pp", "dp", "split"]].drop_duplicates().sort_values(["gpus", "dp", "tp", "pp"])
     )
-    best = {(r.gpus, getattr(r, lc)): r.split for r in best_by_conc(df).itertuples()}
+    best: dict[tuple, object] = {(r.gpus, getattr(r, lc)): r.split for r in best_by_conc(df).itertuples()}
     width = max(20, 2 + max(len(s) for s in splits_.split))
     header = f"{'GPUs':>4} {'req/s' if lc == 'rate_rps' else 'C':>5}  " + "".join(
         f"{s:>{width}}" for s in splits_.split
