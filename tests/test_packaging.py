@@ -39,3 +39,24 @@ def test_every_shipped_catalogue_file_is_installed():
     for f in files:
         rel = f.relative_to(folder).as_posix()
         assert any(fnmatch(rel, p) for p in patterns), f"calibration/catalogue/{rel} is not shipped"
+
+
+def test_uninstalled_fallbacks_are_the_folders_package_dir_maps(monkeypatch):
+    """Run from a checkout whose install is not editable, `pipesim` is the source tree,
+    where pipesim.data.profiles and the others do not exist as folders: each reader falls
+    back to the folder pyproject.toml's package-dir maps to that package."""
+    from importlib import resources
+
+    from pipesim.calibrate import corpus
+    from pipesim.profiles import derived, profile
+
+    def missing(name):
+        raise ModuleNotFoundError(name)
+
+    monkeypatch.setattr(resources, "files", missing)
+    for package, where in [
+        ("pipesim.data.profiles", profile._shipped()),
+        ("pipesim.data.catalogue", derived._root()),
+        ("pipesim.validation", corpus.corpus_dir()),
+    ]:
+        assert Path(where) == REPO / SETUP["package-dir"][package], package

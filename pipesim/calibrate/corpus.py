@@ -99,7 +99,7 @@ def corpus_dir() -> Traversable | Path:
     try:
         return resources.files("pipesim.validation")
     except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "validation"
+        return Path(__file__).resolve().parents[2] / "validation"
 
 
 def _whole(text: str, where: str, column: str) -> int:

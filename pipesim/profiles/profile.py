@@ -211,7 +211,7 @@ def _shipped() -> Traversable:
     try:
         return resources.files("pipesim.data.profiles")
     except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "calibration" / "profiles"
+        return Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 
 
 def profile_names() -> list[str]:
