@@ -50,7 +50,9 @@ EXCLUDED = {
         "its 4- and 8-GPU tables are far below its links: all-reduce of 512 MiB at 4.9 and 1.5 GB/s bus "
         "bandwidth on 4 and 8 GPUs (2 GPUs: 19 GB/s) against PCIe Gen4 x16 P2P links of 32 GB/s; the measured "
         "box did not run P2P across its PCIe switches (a fault of that box, not of PCIe). Predicted from the "
-        "fit of the others and reported; a prediction on l40s-8x reads this measured table itself"
+        "fit of the others and reported; the l40s-8x preset sets this table aside "
+        "(aiconfigurator_collectives_set_aside) and takes its collectives from the model on its links, "
+        "its kernels still from the measured tables"
     )
 }
 

@@ -387,13 +387,18 @@ def ring_bw(box: Box, gpus: tuple[int, ...]) -> float:
 
 
 def measured_box(profile: Profile) -> Box | None:
-    """The box a profile's tables were measured on: the one it was built for, else its
-    named preset (never the scenario's own box, which a what-if may have changed);
-    None when neither can be read."""
-    if profile.box_spec is not None:
-        return profile.box_spec
+    """The box a profile's tables were measured on: for AIConfigurator's tables the preset
+    of the chassis they were measured in (catalogue.measured_chassis), else the box the
+    profile was built for, else its named preset (never the scenario's own box, which a
+    what-if may have changed); None when none can be read."""
     from ..base.errors import UserError
     from ..inputs.box import load_box
+
+    chassis = profile.meta.get("collectives_measured_on")
+    if chassis:
+        return load_box(chassis)
+    if profile.box_spec is not None:
+        return profile.box_spec
 
     try:
         return load_box(profile.box) if profile.box else None

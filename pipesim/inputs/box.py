@@ -89,6 +89,9 @@ class Box:
     same_die_as: str = (
         ""  # the AIConfigurator system measured on this GPU's die (roofline curves fitted on it)
     )
+    # why this box does not take its AIConfigurator system's measured collectives ("": it does):
+    # they were measured on a chassis whose fabric is not this box's (catalogue.py)
+    collectives_set_aside: str = ""
 
     @property
     def gpus_per_node(self) -> int:
@@ -378,6 +381,7 @@ def box_from_dict(data: dict, origin: str = "box") -> Box:
         sources=tuple((str(k), v) for k, v in sources.items()),
         aiconfigurator_system=_text(data, "aiconfigurator_system", where, ""),
         same_die_as=_text(data, "same_die_as", where, ""),
+        collectives_set_aside=_text(data, "aiconfigurator_collectives_set_aside", where, ""),
     )
     for i in range(1, count):  # every GPU must be reachable from gpu0
         up, down = box._ancestors("gpu0"), box._ancestors(f"gpu{i}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +33,10 @@ if TYPE_CHECKING:
 CATALOGUE_EXTRA = "pip install 'pipesim[catalogue]'"
 FIRST_PRINCIPLES = (
     "first principles: the roofline on the box's datasheet rates, kernels through the efficiency "
-    "curves fitted on the measured GPUs (docs/roofline.md), collectives by NCCL's ring model on its links"
+    "curves fitted on the measured GPUs (docs/roofline.md), collectives by NCCL's model on its links "
+    "(calibrated on measured fabrics: docs/collectives.md)"
 )
+NCCL_MODEL = "NCCL's model on this box's links (calibrated on measured fabrics: docs/collectives.md)"
 
 
 def data_root() -> Path | None:
@@ -136,7 +138,36 @@ def profile_for_box(box: Box, engine: str, model: str | None, version: str | Non
             f"box {box.name}: AIConfigurator {installed_version()} has no measurements of system {choice.name}",
         )
         prof = _catalogue_profile(str(folder), engine, version)
-    return replace(prof, box=box.name, box_spec=box)
+    if box.collectives_set_aside and "collectives" in prof.tables:
+        prof = _without_collectives(prof, box)
+    chassis = measured_chassis(choice.name)
+    meta = {**prof.meta, **({"collectives_measured_on": chassis} if chassis else {})}
+    return replace(prof, box=box.name, box_spec=box, meta=meta)
+
+
+@cache
+def measured_chassis(system: str) -> str | None:
+    """The box preset that describes the chassis AIConfigurator measured `system`'s
+    collectives in: the 8-GPU preset naming the system (its NCCL tables reach 8 GPUs).
+    A box of another chassis naming the same system (a what-if's slower links, a 4-GPU
+    box) has the bandwidth part of those tables rescaled to its own links against this
+    one's (costs/collectives.py)."""
+    from ..inputs.box import box_names, load_box
+
+    for name in box_names():
+        box = load_box(name)
+        if box.aiconfigurator_system == system and box.gpu_count == 8 and box.nodes == 1:
+            return name
+    return None
+
+
+def _without_collectives(prof: Profile, box: Box) -> Profile:
+    """The system's kernels with its measured collectives set aside, as the box file says
+    and why: its collectives then come from NCCL's model on the box's own links."""
+    note = f"{NCCL_MODEL}; AIConfigurator's measured table set aside: {box.collectives_set_aside}"
+    sources = {**prof.meta["table_sources"], "collectives": note}
+    meta = {**prof.meta, "table_sources": sources, "sources": sources}
+    return replace(prof, tables=prof.tables.without("collectives"), meta=meta)
 
 
 def measured_version(system: str, engine: str, version: str | None) -> str | None:
@@ -194,6 +225,7 @@ def _tables_line(box: Box, engine: str, choice: Choice) -> str:
         f"AIConfigurator's measured {choice.name} tables, derived and shipped with pipesim "
         f"(aiconfigurator-core {idx['aiconfigurator_core']}, Apache-2.0): {engine} {newest}"
         + (f" (also --engine-version {', '.join(older)})" if older else "")
+        + (f"; collectives by {NCCL_MODEL}: {box.collectives_set_aside}" if box.collectives_set_aside else "")
     )
 
 

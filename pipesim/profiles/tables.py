@@ -81,6 +81,13 @@ class Tables(Mapping):
     def __contains__(self, table: object) -> bool:
         return table in self._frames or table in self._columns
 
+    def without(self, table: str) -> Tables:
+        """The same tables less `table` (a box that sets a measured table aside)."""
+        return Tables(
+            {k: v for k, v in self._frames.items() if k != table},
+            columns={k: v for k, v in self._columns.items() if k != table},
+        )
+
     def columns(self, table: str) -> dict[str, np.ndarray] | None:
         """The table's columns as numpy arrays (None: the profile has no such table)."""
         if table in self._columns:
