@@ -12,7 +12,12 @@ lengths (every request starts and ends together, as one `generate` call does).
 Honest comparison, the choices made:
 - `generate` in eager mode launches every kernel from Python, so the prediction runs
   with CUDA graphs off (SGLang's --disable-cuda-graph): an eager step takes
-  cpu_iteration_ms + max(GPU time, layers x eager_launch_us_per_layer).
+  generate's own per-step cost + max(GPU time, layers x eager_launch_us_per_layer).
+  `generate` is not an engine: the prediction drops the engine's host loop
+  (host_cpu_factor 0: no scheduler, front end or output path) and charges, as
+  cpu_iteration_ms, generate's per-step cost the profile measured ([live]
+  hf_step_fixed_ms; a profile can no longer carry it as its own cpu_iteration_ms,
+  which an engine's host loop would then pay twice).
 - Those two CPU parameters are not fitted to these runs: `calibrate live --hf-config`
   measured them on shallow copies of the model (2-6 layers, batch 1, where the step is
   CPU-bound): the slope of step time over depth is the launch time per layer, the
@@ -119,6 +124,9 @@ def predict(
 ) -> None:
     """Add pipesim's prediction for each measured batch size (in place)."""
     profile = load_profile(profile_dir)
+    # Hugging Face generate's loop, not an engine's (module docstring)
+    fixed = profile.meta.get("live", {}).get("hf_step_fixed_ms", profile.params.cpu_iteration_ms)
+    profile = profile.with_params(host_cpu_factor=0.0, cpu_iteration_ms=float(fixed))
     if load_model(model_arg).moe:
         params = dataclasses.replace(profile.params, moe_distribution="balanced")
         profile = dataclasses.replace(profile, params=params)

@@ -84,7 +84,7 @@ def files(tmp_path):
     toml = (
         (t / "badparam" / "profile.toml")
         .read_text()
-        .replace('"cpu_iteration_ms" = 0', '"cpu_iteration_ms" = -0', 1)
+        .replace('"cpu_iteration_ms" = 0', '"cpu_iteration_ms" = -1', 1)
     )
     (t / "badparam" / "profile.toml").write_text(toml)
     shutil.copytree(src, t / "nopoints")

