@@ -290,3 +290,29 @@ def test_stage_time_cache_keeps_rings_apart(no_collective_profile, llama8, box, 
         assert t1 == t2
     else:
         assert t1[1] > t2[1] and t1[0] == pytest.approx(t2[0])
+
+
+# ---- attention after a prefix (a chunked prompt's later chunks) ------------------------------
+
+
+def test_a_chunk_after_a_prefix_costs_the_whole_prompt_of_equal_work(profile, llama8, box):
+    """A chunk of c tokens after p cached ones does c (p + c / 2) causal work, a whole
+    prompt of n tokens n^2 / 2: within the table the chunk is read at n = sqrt(c (c + 2p)).
+    8 tokens after 248 (vLLM's remainder of a prompt split at the token budget): n = 63.5,
+    so it costs between the measured 32- and 64-token prompts, less than the whole
+    256-token prompt it finishes (the work ratio 63x the 8-token kernel's time was 40x
+    that prompt)."""
+    cm = cost_model(box, llama8, profile, 1, 1)
+    prompt = profile.gqa_prefill[(32, 8, 128)]
+    t, _ = cm.attention_prefill(8, 248, 1)
+    assert t == pytest.approx(prompt(1, (8 * (8 + 2 * 248)) ** 0.5) * 1e-3, rel=1e-12)
+    assert prompt(1, 32) * 1e-3 <= t <= prompt(1, 64) * 1e-3
+    assert t < cm.attention_prefill(256, 0, 1)[0]
+    # a whole prompt (no prefix) is the table's, as before
+    assert cm.attention_prefill(256, 0, 1)[0] == pytest.approx(prompt(1, 256) * 1e-3, rel=1e-12)
+
+
+def test_a_chunk_after_a_prefix_grows_with_the_prefix(profile, llama8, box):
+    cm = cost_model(box, llama8, profile, 1, 1)
+    times = [cm.attention_prefill(512, p, 1)[0] for p in (0, 512, 4096, 60_000, 200_000)]
+    assert times == sorted(times) and len(set(times)) == len(times)

@@ -109,6 +109,27 @@ def test_selection_keeps_what_the_bands_cannot_rule_out(monkeypatch):
         select(df, "throughput", {"max_ttft_p99_ms": 10})
 
 
+def test_a_capped_budget_simulates_one_plan_of_each_figure_first(monkeypatch):
+    """Plans the model cannot tell apart (the same figure: a knob that does not move its
+    estimate, or the same output path's pace) are simulated after one of each: with
+    three simulations, A1, B and C, not A1, A2, A3."""
+    monkeypatch.setattr("pipesim.explore.screen.model_error", lambda: NO_ERROR)
+    df = _plans(
+        [
+            ("A1", 100.0, 100.0, 100.0, 100, 100),
+            ("A2", 100.0, 100.0, 100.0, 100, 100),
+            ("A3", 100.0 * (1 + 2e-4), 100.0, 100.0, 100, 100),  # within 0.1%: the same figure
+            ("B", 99.0, 99.0, 99.0, 100, 100),
+            ("C", 98.0, 98.0, 98.0, 100, 100),
+        ]
+    )
+    df.loc[:, "model_output_throughput_tok_s_hi"] = 101.0  # every band reaches the best sure value
+    chosen, why = select(df, "throughput", {})
+    assert list(chosen.split) == ["A3", "A1", "A2", "B", "C"]  # uncapped: by the point
+    top, why = select(df, "throughput", {}, keep=3)
+    assert list(top.split) == ["A3", "B", "C"] and "one of each figure first" in why
+
+
 def test_bands_widen_the_bracket_by_the_measured_error():
     df = _plans([("A", 100.0, 90.0, 110.0, 100, 200)])
     b = bands(df, {"output_throughput_tok_s": 0.1, "ttft_ms": 0.5, "tpot_ms": 0.0})

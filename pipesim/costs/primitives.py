@@ -25,6 +25,7 @@ moe.py's.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -169,7 +170,13 @@ class Primitives:
         """Causal attention of a `chunk`-token chunk after `prefix` cached tokens.
 
         The table holds whole prompts (prefix 0); causal work grows as
-        chunk * (prefix + chunk / 2), so a prefix scales it by (chunk + 2 prefix) / chunk.
+        chunk * (prefix + chunk / 2), which is the work of a whole prompt of
+        sqrt(chunk * (chunk + 2 prefix)) tokens: within the table a chunk costs what that
+        prompt measured. Scaling the chunk's own time by the work ratio instead,
+        (chunk + 2 prefix) / chunk, scales the kernel's fixed time too: a short chunk
+        after a long prefix (vLLM's remainder of a prompt split at the token budget, 8
+        tokens after 248) came out 40x a whole 256-token prompt. Beyond the table's
+        longest prompt, where the kernel is compute-bound, the work ratio.
         """
         m = self.model
         heads = m.heads // tp
@@ -180,6 +187,9 @@ class Primitives:
             else self.profile.gqa_prefill.get((heads, max(m.kv_heads // tp, 1), m.head_dim))
         )
         if surface is not None:
+            same = math.sqrt(chunk * (chunk + 2.0 * prefix))  # the whole prompt of equal work
+            if prefix and same <= surface.rows[0].xs[-1]:
+                return surface(1, same) * 1e-3, surface.provenance(1, same)
             return surface(1, chunk) * 1e-3 * scale, surface.provenance(1, chunk)
         qk = (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim) if m.mla else 2 * m.head_dim
         flops = 2.0 * heads * chunk * (prefix + chunk / 2.0) * qk

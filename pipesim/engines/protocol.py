@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..inputs.model import Model
     from ..inputs.plan import Plan
     from .batches import MicroBatch, Request
+    from .releases import HostRules
     from .routing import RankLoad
 
 
@@ -96,6 +97,9 @@ class EngineSettings(Protocol):
 
     @property
     def batches_per_request(self) -> int: ...  # batches in flight one request may ride at once
+
+    @property
+    def host(self) -> HostRules: ...  # how the release runs and hides its host loop (releases.py)
 
     def describe(self) -> dict: ...
 

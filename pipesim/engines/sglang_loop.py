@@ -81,8 +81,10 @@ class SGLangSettings:
 
     @property
     def batches_per_request(self) -> int:
-        """A request rides one batch at a time: its slot's (EngineSettings)."""
-        return 1
+        """A request rides its slot's batch; with the overlap scheduler it is scheduled
+        again while its token is in flight, so it rides both batches (`form`;
+        EngineSettings)."""
+        return 2 if self.host.overlap else 1
 
     def describe(self) -> dict:
         """The resolved knobs for the scenario description (`scenario.engine`)."""

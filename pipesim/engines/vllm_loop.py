@@ -92,8 +92,10 @@ class VLLMSettings:
 
     @property
     def mixes_prefill(self) -> bool:
-        """Chunked prefill rides with the decodes of the same batch (EngineSettings)."""
-        return True
+        """Prompt chunks ride with the decodes of the same batch (EngineSettings): always
+        in V1; in V0 only with chunked prefill, without it a step that admits prompts
+        runs them alone (vllm_v0.py `form_ve`, docs/host-loop.md §1.6)."""
+        return self.chunked_prefill or self.host.generation != "V0"
 
     @property
     def batches_per_request(self) -> int:

@@ -392,8 +392,26 @@ def select(
         why = f"{len(chosen)} plans whose band reaches the best sure {OBJECTIVES[objective][2]} ({bar:,.1f})"
     if keep is not None and len(chosen) > keep:
         why += f"; the {keep} best by the model's point simulated"
+        if objective not in ("max-load", "fewest-gpus"):
+            why += ", one of each figure first"
+            chosen = _one_of_each_first(chosen, order[chosen.index])
         chosen = chosen.head(keep)
     return chosen, why
+
+
+def _one_of_each_first(chosen: pd.DataFrame, order: pd.Series) -> pd.DataFrame:
+    """`chosen` (best first by `order`, the model's figure) with the plans the model
+    cannot tell apart (the same figure to 0.1%: knobs that do not move its estimate,
+    or plans bound by the same output path) after one of each, so that a capped budget
+    of simulations spreads over what the model ranks before it repeats a figure
+    (docs/search.md §3)."""
+    repeat, first, n = [], math.nan, 0
+    for v in order.to_numpy():  # best first: a tier runs while within 0.1% of its first
+        if not abs(v - first) <= 1e-3 * abs(first):
+            first, n = v, 0
+        repeat.append(n)
+        n += 1
+    return chosen.assign(_repeat=repeat).sort_values("_repeat", kind="stable").drop(columns="_repeat")
 
 
 def _loads_up_to_failure(df: pd.DataFrame, possible: pd.Series) -> pd.DataFrame:

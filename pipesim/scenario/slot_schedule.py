@@ -4,8 +4,8 @@ that follow (the steady-state model's engine rules, steady_model.py; docs/search
 
 The whole engine, or one DP rank: each rank alike. Every batch is priced by the cost
 model as the simulation prices it (CostModel.stage_time and hop_time of its shape,
-padded as the engine pads it; a DP lock step's step cost), and the scheduler's CPU is
-the host loop's (host_loop.py).
+padded as the engine pads it; a DP lock step's step cost), and the engine's host loop
+around it (the loop's CPU, the launches, the output path) as host_loop.py composes it.
 """
 
 from __future__ import annotations
@@ -25,19 +25,21 @@ if TYPE_CHECKING:
     from ..inputs.workload import Workload
 
 TOKEN_ID_BYTES = 4  # a sampled token id on its way back to the first stage (sim/pipeline.py)
-# An open loop is in the model's domain only below this share of its capacity: nearer
-# saturation the queue and the tail latencies depend on the arrivals' bursts, which a
-# steady state has no term for (a stated boundary, not fitted).
-OPEN_LOOP_MAX_LOAD = 0.85
 
 
 @dataclass(frozen=True)
 class Pass:
     """One batch's trip: seconds it holds each station (a pipeline stage, or the DP
-    ranks' lock step), and from its launch to its outputs back on the first stage."""
+    ranks' lock step), from its launch to its outputs back on the first stage, and the
+    host loop around it (host_loop.py): from one launch of its slot to the next (the
+    trip and the loop's CPU as the release hides it), the loop's CPU before its launch,
+    and each rank's loop busy for it."""
 
     station_s: tuple[float, ...]
     latency_s: float
+    cycle_s: float
+    before_s: float
+    loop_s: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -109,43 +111,89 @@ class RankSchedule:
         return hit
 
     def _pass(self, shape: Shape, size: int) -> Pass:
-        costs = self.costs
+        costs, host = self.costs, self.host
+        tokens = sum(c for c, _ in shape.prefill)
+        before = host.before_s(size, tokens)
         if self.lock is not None:  # every DP rank steps together, alike (they finish alike)
             _, sync_s, moe_c, moe_a = self.lock.step([shape] * self.dp)
-            step = sync_s + moe_c + moe_a
-            return Pass((step,), step)
-        pp = self.pp
-        stations = tuple(sum(costs.stage_time(s, shape)) for s in range(pp))
-        hop_bytes = shape.tokens * 2 * costs.model.hidden * ACT_BYTES  # hidden states + residual
-        hops = sum(costs.hop_time(s, s + 1, hop_bytes) for s in range(pp - 1))
-        back = costs.hop_time(pp - 1, 0, size * TOKEN_ID_BYTES) if pp > 1 else 0.0
-        return Pass(stations, sum(stations) + hops + back)
+            stations: tuple[float, ...] = (sync_s + moe_c + moe_a,)
+            latency = stations[0]
+        else:
+            pp = self.pp
+            stations = tuple(sum(costs.stage_time(s, shape)) for s in range(pp))
+            hop_bytes = shape.tokens * 2 * costs.model.hidden * ACT_BYTES  # hidden states + residual
+            # a stage starts once the batch is there and, where every rank runs the loop
+            # (SGLang PP), once its rank has had the metadata and run the iteration
+            latency = launched = 0.0
+            for s in range(pp):
+                if s and host.ranks_run_loop:
+                    launched += host.relay_s + before
+                    latency = max(latency, launched)
+                latency += stations[s]
+                if s < pp - 1:
+                    latency += costs.hop_time(s, s + 1, hop_bytes)
+            if pp > 1:
+                latency += costs.hop_time(pp - 1, 0, size * TOKEN_ID_BYTES)
+        around = host.batch(latency, size, tokens, shape.graphed)
+        return Pass(stations, latency, around.step.step_s, around.before_s, around.rank_loop_s)
 
     # ---- a round --------------------------------------------------------------------
     def period(self, passes: list[Pass]) -> float:
         """The max-plus period of one round of `passes` (one per occupied slot, in slot
-        order): a slot launches again only after its outputs are back and the
-        scheduler's CPU has run (vLLM async: `batches_per_request` batches of a request
-        may be in flight, so the trip is shared), each station serves every batch of
-        the round, and the scheduler's CPU runs every iteration of it (SGLang: every
-        slot's turn, empty ones too; vLLM: every formed batch)."""
-        cpu = self.host.iteration_s
+        order): a slot launches again only after its outputs are back and the loop has
+        run its CPU, as the release hides it (`Pass.cycle_s`: with the overlap scheduler
+        or async scheduling the loop runs beside the GPU), each station serves every
+        batch of the round, and each rank's loop runs every iteration of it (SGLang:
+        every slot's turn, empty ones too; vLLM: every formed batch)."""
         k = len(passes)
-        trip = (max(p.latency_s for p in passes) + cpu) / self.s.batches_per_request
+        cycle = max(p.cycle_s for p in passes)
         station = max(sum(col) for col in zip(*(p.station_s for p in passes), strict=True))
-        iterations = k if self.s.inflight_groups else max(self.s.slots, k)
-        return max(0.0 if self.bound else trip, station, iterations * cpu)
+        empties = 0 if self.s.inflight_groups else max(self.s.slots - k, 0)
+        loop = max(sum(col) for col in zip(*(p.loop_s for p in passes), strict=True))
+        loop += empties * self.host.empty_s
+        return max(0.0 if self.bound else cycle, station, loop)
 
     # ---- occupancy ------------------------------------------------------------------
     def cohorts(self, admitted: int, split_first: bool) -> list[int]:
         """The prefill batches the admitted requests enter in: whole prompts up to the
-        budget each. `split_first`: the first arrival alone, as an idle rank wakes at
-        it while the serial tokenizer hands the others over one by one (docs/search.md
-        §1); with fixed lengths that cohort stays apart in every later lifetime."""
-        out = [1] if split_first and admitted > 1 else []
-        left = admitted - sum(out)
+        budget each. Where prompts ride with decodes (vLLM) the decodes of the prompts'
+        group take their tokens of the budget first (running requests are scheduled
+        before waiting ones).
+
+        `split_first`: the requests reach an idle rank one at a time (the serial front
+        end hands one over every `frontend_s`): the first alone, as the rank wakes at
+        it, and each later batch the requests that arrived until the loop forms its
+        next batch (after its own CPU and launches while a slot or batch is free and a
+        request already waits, else after the last batch's return); with fixed lengths
+        those cohorts stay apart in every later lifetime, and a queue keeps them
+        (docs/search.md §1)."""
+        per = self.per_cohort
+        if self.s.mixes_prefill:
+            group = admitted / (self.s.inflight_groups if self.pp > 1 else 1)
+            while per > 1 and per * self.in_len + group - per > self.s.prefill_budget:
+                per -= 1
+        out: list[int] = []
+        left = admitted
+        if split_first and admitted > 1:
+            width = self.s.inflight_groups or self.s.slots
+            gap_of = {}
+            out = [1]
+            left -= 1
+            while left > 0:
+                last = out[-1]
+                key = (last, len(out) < width)
+                if key not in gap_of:
+                    p = self.batch(0, ((int(min(self.in_len, self.s.prefill_budget)), 0),) * last)
+                    # a free slot or batch is formed at once if a request waits by the
+                    # time the loop is done with this one; else the loop blocks on a return
+                    free = len(out) < width and p.loop_s[0] >= self.host.frontend_s
+                    gap_of[key] = p.loop_s[0] if free else p.cycle_s
+                n = max(1, int(gap_of[key] / self.host.frontend_s))
+                out.append(min(per, left, n))
+                left -= out[-1]
+            return out
         while left > 0:
-            out.append(min(self.per_cohort, left))
+            out.append(min(per, left))
             left -= out[-1]
         return out
 
@@ -195,41 +243,77 @@ class RankSchedule:
     # ---- the closed loop ------------------------------------------------------------
     def closed(self, admitted_all: int, clients_all: int, fixed: bool) -> RankEstimate:
         """A closed loop of `clients_all` clients, `admitted_all` of them running (every
-        DP rank). The point is the engine's formation; where fixed-length cohorts may
-        merge into fewer slots (SGLang, no queue) the bracket reaches the merged
-        occupancy (docs/search.md §1)."""
+        DP rank). The point is the engine's formation. With several slots or groups in
+        a pipeline, which slot a request joins follows when it reaches the scheduler
+        (the serial front end hands requests over one at a time, cohorts finish and
+        their replacements return at their own times), so the bracket reaches the other
+        fillings the engine's rules allow: the fewest slots (each filled to its cap;
+        vLLM: one group) and an even spread over the pipeline's slots and over all of
+        them (docs/search.md §1)."""
         admitted = max(1, round(admitted_all / self.dp))
         clients = max(admitted, round(clients_all / self.dp))
         queued = clients > admitted
-        split = fixed and not queued and self.host.frontend_s > 0
+        split = fixed and self.host.frontend_s > 0
         cohorts = self.cohorts(admitted, split)
         point = self.formation(cohorts)
-        if fixed:
-            states = [self.state(point, queued, clients, train=True)]
-        else:  # requests finish apart: their replacements enter a few at a turn
-            sizes, st = _slot_sizes(point), None
-            arrivals = 1.0
-            for _ in range(4):
-                placed = []
-                for j, b in enumerate(sizes):
-                    events = max(1, round(b / arrivals))
-                    placed += [(b / events, j)] * events
-                st = self.state(placed, queued, clients)
-                arrivals = max(1.0, st.request_rate * st.round_s / len(sizes))
-            assert st is not None  # the loop ran
-            states = [st]
+        states = [self._steady(point, queued, clients, fixed)]
         notes: list[str] = []
         domain = "in"
-        if fixed and not queued and not self.s.mixes_prefill:
-            merged = self.clumped(cohorts)
-            if len({j for _, j in merged}) < len({j for _, j in point}):
-                states.append(self.state(merged, queued, clients, train=fixed))
-                domain = "bracketed"
-                notes.append(
-                    f"fixed lengths: slots {'/'.join(map(str, states[0].sizes))} may merge into "
-                    f"{'/'.join(map(str, states[1].sizes))} (bracketed)"
-                )
+        seen = {states[0].sizes}
+        for other in self._fillings(cohorts, admitted):
+            st = self._steady(other, queued, clients, fixed)
+            if st.sizes not in seen:
+                seen.add(st.sizes)
+                states.append(st)
+        if len(states) > 1:
+            domain = "bracketed"
+            notes.append(
+                f"slots {'/'.join(map(str, states[0].sizes))} may fill as "
+                + " or ".join("/".join(map(str, st.sizes)) for st in states[1:])
+                + " (bracketed)"
+            )
         return RankEstimate(tuple(states), domain, tuple(notes))
+
+    def _steady(self, point: list[tuple[int, int]], queued: bool, clients: int, fixed: bool) -> State:
+        """The steady state of cohorts `point`: with fixed lengths their prompts run as
+        a train; else requests finish apart and their replacements enter a few at a turn."""
+        if fixed:
+            return self.state(point, queued, clients, train=True)
+        sizes, st = slot_sizes(point), None
+        arrivals = 1.0
+        for _ in range(4):
+            placed: list[tuple[float, int]] = []
+            for j, b in enumerate(sizes):
+                events = max(1, round(b / arrivals))
+                placed += [(b / events, j)] * events
+            st = self.state(placed, queued, clients)
+            arrivals = max(1.0, st.request_rate * st.round_s / len(sizes))
+        assert st is not None  # the loop ran
+        return st
+
+    def _fillings(self, cohorts: list[int], admitted: int) -> list[list[tuple[int, int]]]:
+        """The other slot fillings a pipeline's engine may settle in (`closed`): none
+        with one slot or group, one request, or async scheduling's single group."""
+        s = self.s
+        width = s.inflight_groups or s.slots
+        if self.pp == 1 or width == 1 or admitted == 1 or (s.inflight_groups and s.batches_per_request > 1):
+            return []
+        cap = s.slot_cap or admitted
+        fewest = self.clumped(cohorts) if not s.inflight_groups else [(c, 0) for c in cohorts]
+        spreads = []
+        for n in sorted({min(self.pp, width), width}):
+            share = [admitted // n + (j < admitted % n) for j in range(n)]
+            if max(share) <= cap:
+                spreads.append([(c, j) for j, b in enumerate(share) for c in self._split(b)])
+        return [fewest, *spreads]
+
+    def _split(self, requests: int) -> list[int]:
+        """A slot's `requests` as the prefill batches they enter in (the budget's share)."""
+        out = []
+        while requests > 0:
+            out.append(min(self.per_cohort, requests))
+            requests -= out[-1]
+        return out
 
     def state(
         self, placed: Sequence[tuple[float, int]], queued: bool, clients: int, train: bool = False
@@ -241,7 +325,7 @@ class RankSchedule:
         round stands apart."""
         s, host, out_len = self.s, self.host, self.out_len
         order = sorted({j for _, j in placed})
-        sizes = _slot_sizes(placed)
+        sizes = slot_sizes(placed)
         A = sum(n for n, _ in placed)
         k = len(sizes)
         decodes = [self.batch(b) for b in sizes]
@@ -255,15 +339,20 @@ class RankSchedule:
             for n, j in placed
         ]
         lat = [p.latency_s for p in prompts]
+        # from the prompt's turn to its first token back: the loop's CPU before the
+        # launch (beside the GPU with the overlap scheduler or async scheduling) and the trip
+        reach = [p.latency_s + (0.0 if host.overlap else p.before_s) for p in prompts]
         tokenize = (
             sum(n * host.frontend_s * (n + 1.0) / 2.0 for n, _ in placed) / A
         )  # its place in its cohort
         # a replacement waits for the next slot's turn; none when the queue holds it, or
         # when every request finished at once (one SGLang slot: the rank idles and
-        # wakes at the arrival)
-        idle = train and k == 1 and not s.mixes_prefill
+        # wakes at the arrival); with the loop beside the GPU the batch formed before
+        # the prompt's is already launched, and the prompt follows it
+        idle = train and ((k == 1 and not s.mixes_prefill) or len(placed) == 1)
         turn_s = 0.0 if queued or idle else round_s / (2.0 * k)
-        detok_s = host.detokenize_s(A / k)
+        ahead_s = round_s if host.overlap and not idle else 0.0
+        out_s = host.delay_s(A / k)  # a client sees a step's tokens after the output path
         if train:
             engine_s, in_train, wait = self._train(placed, order, prompts, decodes)
             rounds = max(
@@ -280,22 +369,29 @@ class RankSchedule:
                 if not s.mixes_prefill:
                     lost += (sizes[i] - n) / A
             busy = ((out_len - 1.0 + lost * self.chunks) * round_s + sum(extra) * self.chunks) + sum(
-                n * x for (n, _), x in zip(placed, lat, strict=True)
+                n * p.cycle_s for (n, _), p in zip(placed, prompts, strict=True)
             ) / A
             wait = [0.0] * len(placed)
         # a prompt of several chunks: its later chunks follow through the pipeline
         first = self.batch(0, ((chunk, 0),))
-        chunk_s = (self.chunks - 1) * (max(first.station_s) if self.pp > 1 else first.latency_s)
-        engine_ttft = sum(n * (w + x) for (n, _), w, x in zip(placed, wait, lat, strict=True)) / A + chunk_s
+        chunk_s = (self.chunks - 1) * (max(first.station_s) if self.pp > 1 else first.cycle_s)
+        engine_ttft = sum(n * (w + x) for (n, _), w, x in zip(placed, wait, reach, strict=True)) / A + chunk_s
         if queued:  # a finished request's slot takes a waiting one at its next turn
             rate = A / busy
-            ttft = max(clients / rate - detok_s - (busy - engine_ttft), engine_ttft + tokenize)
+            ttft = (
+                max(clients / rate - out_s - (busy - engine_ttft), engine_ttft + tokenize + ahead_s) + out_s
+            )
         else:
-            ttft = tokenize + turn_s + engine_ttft
-            rate = A / (busy + detok_s + tokenize + turn_s)
-        if host.frontend_s:
-            rate = min(rate, 1.0 / host.frontend_s)  # the tokenizer serves one at a time
+            ttft = tokenize + turn_s + ahead_s + engine_ttft + out_s
+            rate = A / (busy + out_s + tokenize + turn_s + ahead_s)
         tpot = (busy - engine_ttft) / max(out_len - 1.0, 1.0)
+        # the output path and the API process are serial, one of each for every DP rank
+        # (sim/frontend.py): past saturation they set the pace, a client sees its tokens
+        # as they pass them
+        load = host.busy(self.dp * rate * out_len * k / A, A / k, self.dp * rate)  # steps of A / k tokens
+        if load > 1.0:
+            tpot *= load
+            rate /= load
         return State(tuple(sizes), round_s, max(lat), ttft, tpot, rate, rate * out_len)
 
     def _train(
@@ -303,101 +399,37 @@ class RankSchedule:
     ) -> tuple[float, list[int], list[float]]:
         """A lifetime's prompts as consecutive rounds: round r carries every slot's r-th
         cohort's prompt (SGLang: instead of the slot's decode; vLLM: with it) and the
-        other slots' decodes. Returns the train's seconds, the decode steps each cohort's requests take
-        during it, and each cohort's wait in it."""
+        other slots' decodes. Returns the train's seconds, the decode steps each cohort's
+        requests take during it, and each cohort's wait in it.
+
+        SGLang: a slot's cohorts decode in the same rounds (none during a prompt's),
+        finish together and wait for the slot's earlier prompts. vLLM: cohorts keep
+        decoding beside a prompt and finish a round apart, so the train rolls: each
+        cohort's replacement arrives while the round carrying the cohort before it
+        runs, waits for that round, and every cohort decodes in every round of the
+        train but its own prompt's."""
+        mixed = self.s.mixes_prefill
         per_slot: dict[int, list[int]] = {j: [] for j in order}
         for c, (_, j) in enumerate(placed):
             per_slot[j].append(c)
         rounds = max(len(v) for v in per_slot.values())
-        t, waits = 0.0, [0.0] * len(placed)
+        t, last, waits = 0.0, 0.0, [0.0] * len(placed)
         for r in range(rounds):
             passes = []
             for i, j in enumerate(order):
                 mine = per_slot[j]
                 if r < len(mine):
-                    # SGLang: a slot's cohorts decode in the same rounds (none during a
-                    # prompt's), finish together and wait for the slot's earlier prompts;
-                    # vLLM's keep decoding beside a prompt and finish a round apart
-                    waits[mine[r]] = 0.0 if self.s.mixes_prefill else t
+                    waits[mine[r]] = last if mixed else t
                     passes.append(prompts[mine[r]])
                 else:
                     passes.append(decodes[i])
-            t += self.period(passes) * self.chunks
-        in_train = []
-        for c, (_, j) in enumerate(placed):
-            pos = per_slot[j].index(c)
-            mixed = self.s.mixes_prefill
-            in_train.append(rounds - 1 - pos if mixed else rounds - len(per_slot[j]))
+            last = self.period(passes) * self.chunks
+            t += last
+        in_train = [rounds * self.chunks - 1 if mixed else rounds - len(per_slot[j]) for _, j in placed]
         return t, in_train, waits
 
-    # ---- the open loop --------------------------------------------------------------
-    def open(self, rate: float, cap: int, requests: int, last_arrival_s: float) -> RankEstimate:
-        """Arrivals at `rate` (req/s, this rank) join the slot whose turn follows them
-        (clumped), a prompt batch of those that arrived in a round. Below saturation
-        nobody queues: the requests in the engine are Poisson-distributed with mean rate
-        x stay (M/G/inf), so a request's round is averaged over them; the stay is found
-        by iteration. The run's throughput is its `requests` over the last arrival plus
-        a stay (the simulation measures an open loop from its start to its last
-        finish)."""
-        out_len = self.out_len
-        full = self.state(self.clumped(self.cohorts(cap, False)), True, cap)
-        capacity = full.request_rate
-        if rate >= capacity:
-            why = f"overloaded: {rate:.3g} req/s arrive, about {capacity:.3g} served"
-            return RankEstimate((full,), "outside", (why,), overloaded=True)
-        chunk = int(min(self.in_len, float(self.s.prefill_budget)))
-        held = rate * self.batch(1).latency_s * out_len
-        for _ in range(40):
-            round_s, extra_s, lat_s, sizes = self._poisson_round(held, cap, rate, chunk)
-            arrivals = max(1.0, rate * round_s)
-            # each prompt batch stalls (SGLang) or stretches (vLLM) the round it is in
-            # the prompt batches of a stay: rate x stay arrivals, `arrivals` a batch
-            tpot = round_s + held / arrivals * extra_s / max(out_len - 1.0, 1.0)
-            ttft = self.host.frontend_s + round_s / 2.0 + lat_s + (self.chunks - 1) * lat_s
-            new = rate * (ttft + tpot * (out_len - 1.0))
-            done = abs(new - held) < 0.01 * held + 0.05
-            held = 0.5 * (held + new)
-            if done:
-                break
-        stay = ttft + tpot * (out_len - 1.0)
-        served = requests / (last_arrival_s + stay) if requests else rate
-        st = State(sizes, round_s, lat_s, ttft, tpot, served, served * out_len)
-        if rate > OPEN_LOOP_MAX_LOAD * capacity:
-            why = f"open loop at {rate / capacity:.0%} of its capacity: queueing near saturation is not modelled"
-            return RankEstimate((st,), "outside", (why,))
-        return RankEstimate((st,), "in", ())
 
-    def _poisson_round(
-        self, mean: float, cap: int, rate: float, chunk: int
-    ) -> tuple[float, float, float, tuple[int, ...]]:
-        """A tagged request's round with the others Poisson(mean - 1), capped: its mean
-        period, the mean extra time of a round with one prompt batch in it, that
-        batch's trip, and the occupancy at the mean."""
-        others = max(mean - 1.0, 0.0)
-        top = min(cap - 1, int(others + 6.0 * math.sqrt(others) + 6))
-        pmf = math.exp(-others)
-        round_s = extra_s = lat_s = weight = 0.0
-        for m in range(top + 1):
-            if m:
-                pmf *= others / m
-            sizes = _slot_sizes(self.clumped(self.cohorts(m + 1, False)))
-            decodes = [self.batch(b) for b in sizes]
-            base = self.period(decodes)
-            n_p = max(1, min(m + 1, round(rate * base)))
-            prompt = self.batch(sizes[0] if self.s.mixes_prefill else 0, ((chunk, 0),) * n_p)
-            round_s += pmf * base
-            # SGLang: the prompt takes the slot's turn (its decode waits the whole round);
-            # vLLM: it rides with the decodes and lengthens their round
-            extra_s += pmf * max(
-                self.period([prompt] + decodes[1:]) - (base if self.s.mixes_prefill else 0.0), 0.0
-            )
-            lat_s += pmf * prompt.latency_s
-            weight += pmf
-        at = _slot_sizes(self.clumped(self.cohorts(max(1, round(mean)), False)))
-        return round_s / weight, extra_s / weight, lat_s / weight, tuple(at)
-
-
-def _slot_sizes(placed: Sequence[tuple[float, int]]) -> list[int]:
+def slot_sizes(placed: Sequence[tuple[float, int]]) -> list[int]:
     """Requests per occupied slot, in slot order, of cohorts placed (prompts, slot)."""
     slots: dict[int, float] = {}
     for n, j in placed:

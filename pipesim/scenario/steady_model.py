@@ -10,28 +10,33 @@ scenario floor, beside the admission rule it extends (how many requests run at o
 The model is the simulation's own rules, taken at steady state (docs/search.md §1):
 
 - Occupancy: which slots (SGLang: pp + async depth slots, each up to its per-slot cap;
-  vLLM: up to max_concurrent_batches implicit groups) hold how many of the A admitted
-  requests (admission.py). Requests enter in prefill cohorts of `prefill_budget //
-  input` and stay in their slot (sticky). `formation`: the cohorts each in the slot
-  whose turn it was (the clients' first burst; a queued closed loop keeps it).
-  `clumped`: slots filled to their cap (a finished cohort's replacements join the slot
-  whose return the scheduler awaits; an open loop's arrivals do the same).
+  vLLM: up to max_concurrent_batches implicit groups; V0: a virtual engine per stage)
+  hold how many of the A admitted requests (admission.py). Requests enter in prefill
+  cohorts of the budget's whole prompts (beside their group's decodes where prompts
+  and decodes mix) and stay in their slot (sticky); the serial front end hands them
+  over one at a time, so the idle engine's first batches take what has arrived
+  (`cohorts`). `formation`: the cohorts each in the slot whose turn it was (the
+  clients' first burst; a queue keeps it). `clumped`: slots filled to their cap.
 - A round (every occupied slot launched once) lasts the max-plus period of the slots'
-  batches circulating through the stations: max(the slowest batch's trip back to the
-  first stage plus the CPU before its next launch, the busiest stage's sum of its
-  batches, the scheduler's CPU for every iteration of the round); the costs are
-  CostModel.stage_time and hop_time of the batch's shape, padded as the engine pads it.
+  batches circulating through the stations: max(the slowest batch's cycle, its trip
+  back to the first stage and the engine loop's CPU as the release hides it, the
+  busiest stage's sum of its batches, each rank's loop for every iteration of the
+  round); the costs are CostModel.stage_time and hop_time of the batch's shape, padded
+  as the engine pads it, and the host loop's (host_loop.py: costs/host.py's terms and
+  `compose`).
 - Prefill: every cohort's prompt takes a slot's turn once per request lifetime
   (SGLang: instead of that slot's decode; vLLM: mixed into it), and the round it is in
   lasts the same period with that batch in it.
-- A closed loop's clients cycle through detokenize, tokenize, the wait for a turn, the
-  prefill and O - 1 decode rounds; Little's law gives the throughput. An open loop
-  holds arrival rate x stay requests (a fixed point) below saturation.
+- A closed loop's clients cycle through the output path, tokenize, the wait for a
+  turn, the prefill and O - 1 decode rounds; Little's law gives the throughput, and
+  the serial output path and API process cap it. An open loop holds arrival rate x
+  stay requests (a fixed point) below saturation (open_loop.py).
 
-Where it is not the simulation's answer it says so (`Estimate.domain`): a run whose
-fixed-length cohorts may merge into fewer slots is bracketed between the two
-occupancies; KV-bound runs (evictions), open loops near saturation, traces and vLLM's
-async scheduling with PP are outside its domain and get only an upper bound.
+Where it is not the simulation's answer it says so (`Estimate.domain`): a pipeline
+whose several slots or groups fill as requests happen to reach the scheduler is
+bracketed between the fillings the engine's rules allow (the fewest slots, an even
+spread); KV-bound runs (evictions), open loops near saturation, traces and vLLM's async
+scheduling with PP are outside its domain and get only an upper bound.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import numpy as np
 from ..inputs.workload import ArrivalPlan
 from .admission import admission
 from .host_loop import host_loop
+from .open_loop import open_loop
 from .slot_schedule import RankEstimate, RankSchedule, State
 
 if TYPE_CHECKING:
@@ -60,8 +66,8 @@ METRICS = ("output_throughput_tok_s", "per_request_tok_s", "ttft_ms", "tpot_ms")
 class Estimate:
     """The model's figures for a scenario (every DP rank together), the occupancy
     bracket of each (lo, hi: equal when the occupancy is determined), and its domain:
-    "in", "bracketed" (fixed-length cohorts may merge: the point is the engine's
-    formation, the bracket reaches the merged occupancy) or "outside" (the point is
+    "in", "bracketed" (a pipeline's slots may fill otherwise: the point is the engine's
+    formation, the bracket reaches the other fillings) or "outside" (the point is
     nan; `bounds` holds only what the physics caps: throughput and per-request speed at
     most, TTFT and TPOT at least)."""
 
@@ -119,7 +125,7 @@ def steady_state(
     key = (settings, workload.input_len, workload.output_len, bool(outside))
     rank = None if ranks is None else ranks.get(key)
     if rank is None:
-        rank = RankSchedule(costs, settings, host_loop(costs.params, settings), workload, bound=bool(outside))
+        rank = RankSchedule(costs, settings, host_loop(costs.host, settings), workload, bound=bool(outside))
         if ranks is not None:
             ranks[key] = rank
     if outside:  # only what the physics caps: no latency in the round, no KV limit
@@ -134,8 +140,12 @@ def steady_state(
         span = ArrivalPlan(workload, np.random.default_rng(workload.seed)).span_s
         assert span is not None  # an open loop's plan knows its first and last arrival
         last = span[1]
-        est = rank.open(
-            workload.rate_rps / plan.dp, max(1, adm.cap // plan.dp), workload.num_requests // plan.dp, last
+        est = open_loop(
+            rank,
+            workload.rate_rps / plan.dp,
+            max(1, adm.cap // plan.dp),
+            workload.num_requests // plan.dp,
+            last,
         )
     return _assemble(est, plan.dp, est.domain, notes + list(est.notes), adm.admitted)
 
