@@ -31,8 +31,9 @@ from pipesim.calibrate.fit import fit
 from pipesim.profiles.hostloop import with_host_defaults
 from pipesim.profiles.importers.aiconfigurator import build_tables, kernel_floor_us
 from pipesim.profiles.measured import read_points
-from pipesim.profiles.profile import Params, Profile, write_profile
+from pipesim.profiles.profile import Params, Profile
 from pipesim.profiles.tables import Tables
+from pipesim.profiles.writing import write_profile
 
 HERE = Path(__file__).resolve().parent
 SYSTEM = "rtx_pro_6000_server"

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 from .base.errors import require
 from .measure.metrics import Result
 from .report import sensitivity as tornado
-from .report.uncertainty import WORKLOAD_METHODS, attach
+from .report.uncertainty import WORKLOAD_METHODS, attach, ensemble_scenarios, takes_ensemble
 from .scenario.build import build_scenario
 from .scenario.whatif import check
+from .scenario.work import Work
 from .sim.runner import CI_TARGET, SimulateKeywords
 from .sim.runner import simulate as run_scenario
 
@@ -62,6 +63,11 @@ def simulate(
         intervals in INTERVALS,
         f"intervals {intervals!r} is not one of None, {', '.join(map(repr, INTERVALS[1:]))}",
     )
+    work = Work("this prediction", "use --no-intervals (the run alone), fewer requests or shorter outputs")
+    work.add("the run", scenario)
+    if intervals is not None and takes_ensemble(scenario, intervals):
+        work.add("the interval's ensemble", ensemble_scenarios(scenario))
+    work.check()
     rec, result = run_scenario(
         scenario,
         warmup_requests=warmup_requests,

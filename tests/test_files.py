@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 import pipesim
-from pipesim.base.files import TABLE_COLUMNS, check_out_path, read_table, write_atomic, write_table
+from pipesim.base.files import TABLE_COLUMNS, check_out_path, read_table, write_table
+from pipesim.base.writes import write_atomic
 from pipesim.explore.grid import KEY_COLUMNS
 
 

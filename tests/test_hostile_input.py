@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -327,7 +328,7 @@ CASES += [
     ),
     (
         ["predict", "--conc", "1", "--model", f"{D}/cfg-quant-bits.json"],
-        "num_bits = 'x' must be a whole number",
+        "'num_bits' = 'x' must be a whole number",
     ),
     (
         ["predict", "--conc", "1", "--model", f"{D}/cfg-quant-ignore.json"],
@@ -447,7 +448,7 @@ CASES += [
     (["predict", "--trace", f"{D}/trace-header.csv", *FAST[:2]], "has no requests"),
     (["predict", "--trace", f"{D}/trace-empty.csv", *FAST[:2]], "cannot read as CSV"),
     (["predict", "--trace", f"{D}/trace-binary.csv", *FAST[:2]], "cannot read as CSV"),
-    (["predict", "--trace", f"{D}/trace-long.csv", *FAST[:2]], "rows, above the limit of 1000000"),
+    (["predict", "--trace", f"{D}/trace-long.csv", *FAST[:2]], "rows, above the limit of 1,000,000"),
     (["predict", "--trace", f"{D}/trace-work.csv", *FAST[:2]], "above the limit of"),
     (
         ["predict", "--trace", f"{D}/trace-ok.csv", "--num-requests", "5", *FAST[:2]],
@@ -809,8 +810,26 @@ def folder(tmp_path_factory):
     "args, message", CASES, ids=[f"{i}:{' '.join(c[0][:4])[-40:]}" for i, c in enumerate(CASES)]
 )
 def test_hostile_input(args, message, folder, capsys):
+    refused(args, message, folder, capsys)
+
+
+def snapshot(folder: Path) -> list[tuple]:
+    """Every entry of the folder: a file's size and modification time, a link's target."""
+    return sorted(
+        (p.name, f"-> {os.readlink(p)}")
+        if p.is_symlink()
+        else (p.name, p.stat().st_size, p.stat().st_mtime_ns)
+        if p.is_file()
+        else (p.name, "dir")
+        for p in folder.iterdir()
+    )
+
+
+def refused(args: list[str], message: str, folder: Path, capsys) -> None:
+    """`pipesim ARGS` (DIR filled in) exits 2 with one line holding `message`, and nothing
+    in DIR is written, moved, cut or left behind."""
     args = [_fill(a, folder) for a in args]
-    before = sorted(p.name for p in folder.iterdir())
+    before = snapshot(folder)
     with pytest.raises(SystemExit) as exc:
         main(args)
     out, err = capsys.readouterr()
@@ -818,7 +837,7 @@ def test_hostile_input(args, message, folder, capsys):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pipesim: error: ") and "Traceback" not in err, err
     assert message in lines[0], lines[0]
-    assert sorted(p.name for p in folder.iterdir()) == before  # nothing written, moved or left behind
+    assert snapshot(folder) == before  # nothing written, moved or left behind
     assert (folder / "notaprofile.txt").read_text() == "keep me"
 
 

@@ -13,7 +13,8 @@ import pytest
 from pipesim.calibrate.live import kernels, run, specs
 from pipesim.cli import main
 from pipesim.inputs.model import load_model
-from pipesim.profiles.profile import load_profile, write_profile
+from pipesim.profiles.profile import load_profile
+from pipesim.profiles.writing import write_profile
 
 REPO = Path(__file__).resolve().parent.parent
 AIC_H200 = REPO.parent / "shared" / "reference-data" / "aiconfigurator" / "h200_sxm"

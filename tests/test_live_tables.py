@@ -14,6 +14,7 @@ from pipesim.costs.stage import CostModel
 from pipesim.inputs.box import load_box
 from pipesim.inputs.model import load_model
 from pipesim.inputs.plan import Plan
+from pipesim.profiles.bounds import link_bytes, work
 from pipesim.profiles.curves import TABLE_PROVENANCE
 from pipesim.profiles.profile import load_profile
 from pipesim.profiles.tables import TABLE_COLUMNS
@@ -35,8 +36,18 @@ GPU = {
 
 
 def fake_latency(spec: specs.Spec) -> float:
-    """A made-up but shape-dependent latency (ms), distinct per key."""
-    return 0.002 + 1e-3 * float(np.log2(1 + np.prod([float(v) for v in spec.key if isinstance(v, int)])))
+    """A made-up but shape-dependent latency (ms), distinct per key, that physics allows
+    (profiles/bounds.py): twice the roofline of the row's work at the H200's datasheet
+    rates (989 TFLOP/s, 4.8 TB/s; a collective: 100 GB/s) plus 10 us."""
+    if spec.table not in TABLE_COLUMNS:  # an extra (sampling, launch costs): no table, any value
+        return 0.002 + 1e-3 * float(np.log2(1 + np.prod([float(v) for v in spec.key if isinstance(v, int)])))
+    cols = {c: np.array([v]) for c, v in zip(TABLE_COLUMNS[spec.table], spec.key)}
+    if spec.table == "collectives":
+        seconds = float(link_bytes(cols)[0]) / 1e11
+    else:
+        flops, _, most = work(spec.table, cols)
+        seconds = max(float(flops[0]) / 989e12, float(most[0]) / 4.8e12)
+    return (2.0 * seconds + 10e-6) * 1e3
 
 
 def synthetic_records(model):

@@ -15,7 +15,7 @@ from pipesim.profiles.measured import Point, read_points
     [
         ("tp,pp,conc\n8,1,1\n", "missing column"),
         ("tp,pp,conc,tok_s\n8,1,x,26\n", "line 2, column conc"),
-        ("tp,pp,conc,tok_s\n8,1,1,-3\n", "must be > 0"),
+        ("tp,pp,conc,tok_s\n8,1,1,-3\n", "must be a finite number > 0"),
         ("tp,pp,conc,tok_s,tok_s_lo,tok_s_hi\n8,1,1,26,30,40\n", "tok_s_lo <= tok_s"),
         ("tp,pp,conc,tok_s,metric\n8,1,1,26,latency\n", "column metric"),
         ("tp,pp,conc,tok_s,color\n8,1,1,26,red\n", "unknown column"),

@@ -5,8 +5,9 @@ import dataclasses
 import pytest
 from conftest import without_tables
 
-from pipesim.costs.moe import alltoall_offrank_bytes, busiest_rank, popularity
+from pipesim.costs.moe import alltoall_offrank_bytes
 from pipesim.costs.primitives import Shape, distinct_experts
+from pipesim.costs.routing import busiest_rank, popularity
 from pipesim.costs.stage import CostModel
 from pipesim.inputs.box import load_box
 from pipesim.inputs.plan import make_plan

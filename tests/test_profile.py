@@ -129,7 +129,8 @@ def test_predict_imports_no_pandas():
 
 def test_profile_toml_writes_non_ascii_text_as_itself(tmp_path):
     # a source line citing "physics.md §1" must read as written, not as a \u00a7 escape
-    from pipesim.profiles.profile import load_profile, write_profile
+    from pipesim.profiles.profile import load_profile
+    from pipesim.profiles.writing import write_profile
 
     prof = load_profile("rtx-pro-6000-sglang-deployment")
     meta = dict(prof.meta, name="copy", description="fitted to physics.md §1's points")

@@ -7,11 +7,14 @@ listed in docs/bad-input.md with the way round it.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import IO, Any, TypeGuard
 
 from .errors import UserError, require
 
@@ -35,6 +38,21 @@ MAX_SWEEP_SCENARIOS = 100_000
 MAX_SWEEP_BATCH_STEPS = 200 * MAX_BATCH_STEPS
 MAX_SIM_S = 1e6  # simulated-time horizon: a run stops here whatever its state
 MAX_JSON_DEPTH = 200  # nesting of a JSON or TOML file
+# what a file read may hold, counted while it streams in (read_bounded: a file past a bound
+# is refused when the bound is crossed, before the rest is read or inflated): a measured
+# table 1,000,000 rows and 128 MiB decompressed (14x and 64x the largest shipped, 71,485
+# rows in 2 MB), a trace MAX_TRACE_ROWS rows and 128 MiB, a sweep table MAX_SWEEP_SCENARIOS
+# rows and 256 MiB, any other text file (configs, box files, benchmark outputs, measured
+# points) 64 MiB
+MAX_TABLE_ROWS = 1_000_000
+MAX_TABLE_BYTES = 128 * 2**20
+MAX_TRACE_BYTES = 128 * 2**20
+MAX_SWEEP_TABLE_BYTES = 256 * 2**20
+MAX_TEXT_BYTES = 64 * 2**20
+# a profile's measured points (measured.csv): validate runs one simulation each, fit and
+# diagnose many; their work is also counted (scenario/work.py)
+MAX_MEASURED_POINTS = 1_000
+MAX_BOX_DEPTH = 64  # links from a box's deepest node to the top of its tree (real boxes: under 10)
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -84,10 +102,137 @@ def flag(value: object, what: str) -> bool | None:
     return None if value is None else bool(value)
 
 
-def read_text(path: str | Path, what: str) -> str:
-    """A text file's content; binary bytes become one line."""
+@dataclass(frozen=True)
+class Fields:
+    """Typed reads of one object of a user's file (a JSON config's section, a TOML table):
+    each value of its kind and within its bounds, or one line naming where it is, the key
+    and what is allowed. Every field of a user file is read through one of these, so a
+    string where a number belongs, a number where a list belongs or a list of the wrong
+    length is a UserError, never a TypeError deep inside (and never silently truncated,
+    or read as True)."""
+
+    data: Mapping[str, Any]
+    where: str
+
+    @classmethod
+    def of(cls, data: object, where: str) -> Fields:
+        if not isinstance(data, Mapping):
+            raise UserError(f"{where} must be a JSON object, got {type(data).__name__}")
+        return cls(data, where)
+
+    def _bad(self, key: str, allowed: str) -> UserError:
+        return UserError(f"{self.where}: '{key}' = {self.data[key]!r} must be {allowed}")
+
+    def whole(self, key: str, default: int, lo: int = 1, hi: int = MAX_CONFIG_SIZE) -> int:
+        """A whole number in [lo, hi] (absent or null: `default`)."""
+        v = self.data.get(key)
+        if v is None:
+            return default
+        if not (is_int(v) and lo <= int(v) <= hi):
+            raise self._bad(key, f"a whole number from {lo} to {hi}")
+        return int(v)
+
+    def flag(self, key: str, default: bool) -> bool:
+        """true or false (a JSON boolean; absent or null: `default`)."""
+        v = self.data.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self._bad(key, "true or false")
+        return v
+
+    def choice(self, key: str, default: str, allowed: tuple[str, ...]) -> str:
+        """One of `allowed` (compared in lower case; absent or null: `default`)."""
+        v = self.data.get(key)
+        if v is None:
+            return default
+        if not (isinstance(v, str) and v.lower() in allowed):
+            raise self._bad(key, f"one of {', '.join(allowed)}")
+        return v.lower()
+
+    def names(self, key: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """A list of strings (absent or null: `default`)."""
+        v = self.data.get(key)
+        if v is None:
+            return default
+        if not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            raise self._bad(key, "a list of names")
+        return tuple(v)
+
+    def wholes(self, key: str, length: int, lo: int = 1, hi: int = MAX_CONFIG_SIZE) -> tuple[int, ...] | None:
+        """A list of `length` whole numbers in [lo, hi] (absent or null: None)."""
+        v = self.data.get(key)
+        if v is None:
+            return None
+        if not (
+            isinstance(v, list) and len(v) == length and all(is_int(x) and lo <= int(x) <= hi for x in v)
+        ):
+            raise self._bad(key, f"a list of {length} whole numbers from {lo} to {hi}")
+        return tuple(int(x) for x in v)
+
+    def section(self, key: str) -> Fields | None:
+        """A nested object (absent or null: None)."""
+        v = self.data.get(key)
+        return None if v is None else Fields.of(v, f"{self.where}.{key}")
+
+
+def not_empty(**given: object) -> None:
+    """Each named value given as text is not empty: an empty value is refused, never read
+    as not given (the default in its place)."""
+    for key, v in given.items():
+        require(
+            not (isinstance(v, str) and not v.strip()),
+            f"--{key.replace('_', '-')} is empty; give a value, or leave the flag out for the default",
+        )
+
+
+def read_bounded(
+    source: str | Path | IO[bytes] | IO[str], origin: str, max_bytes: int, max_rows: int | None = None
+) -> bytes:
+    """A file's bytes (gunzipped when `origin` ends in .gz), read in chunks and counted as
+    they come: past `max_bytes` (after decompression) or `max_rows` lines after the first
+    (a header), one line naming the file and the bound, before the rest is read or
+    inflated; so a small gzip that inflates to gigabytes, or a huge trace, never takes more
+    memory than its bound. (A quoted field with a line break counts as two lines: an
+    over-count, never an under-count.) A gzip stream that is not one raises OSError or
+    EOFError, for the caller to name. `source`: a path, or an open file (bytes or text)."""
+    if isinstance(source, (str, Path)):
+        try:
+            with open(source, "rb") as fh:
+                return read_bounded(fh, origin, max_bytes, max_rows)
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+            raise UserError(f"{origin}: cannot read ({exc.strerror or exc})") from None
+    stream: Any = gzip.GzipFile(fileobj=source) if origin.endswith(".gz") else source  # type: ignore[arg-type]
+    parts: list[bytes] = []
+    size = lines = 0
+    while True:
+        got: bytes | str = stream.read(1 << 20)
+        if not got:
+            return b"".join(parts)
+        block = got.encode() if isinstance(got, str) else got  # a text stream (a caller's StringIO)
+        size += len(block)
+        if size > max_bytes:
+            packed = " once decompressed" if origin.endswith(".gz") else ""
+            raise UserError(
+                f"{origin}: more than {max_bytes / 2**20:,.0f} MiB{packed}, above the limit for this "
+                "file; stopped reading there (split it, or give the part that matters)"
+            )
+        if max_rows is not None:
+            lines += block.count(b"\n")
+            if lines > max_rows + 1:
+                raise UserError(
+                    f"{origin}: more than {max_rows:,} rows, above the limit of {max_rows:,}; stopped "
+                    "reading there (split it, or give the part that matters)"
+                )
+        parts.append(block)
+
+
+def read_text(path: str | Path, what: str, max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """A text file's content, read within `max_bytes` (read_bounded); binary bytes become
+    one line."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        text = read_bounded(path, f"{what} {path}", max_bytes).decode("utf-8")
+        return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as Path.read_text
     except UnicodeDecodeError as exc:
         raise UserError(f"{what} {path} is not UTF-8 text (byte {exc.start}); give a text file") from None
 

@@ -1,6 +1,6 @@
-"""Files pipesim writes and reads back: output paths checked before any work, atomic
-writes (a reader sees the old file or the whole new one, never half), and the sweep
-table as .csv or .parquet.
+"""Files pipesim writes and reads back: output paths checked before any work, and the
+sweep table as .csv or .parquet, written atomically (writes.py: a reader sees the old
+file or the whole new one, never half).
 
 pandas is imported inside the table functions only, so importing this module (as the
 command line and the trace writer do) stays light.
@@ -8,13 +8,16 @@ command line and the trace writer do) stays light.
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Callable
+import io
+import json
+import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from .checks import MAX_SWEEP_SCENARIOS, MAX_SWEEP_TABLE_BYTES, read_bounded
 from .errors import UserError, require
+from .writes import check_target, write_atomic
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,6 +34,11 @@ INTERVAL_COLUMNS = (
     "tpot_ms_p50",
     "tpot_ms_p99",
 )
+# a figure that is not defined for some rows, written as an empty cell (docs/search.md §5):
+# a run whose measured requests each produced one token has no decode, so no per-request
+# decode speed (its TPOT columns, NUMBER_TABLE_COLUMNS, are empty too). Every reader takes
+# the empty cell as "not defined"; inf or text is still refused.
+UNDEFINED_OK = ("per_request_tok_s",)
 # other number columns of a sweep table (sweep.run_point) that search and plot read; NaN is
 # allowed there (a TPOT of one-token requests), text is not
 NUMBER_TABLE_COLUMNS = (
@@ -80,6 +88,26 @@ TEXT_TABLE_COLUMNS = (
 )
 
 
+def jsonable(v: object) -> object:
+    """`v` as strict JSON holds it: a figure that is not defined (NaN) or not finite is
+    null, numpy scalars their Python values, tuples lists, keys text."""
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if type(v).__module__ == "numpy" and hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def json_text(v: object, **kwargs: Any) -> str:
+    """Every JSON pipesim writes (--json outputs, traces): strict JSON (no NaN or
+    Infinity, which most readers refuse), a figure that is not defined as null."""
+    return json.dumps(jsonable(v), allow_nan=False, **kwargs)
+
+
 def csv_kwargs() -> dict:
     """pandas.read_csv arguments for a sweep table: text columns as text, floats read back
     exactly as written (round trip: pandas 3's default, an option before)."""
@@ -89,12 +117,15 @@ def csv_kwargs() -> dict:
     return {"dtype": {c: str for c in TEXT_TABLE_COLUMNS}, **exact}
 
 
-def check_out_path(path: str | Path, suffixes: tuple[str, ...], what: str) -> Path:
-    """An output file: an allowed suffix and an existing directory, checked before any work."""
+def check_out_path(
+    path: str | Path, suffixes: tuple[str, ...], what: str, inputs: Mapping[str, Path] | None = None
+) -> Path:
+    """An output file, checked before any work: an allowed suffix, and what every write
+    needs (writes.check_target: no symbolic link, an existing directory, none of the
+    command's `inputs`)."""
     out = Path(path)
     require(out.suffix.lower() in suffixes, f"{what} file '{out}' must end in {' or '.join(suffixes)}")
-    parent = out.parent if str(out.parent) else Path(".")
-    require(parent.is_dir(), f"directory '{parent}' of the {what} file does not exist")
+    check_target(out, what, inputs)
     if out.suffix.lower() == ".parquet":
         try:
             import pyarrow  # noqa: F401
@@ -121,24 +152,9 @@ def ensure_dir(path: str | Path, what: str) -> Path:
     return folder
 
 
-def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
-    """Call write(temporary path) in the same directory, then rename it over `path`."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent or ".")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_table(df: pd.DataFrame, path: str | Path) -> Path:
+def write_table(df: pd.DataFrame, path: str | Path, inputs: Mapping[str, Path] | None = None) -> Path:
     """A sweep table as .csv or .parquet (by the file's suffix)."""
-    out = check_out_path(path, TABLE_SUFFIXES, "output")
+    out = check_out_path(path, TABLE_SUFFIXES, "output", inputs)
     if out.suffix.lower() == ".parquet":
         return write_atomic(out, lambda tmp: df.to_parquet(tmp, index=False))
     return write_atomic(out, lambda tmp: df.to_csv(tmp, index=False))
@@ -153,14 +169,25 @@ def read_table(path: str | Path) -> pd.DataFrame:
     if p.suffix.lower() == ".parquet":
         check_out_path(p, (".parquet",), "sweep")
         try:
+            import pyarrow.parquet as pq
+
+            rows = pq.ParquetFile(p).metadata.num_rows  # from the footer, before any row is read
+        except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+            raise UserError(f"sweep file '{p}': cannot read as Parquet ({type(exc).__name__})") from None
+        require(
+            rows <= MAX_SWEEP_SCENARIOS,
+            f"sweep file '{p}': {rows:,} rows, above the limit of {MAX_SWEEP_SCENARIOS:,} (a sweep's scenarios)",
+        )
+        try:
             df = pd.read_parquet(p)
         except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
             raise UserError(f"sweep file '{p}': cannot read as Parquet ({type(exc).__name__})") from None
     else:
         require(p.suffix.lower() == ".csv", f"sweep file '{p}' must end in .csv or .parquet")
+        data = read_bounded(p, f"sweep file '{p}'", MAX_SWEEP_TABLE_BYTES, MAX_SWEEP_SCENARIOS)
         try:
             # lengths are specs ("300" or "100:500"), as the sweep wrote them (csv_kwargs)
-            df = pd.read_csv(p, **csv_kwargs())
+            df = pd.read_csv(io.BytesIO(data), **csv_kwargs())
         except Exception as exc:  # pandas raises many types for a malformed file
             raise UserError(f"sweep file '{p}': cannot read as CSV ({type(exc).__name__})") from None
     return check_table(df, p)
@@ -168,7 +195,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
 
 def check_table(df: pd.DataFrame, p: Path, allow_empty: bool = False) -> pd.DataFrame:
     """A sweep table read from `p`: its key and ranked columns present, every number cell a
-    number (the ranked ones finite); number columns made numeric."""
+    number (the ranked ones finite, or empty where not defined: UNDEFINED_OK); number
+    columns made numeric."""
     import numpy as np
     import pandas as pd
 
@@ -183,7 +211,7 @@ def check_table(df: pd.DataFrame, p: Path, allow_empty: bool = False) -> pd.Data
         values = pd.to_numeric(df[col], errors="coerce")
         bad = values.isna() & df[col].notna()
         if col in TABLE_COLUMNS and not bad.any():
-            bad = ~np.isfinite(values)
+            bad = ~np.isfinite(values) & ~(values.isna() if col in UNDEFINED_OK else False)
             what = "is not a finite number"
         else:
             what = "is not a number"

@@ -245,6 +245,8 @@ def text(chk: Check) -> str:
 def to_json(chk: Check) -> str:
     import json
 
+    from ..base.files import json_text
+
     def records(df: pd.DataFrame) -> list[dict]:
         return json.loads(df.to_json(orient="records"))
 
@@ -254,7 +256,7 @@ def to_json(chk: Check) -> str:
         "ranking_pairs": int(rk.pairs.sum()) if len(rk) else 0,
         "ranking_agreement": float(np.average(rk.agreement, weights=rk.pairs)) if len(rk) else None,
     }
-    return json.dumps(
+    return json_text(
         {
             "corpus": chk.corpus,
             "overall": over,

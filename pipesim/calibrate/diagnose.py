@@ -23,7 +23,7 @@ from ..inputs.model import load_model
 from ..inputs.plan import make_plan
 from ..profiles.measured import Point
 from ..profiles.profile import FITTABLE, Profile, load_profile
-from .fit import fit, predict_point
+from .fit import fit, points_work, predict_point, runs_per_solve
 
 NEUTRAL = {
     "cpu_iteration_ms": 0.0,
@@ -99,6 +99,9 @@ class Diagnosis:
         return "\n".join(out)
 
 
+BRENTQ_MAXITER = 40
+
+
 def _relevant(p: Point) -> list[str]:
     eager = dict(p.knobs).get("disable_cuda_graph", False)
     hs = ["kernel_scale", "cpu_iteration_ms"]
@@ -120,7 +123,7 @@ def _solve_alone(base: Profile, p: Point, h: str) -> float | None:
     f0, f1 = f(start), f(hi)
     if f0 * f1 > 0:
         return None
-    return brentq(f, start, hi, xtol=max(1e-3 * abs(hi - start), 1e-9), rtol=1e-3, maxiter=40)
+    return brentq(f, start, hi, xtol=max(1e-3 * abs(hi - start), 1e-9), rtol=1e-3, maxiter=BRENTQ_MAXITER)
 
 
 def _hypotheses(profile: Profile) -> list[str]:
@@ -139,6 +142,14 @@ def diagnose(profile: str | Path | Profile, on_point: Callable[[], object] | Non
     if not isinstance(profile, Profile):
         profile = load_profile(profile)
     base = profile.with_params(**NEUTRAL)
+    work, scenarios = points_work(
+        base, profile.measured, "diagnose", "diagnose fewer measured points at a time"
+    )
+    work.add("the tables alone", scenarios)
+    for p, sc in zip(profile.measured, scenarios):  # a root search per hypothesis: 2 ends + its iterations
+        work.add("each hypothesis alone", sc, len(_relevant(p)) * (2 + BRENTQ_MAXITER))
+    work.add("each hypothesis fitted", scenarios, len(_hypotheses(profile)) * (runs_per_solve(1) + 1))
+    work.check()
     diags = []
     for p in profile.measured:
         tables_only = predict_point(base, p)

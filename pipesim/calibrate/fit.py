@@ -14,6 +14,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -22,27 +23,61 @@ from ..base.errors import require
 from ..profiles.measured import Point
 from ..profiles.profile import FITTABLE, Profile
 
+if TYPE_CHECKING:
+    from ..scenario.build import Scenario
+    from ..scenario.work import Work
 
-def predict_point(profile: Profile, point: Point) -> float:
-    """The point's metric (tok/s) as the simulator predicts it for the measured run
-    (a deterministic run: C warm-up requests, then max(2C, 4) measured)."""
-    from ..api import predict
 
-    r = predict(
-        point.tp,
-        point.pp,
-        point.conc,
+def point_scenario(profile: Profile, point: Point) -> Scenario:
+    """The measured run of `point` as a scenario of `profile`."""
+    from ..scenario.build import build_scenario
+
+    return build_scenario(
+        tp=point.tp,
+        pp=point.pp,
+        concurrency=point.conc,
         profile=profile,
         model=point.model,
         engine=point.engine,
         input_len=str(point.input_len),
         output_len=str(point.output_len),
+        **dict(point.knobs),
+    )
+
+
+def predict_point(profile: Profile, point: Point) -> float:
+    """The point's metric (tok/s) as the simulator predicts it for the measured run
+    (a deterministic run: C warm-up requests, then max(2C, 4) measured)."""
+    from ..api import run
+
+    r = run(
+        point_scenario(profile, point),
         warmup_requests=point.conc,
         measure_requests=max(2 * point.conc, 4),
         ci_target=None,
-        **dict(point.knobs),
     )
     return r.output_throughput_tok_s if point.metric == "output_tok_s" else r.per_request_tok_s
+
+
+# a least-squares solve (_solve): a coarse grid of GRID_POINTS values a parameter (with
+# one or two parameters), then at most MAX_NFEV evaluations, each with a 2-point Jacobian
+# of one more per parameter; each evaluation predicts every point once
+GRID_POINTS = 8
+MAX_NFEV = 60
+
+
+def runs_per_solve(params: int) -> int:
+    """Evaluations of the points a solve makes at most (an upper bound for the work bound)."""
+    return (GRID_POINTS**params if params <= 2 else 0) + MAX_NFEV * (1 + params)
+
+
+def points_work(profile: Profile, points: Sequence[Point], what: str, hint: str) -> tuple[Work, list]:
+    """An empty Work of a command over `points` (the bound of a sweep: it runs many
+    scenarios by design) and each point's scenario, for the command to add its runs."""
+    from ..base.checks import MAX_SWEEP_BATCH_STEPS
+    from ..scenario.work import Work
+
+    return Work(what, hint, MAX_SWEEP_BATCH_STEPS), [point_scenario(profile, p) for p in points]
 
 
 @dataclass(frozen=True)
@@ -117,7 +152,13 @@ def _solve(obj: _Objective, start: np.ndarray) -> np.ndarray:
         # the simulated response is not smooth everywhere: start from the best point
         # of a coarse grid over each parameter's range
         axes = [
-            np.unique(np.clip(np.concatenate(([x], lo_ + (hi_ - lo_) * np.geomspace(1e-3, 1, 7))), lo_, hi_))
+            np.unique(
+                np.clip(
+                    np.concatenate(([x], lo_ + (hi_ - lo_) * np.geomspace(1e-3, 1, GRID_POINTS - 1))),
+                    lo_,
+                    hi_,
+                )
+            )
             for x, lo_, hi_ in zip(x0, lo, hi)
         ]
         x0 = min((np.array(c) for c in itertools.product(*axes)), key=lambda c: float(np.sum(obj(c) ** 2)))
@@ -130,7 +171,7 @@ def _solve(obj: _Objective, start: np.ndarray) -> np.ndarray:
         diff_step=1e-2,  # type: ignore[arg-type]
         xtol=1e-4,
         ftol=1e-4,
-        max_nfev=60,
+        max_nfev=MAX_NFEV,
     )
     return sol.x
 
@@ -158,6 +199,17 @@ def fit(
     unknown = [n for n in names if n not in FITTABLE]
     require(not unknown, f"cannot fit {', '.join(unknown)}; fittable: {', '.join(FITTABLE)}")
     require(names, "name at least one parameter to fit")
+    n = solves(points, loo)
+    work, scenarios = points_work(
+        profile,
+        points,
+        f"fitting {len(names)} parameter(s)",
+        "fit fewer points, or leave out the leave-one-out errors",
+    )
+    work.add("the solves' evaluations", scenarios, n * runs_per_solve(len(names))).add(
+        "the results", scenarios, n
+    )
+    work.check()
     obj = _Objective(profile, names, points)
     start = np.array([getattr(profile.params, n) for n in names]) / obj.units
     x = _solve(obj, start)
@@ -191,9 +243,10 @@ def fit_profile(
     """Fit `names` to a profile's measured points and write the profile again (in
     place unless `out`) with the fitted values, their sources, a summary and
     fit_report.md."""
-    from ..profiles.profile import check_profile_out, load_profile, rewrite_profile
+    from ..profiles.profile import load_profile
+    from ..profiles.writing import check_profile_out, rewrite_profile
 
-    check_profile_out(out or profile_dir)
+    check_profile_out(profile_dir if out is None else out)
     prof = load_profile(profile_dir)
     result = fit(prof, names, loo=loo, on_solve=on_solve)
     params = {**prof.meta.get("params", {}), **result.params}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +10,9 @@ import numpy as np
 import pandas as pd
 
 from ..base.errors import require
+from ..base.files import json_text
 from ..profiles.profile import Profile
-from .fit import predict_point
+from .fit import points_work, predict_point
 
 
 def validate(profile: Profile, on_point: Callable[[], object] | None = None) -> pd.DataFrame:
@@ -22,6 +22,10 @@ def validate(profile: Profile, on_point: Callable[[], object] | None = None) -> 
         profile.measured,
         f"profile {profile.name} has no measured points (add some: pipesim calibrate import bench ...)",
     )
+    work, scenarios = points_work(
+        profile, profile.measured, "validate", "validate fewer measured points at a time"
+    )
+    work.add("a run per measured point", scenarios).check()
     rows = []
     for p in profile.measured:
         pred = predict_point(profile, p)
@@ -85,7 +89,7 @@ class Validation:
         return table(self.points, self.profile, self.max_error_pct)
 
     def to_json(self) -> str:
-        return json.dumps(
+        return json_text(
             {
                 "profile": self.profile.name,
                 "mape_pct": mape(self.points),

@@ -4,6 +4,7 @@ exit code 2."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import warnings
 from typing import TextIO
@@ -11,6 +12,7 @@ from typing import TextIO
 import click
 
 from ..base.errors import PipesimWarning, UserError
+from ..base.writes import Terminated
 from .calibration import calibrate, diagnose, validate
 from .explore import plot, search, sweep
 from .presets import boxes, profiles
@@ -59,7 +61,10 @@ def _main(argv: list[str] | None) -> None:
     except UserError as exc:
         click.echo(f"pipesim: error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, Terminated):  # SIGTERM while writing (base/writes.py)
+            click.echo("pipesim: terminated", err=True)
+            sys.exit(128 + signal.SIGTERM)
         click.echo("pipesim: aborted", err=True)
         sys.exit(130)
     except click.ClickException as exc:

@@ -57,7 +57,7 @@ def import_nccl_tests(file: str, profile_dir: str, out: str | None, op: str | No
 
     rows = import_file(file, profile_dir, out, op=op, gpus=gpus)
     click.echo(
-        f"added {len(rows)} {rows.op.iloc[0]} rows on {rows.gpus.iloc[0]} GPUs to {out or profile_dir}"
+        f"added {len(rows)} {rows.op.iloc[0]} rows on {rows.gpus.iloc[0]} GPUs to {profile_dir if out is None else out}"
     )
 
 
@@ -94,7 +94,7 @@ def import_bench(
     added, total = import_file(
         file, profile_dir, out, fmt=fmt, tp=tp, pp=pp, conc=conc, name=name, model=model
     )
-    click.echo(f"added {added} measured point(s) to {out or profile_dir} ({total} in all)")
+    click.echo(f"added {added} measured point(s) to {profile_dir if out is None else out} ({total} in all)")
 
 
 @calibrate.command("fit")

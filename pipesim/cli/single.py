@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import click
 
@@ -48,6 +49,17 @@ def split_options(tp_help: str, pp_help: str, conc_help: str) -> Callable[[Calla
         return apply_options(f, options)
 
     return decorate
+
+
+def scenario_inputs(opts: dict, **more: object) -> dict[str, Path]:
+    """The files a scenario's flags name (a model config, a box, a trace): what an
+    output of the command must not be written over (writes.check_target)."""
+    from ..base.writes import input_paths
+
+    return input_paths(
+        **{f"--{k}": opts.get(k) for k in ("model", "box", "profile")},
+        **{f"--{k}": v for k, v in more.items()},
+    )
 
 
 def scenario_keywords(opts: dict) -> dict:
@@ -132,6 +144,10 @@ def predict(
     require(
         not ensemble or intervals, "--ensemble estimates the intervals: drop --no-intervals or --ensemble"
     )
+    if plot_file:
+        from ..base.files import check_out_path
+
+        check_out_path(plot_file, (".png", ".pdf", ".svg"), "figure", scenario_inputs(opts, trace=trace))
     scenario = build_scenario(
         tp=tp,
         pp=pp,
@@ -143,14 +159,13 @@ def predict(
         **scenario_keywords(opts),
     )
     if sensitivity:
-        import json
-
+        from ..base.files import json_text
         from ..report.sensitivity import plot
 
         sens = api.sensitivity(scenario, step)
         if plot_file:
             plot(sens, plot_file)
-        click.echo(json.dumps(sens.to_dict(), indent=2) if as_json else sens.table())
+        click.echo(json_text(sens.to_dict(), indent=2) if as_json else sens.table())
         return
     result = api.run(scenario, intervals=("ensemble" if ensemble else "run") if intervals else None)
     click.echo(report.to_json(result) if as_json else report.table(result))
@@ -171,7 +186,7 @@ def trace(tp: int, pp: int, conc: int | None, out: str, **opts: object) -> None:
     from ..base.files import check_out_path
     from ..report.trace import write_trace
 
-    check_out_path(out, (".json",), "trace")
+    check_out_path(out, (".json",), "trace", scenario_inputs(opts))
     obj, result = api.trace(tp, pp, conc, **scenario_keywords(opts))
     write_trace(out, obj)
     meta = obj["otherData"]

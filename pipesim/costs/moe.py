@@ -16,7 +16,9 @@ Routing distributions (the profile's `moe_distribution`, the names of the tables
 - `balanced`: every expert equally likely; each rank gets T k / ep slots and touches
   E_r (1 - (1 - k / E)^T) of its E_r experts (the distinct-expert term of physics.md §2);
 - `power_law_<s>`: expert popularity p_j proportional to j^-s (Zipf with exponent s;
-  s = 1.01 and 1.2 are the tables' rows); experts sit on ranks in contiguous blocks
+  s = 1.01 and 1.2 are the tables' rows; inputs/routing.py parses the names, and a
+  table is read between its measured exponents linearly, beyond them from the nearest
+  one times this model's ratio: `routed_time`); experts sit on ranks in contiguous blocks
   (vLLM's linear placement) of an arbitrary order of popularity: the busiest rank's
   share is averaged over `PLACEMENTS` random orders (seed 0), its slots are T k x
   that share, and expert j is touched with probability 1 - (1 - min(1, k p_j))^T.
@@ -37,13 +39,8 @@ Token traffic. Dispatch and combine, per MoE layer:
 
 from __future__ import annotations
 
-from functools import lru_cache
-
-import numpy as np
-
 from .primitives import ACT_BYTES, Primitives
-
-PLACEMENTS = 32  # random expert orders averaged for a skewed distribution's busiest rank
+from .routing import busiest_rank, routed_time
 
 A2A_MODES = ("none", "alltoall")
 A2A_OPS = ("ep dispatch all-to-all", "ep combine all-to-all")  # per MoE layer, as stage.py names them
@@ -54,66 +51,6 @@ def alltoall_offrank_bytes(rows: float, hidden: int, ep: int, act_bytes: int = A
     buffer of `rows` token-expert rows x hidden x bytes, the (ep - 1) / ep of it whose
     experts live elsewhere (uniform placement)."""
     return rows * hidden * act_bytes * (ep - 1) / ep
-
-
-def popularity(num_experts: int, distribution: str) -> np.ndarray:
-    """Share of routed slots each expert gets (sums to 1), most popular first."""
-    if distribution == "balanced":
-        return np.full(num_experts, 1.0 / num_experts)
-    s = power_law_exponent(distribution)
-    p = np.arange(1, num_experts + 1, dtype=float) ** -s
-    return p / p.sum()
-
-
-def power_law_exponent(distribution: str) -> float:
-    """`power_law_1.2` -> 1.2; ValueError for anything else."""
-    head, _, tail = distribution.rpartition("_")
-    if head != "power_law":
-        raise ValueError(f"unknown routing distribution {distribution!r}")
-    return float(tail)
-
-
-def is_power_law(distribution: object) -> bool:
-    """Whether `distribution` names a power law this module models (power_law_S, S > 0)."""
-    try:
-        return isinstance(distribution, str) and 0 < power_law_exponent(distribution) < 100
-    except ValueError:
-        return False
-
-
-@lru_cache(maxsize=256)
-def _busiest_share(num_experts: int, ep: int, distribution: str) -> tuple[float, tuple[float, ...]]:
-    """(mean slot share of the busiest rank, its experts' popularities averaged by
-    position) over PLACEMENTS random expert orders; balanced needs no sampling."""
-    per_rank = -(-num_experts // ep)
-    p = popularity(num_experts, distribution)
-    if distribution == "balanced":
-        return per_rank / num_experts, tuple(p[:per_rank])
-    rng = np.random.default_rng(0)
-    shares, members = [], []
-    for _ in range(PLACEMENTS):
-        order = p[rng.permutation(num_experts)]
-        blocks = [order[r * per_rank : (r + 1) * per_rank] for r in range(ep)]
-        busiest = max(blocks, key=lambda b: b.sum())
-        shares.append(busiest.sum())
-        members.append(np.sort(np.pad(busiest, (0, per_rank - len(busiest))))[::-1])
-    return float(np.mean(shares)), tuple(np.mean(members, axis=0))
-
-
-def busiest_rank(
-    tokens: float, num_experts: int, topk: int, ep: int, distribution: str
-) -> tuple[float, float]:
-    """(token-expert slots, distinct experts touched) of the busiest EP rank for a batch
-    of `tokens` tokens (the module docstring states the model)."""
-    share, probs = _busiest_share(num_experts, ep, distribution)
-    slots = tokens * topk * share
-    if distribution == "balanced":
-        per_rank = len(probs)
-        distinct = per_rank * (1.0 - (1.0 - topk / num_experts) ** tokens)
-    else:
-        pj = np.minimum(1.0, topk * np.asarray(probs))
-        distinct = float(np.sum(1.0 - (1.0 - pj) ** tokens))
-    return slots, distinct
 
 
 def ep_moe_time(cm: Primitives, tokens: int) -> tuple[float, str]:
@@ -132,25 +69,16 @@ def ep_moe_time(cm: Primitives, tokens: int) -> tuple[float, str]:
         plan.moe_tp,
         plan.ep,
     )
-    for d in (dist, "balanced"):
-        curve = cm.profile.moe_ep.get(base + (d,))
-        if curve is not None:
-            return curve(tokens) * 1e-3, curve.provenance(tokens)
-    slots, distinct = busiest_rank(tokens, mo.n_routed_experts, mo.topk, plan.ep, _known(dist))
-    expert = m.expert_params() / plan.moe_tp
-    nbytes = distinct * expert * m.expert_dtype.bytes_per_param + ACT_BYTES * tokens * m.hidden * 2
-    return cm.roofline(nbytes, 2.0 * slots * expert, m.expert_dtype.compute), "roofline"
 
+    def model_s(d: str) -> float:
+        """The roofline of the busiest rank under routing `d` (module docstring)."""
+        slots, distinct = busiest_rank(tokens, mo.n_routed_experts, mo.topk, plan.ep, d)
+        expert = m.expert_params() / plan.moe_tp
+        nbytes = distinct * expert * m.expert_dtype.bytes_per_param + ACT_BYTES * tokens * m.hidden * 2
+        return cm.roofline(nbytes, 2.0 * slots * expert, m.expert_dtype.compute)
 
-def _known(distribution: str) -> str:
-    """The distribution itself when this module can model it, else balanced."""
-    if distribution == "balanced":
-        return distribution
-    try:
-        power_law_exponent(distribution)
-    except ValueError:
-        return "balanced"
-    return distribution
+    measured = routed_time(cm.profile.tables.moe_ep_by_routing, base, dist, tokens, model_s)
+    return measured if measured is not None else (model_s(dist), "roofline")
 
 
 def alltoall_ops(cm: Primitives, tokens: int, gpus: tuple[int, ...]) -> list[tuple[str, tuple[float, str]]]:

@@ -39,6 +39,7 @@ from ..profiles.profile import Profile
 from .collectives import Collectives, ring_bw
 from .host import hop_cpu_s
 from .roofline import PROVENANCE_FITTED, shipped_fit
+from .routing import busiest_rank, routed_time
 
 ACT_BYTES = 2  # activations are bf16
 # A profile with none of these measured has never timed a kernel on its GPU: its
@@ -133,12 +134,24 @@ class Primitives:
     def moe(self, tokens: int, tp: int) -> tuple[float, str]:
         """Routed experts of one MoE layer for `tokens` tokens, split over `tp` ranks."""
         mo, m = self.model.moe, self.model
-        assert mo is not None  # priced only for a MoE layer
+        assert mo is not None  # asked only of a MoE model's layers
         base = (m.expert_dtype.kernel, m.hidden, mo.moe_intermediate, mo.topk, mo.n_routed_experts, tp)
-        for dist in (self.params.moe_distribution, "balanced"):
-            curve = self.profile.moe.get(base + (dist,))
-            if curve is not None:
-                return curve(tokens) * 1e-3, curve.provenance(tokens)
+        experts, topk = mo.n_routed_experts, mo.topk
+
+        def model_s(d: str) -> float:
+            """The roofline at routing `d` (costs/routing.py: the distinct experts it touches)."""
+            _, touched = busiest_rank(tokens, experts, topk, 1, d)
+            nbytes = (
+                touched * m.expert_params() * m.expert_dtype.bytes_per_param / tp
+                + ACT_BYTES * tokens * m.hidden * 2
+            )
+            return self.roofline(nbytes, 2.0 * tokens * topk * m.expert_params() / tp, m.expert_dtype.compute)
+
+        measured = routed_time(
+            self.profile.tables.moe_by_routing, base, self.params.moe_distribution, tokens, model_s
+        )
+        if measured is not None:
+            return measured
         touched = distinct_experts(tokens, mo.n_routed_experts, mo.topk)
         nbytes = (
             touched * m.expert_params() * m.expert_dtype.bytes_per_param / tp
@@ -169,28 +182,25 @@ class Primitives:
     def attention_prefill(self, chunk: int, prefix: int, tp: int) -> tuple[float, str]:
         """Causal attention of a `chunk`-token chunk after `prefix` cached tokens.
 
-        The table holds whole prompts (prefix 0); causal work grows as
-        chunk * (prefix + chunk / 2), which is the work of a whole prompt of
-        sqrt(chunk * (chunk + 2 prefix)) tokens: within the table a chunk costs what that
-        prompt measured. Scaling the chunk's own time by the work ratio instead,
-        (chunk + 2 prefix) / chunk, scales the kernel's fixed time too: a short chunk
-        after a long prefix (vLLM's remainder of a prompt split at the token budget, 8
-        tokens after 248) came out 40x a whole 256-token prompt. Beyond the table's
-        longest prompt, where the kernel is compute-bound, the work ratio.
+        The table holds whole prompts (prefix 0). A chunk's causal work is
+        chunk * (prefix + chunk / 2) query-key pairs, a whole prompt's of L tokens L^2 / 2:
+        the chunk is read at the prompt length of equal work, sqrt(chunk (chunk + 2 prefix)),
+        where the table's time already holds its kernel's fixed cost once (scaling the
+        chunk's own time by its work ratio charged that cost 1 + 2 prefix / chunk times: a
+        one-token chunk after 500 tokens at a thousand kernel launches). Never above the
+        same tokens prefilled whole, prefix + chunk: that prompt does the chunk's work and more.
         """
         m = self.model
         heads = m.heads // tp
-        scale = (chunk + 2.0 * prefix) / chunk
         surface = (
             self.profile.mla_prefill.get((heads,))
             if m.mla
             else self.profile.gqa_prefill.get((heads, max(m.kv_heads // tp, 1), m.head_dim))
         )
         if surface is not None:
-            same = math.sqrt(chunk * (chunk + 2.0 * prefix))  # the whole prompt of equal work
-            if prefix and same <= surface.rows[0].xs[-1]:
-                return surface(1, same) * 1e-3, surface.provenance(1, same)
-            return surface(1, chunk) * 1e-3 * scale, surface.provenance(1, chunk)
+            equal = math.sqrt(chunk * (chunk + 2.0 * prefix))
+            at = min((equal, prefix + chunk), key=lambda isl: surface(1, isl))
+            return surface(1, at) * 1e-3, surface.provenance(1, at)
         qk = (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim) if m.mla else 2 * m.head_dim
         flops = 2.0 * heads * chunk * (prefix + chunk / 2.0) * qk
         nbytes = ACT_BYTES * chunk * m.hidden * 3 / tp

@@ -43,6 +43,12 @@ class Row(Protocol):
     def __contains__(self, key: object, /) -> bool: ...
 
 
+def speed_text(v: float | None) -> str:
+    """A per-request speed as a table shows it: '-' where it is not defined (no measured
+    request produced a second token; files.UNDEFINED_OK)."""
+    return "-" if v is None or v != v else f"{v:,.1f}"
+
+
 def load_text(r: Row, lc: str) -> str:
     return f"{r['rate_rps']:g} req/s" if lc == "rate_rps" else f"C={int(r['conc'])}"
 

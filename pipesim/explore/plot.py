@@ -9,8 +9,6 @@ with the inline backend shows the returned figures as they are.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,13 +16,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ..base.errors import require
-from ..base.files import check_out_path, ensure_dir, write_atomic
+from ..base.files import check_out_path, ensure_dir
+from ..base.writes import write_atomic, write_files
 from .conditions import condition_slug, condition_text, conditions
 from .plot_bubble import bubble_cause
 from .plot_parts import _annotate_apart, _conc_axis, _figure, _mark_caps, _splits, _subtitle
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from matplotlib.axes import Axes
 
@@ -100,7 +99,9 @@ def tradeoff(df: pd.DataFrame) -> Figure:
         labels += [
             (x, y, str(c), line.get_color())
             for x, y, c in zip(part.output_throughput_tok_s, part.per_request_tok_s, part.conc)
+            if y == y  # a point whose speed is not defined (NaN) is not labelled
         ]
+    _undefined_speed(ax, df)
     ax.set_xlabel("output throughput (tok/s, whole engine)")
     ax.set_ylabel("per-request decode speed (tok/s)")
     ax.set_xlim(left=0)
@@ -112,6 +113,24 @@ def tradeoff(df: pd.DataFrame) -> Figure:
         f"Per-request speed vs total throughput (point labels: concurrency C)\n{_subtitle(df)}", fontsize=10
     )
     return fig
+
+
+def _undefined_speed(ax: Axes, df: pd.DataFrame) -> None:
+    """Say on `ax` how many points have no per-request speed to place them by (one-token
+    outputs: no request decodes; files.UNDEFINED_OK): they are not drawn."""
+    missing = int(df.per_request_tok_s.isna().sum())
+    if missing:
+        ax.text(
+            0.5,
+            0.5,
+            f"{missing} of {len(df)} points not drawn: per-request decode speed not defined\n"
+            "(no measured request produced a second token)",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="dimgrey",
+        )
 
 
 def pareto_frontier(x: Sequence[float], y: Sequence[float]) -> list[int]:
@@ -176,7 +195,8 @@ def _pareto_axes(ax: Axes, result: Search) -> None:
             s=28,
             zorder=3,
         )
-    ok = df[df.qualifies].reset_index(drop=True)
+    _undefined_speed(ax, df)
+    ok = df[df.qualifies & df.per_request_tok_s.notna()].reset_index(drop=True)
     if len(ok):
         front = ok.iloc[pareto_frontier(ok.output_throughput_tok_s.tolist(), ok.per_request_tok_s.tolist())]
         ax.plot(
@@ -369,18 +389,8 @@ def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", pref
     ]
     # all figures or none: each is drawn to a temporary file first, then all are renamed into place
     paths = [check_out_path(folder / file, (".png", ".svg"), "figure") for _, _, file in jobs]
-    temps: list[Path] = []
-    try:
-        for (name, part, _), path in zip(jobs, paths):
-            fig = makers[name](part)
-            fd, name_ = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=folder)
-            os.close(fd)
-            temps.append(Path(name_))
-            fig.savefig(name_, format=fmt)
-            os.chmod(name_, 0o644)
-        for tmp, path in zip(temps, paths):
-            os.replace(tmp, path)
-    finally:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
-    return paths
+
+    def draw(name: str, part: pd.DataFrame) -> Callable[[Path], None]:
+        return lambda tmp: makers[name](part).savefig(tmp, format=fmt)
+
+    return write_files([(path, draw(name, part)) for (name, part, _), path in zip(jobs, paths)])

@@ -8,11 +8,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from ..base.errors import UserError, require
 from .conditions import condition_text, conditions
-from .objectives import COLUMN_NAMES, CONSTRAINTS, OBJECTIVES, constraint_texts, interval_text, load_text
+from .objectives import (
+    COLUMN_NAMES,
+    CONSTRAINTS,
+    OBJECTIVES,
+    constraint_texts,
+    interval_text,
+    load_text,
+    speed_text,
+)
 from .objectives import noise as _noise
 from .screen import MAX_SIMULATE
 from .search_why import explain, gpu_ms_per_token
@@ -72,7 +81,7 @@ class Search:
         for i, r in enumerate(self.ranked.to_dict("records"), 1):
             lines.append(
                 f"  {i:>2} {r['split']:>12} {load_text(r, lc):>10} {r['output_throughput_tok_s']:>10,.1f} "
-                f"{r['output_tok_s_per_gpu']:>10,.1f} {r['per_request_tok_s']:>8,.1f} "
+                f"{r['output_tok_s_per_gpu']:>10,.1f} {speed_text(r['per_request_tok_s']):>8} "
                 f"{_ms(r.get('ttft_ms_p99')):>9} {_ms(r.get('tpot_ms_p99')):>9} "
                 f"{r['compute_share']:>8.0%} {r['allreduce_share']:>8.0%} {r['bubble_fraction']:>7.0%}"
                 + model_text(r)
@@ -117,7 +126,7 @@ def _point_text(r: Row) -> str:
     tpot = r.get("tpot_ms_p99")
     return (
         f"{r['output_throughput_tok_s']:,.1f}{interval_text(r, 'output_throughput_tok_s')} output tok/s "
-        f"({r['output_tok_s_per_gpu']:,.1f} per GPU), {r['per_request_tok_s']:,.1f} tok/s per request, "
+        f"({r['output_tok_s_per_gpu']:,.1f} per GPU), {speed_text(r['per_request_tok_s'])} tok/s per request, "
         f"TTFT p99 {r['ttft_ms_p99']:,.0f} ms"
         + (f", TPOT p99 {tpot:,.1f} ms" if tpot is not None and tpot == tpot else "")
     )
@@ -170,7 +179,8 @@ def _misses(r: Row, constraints: dict[str, float]) -> str:
         v = r[col]
         if v != v or (v > limit if at_most else v < limit):
             name, unit = COLUMN_NAMES[col]
-            out.append(f"{name} {v:,.1f} {unit} (needs {text.format(limit)})")
+            shown = "not defined" if v != v else f"{v:,.1f} {unit}"
+            out.append(f"{name} {shown} (needs {text.format(limit)})")
     if bool(r.get("overloaded", False)):
         out.append(f"overloaded ({r.get('served_req_s', float('nan')):.2f} req/s served)")
     return ", ".join(out) or "nothing"
@@ -306,20 +316,45 @@ def search(
     return Searches(tuple(results), tuple(failed), df, screened)
 
 
+def _require_defined(df: pd.DataFrame, objective: str, constraints: dict[str, float]) -> None:
+    """An objective or a bound on a figure that no point of the table defines (per-request
+    speed or TPOT where every measured request produced one token) is one line."""
+    wanted = [("--objective " + objective, OBJECTIVES[objective][0])]
+    wanted += [("--" + k.replace("_", "-"), CONSTRAINTS[k][0]) for k in constraints]
+    for option, col in wanted:
+        if col in df.columns and col in COLUMN_NAMES and df[col].isna().all():
+            name = "per-request decode speed" if col == "per_request_tok_s" else COLUMN_NAMES[col][0]
+            raise UserError(
+                f"{option}: {name} is not defined at any point of the table: no measured request "
+                "produced a second token (a one-token output has no decode; docs/search.md §5)"
+            )
+
+
 def _search_one(df: pd.DataFrame, objective: str, constraints: dict[str, float]) -> Search:
-    """The search of one condition's rows (`qualifies` and `load` set)."""
+    """The search of one condition's rows (`qualifies` and `load` set). A figure that is
+    not defined at a point (per-request speed and TPOT of one-token outputs: an empty
+    cell, files.UNDEFINED_OK) neither ranks it nor meets a bound on it; one defined at
+    no point at all is refused by name."""
     lc = load_column(df)
-    ok_mask = df.qualifies
+    _require_defined(df, objective, constraints)
+    col = OBJECTIVES[objective][0]
+    ok_mask = df.qualifies & (df[col].notna() if col in df.columns else True)
     ok = df[ok_mask]
     if ok.empty:
         # by position: the table's index is unique, so the row of idxmax's label
-        fastest = df.iloc[df.per_request_tok_s.argmax()]
+        speeds = df.per_request_tok_s.to_numpy()
         quickest = df.iloc[df.ttft_ms_p99.argmin()]
+        fastest = ""
+        if not np.isnan(speeds).all():
+            top = df.iloc[int(np.nanargmax(speeds))]
+            fastest = (
+                f"; the fastest per request is {top['split']} at {load_text(top, lc)} "
+                f"({top['per_request_tok_s']:,.1f} tok/s)"
+            )
         raise UserError(
             f"no split and {'arrival rate' if lc == 'rate_rps' else 'concurrency'} meets "
             + " and ".join(constraint_texts(constraints, lc))
-            + f"; the fastest per request is {fastest['split']} at {load_text(fastest, lc)} "
-            f"({fastest['per_request_tok_s']:,.1f} tok/s), the lowest TTFT p99 {quickest['split']} at "
+            + f"{fastest}; the lowest TTFT p99 is {quickest['split']} at "
             f"{load_text(quickest, lc)} ({quickest['ttft_ms_p99']:,.0f} ms)"
         )
     unqualified = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .objectives import OBJECTIVES, load_text
+from .objectives import OBJECTIVES, load_text, speed_text
 from .objectives import noise as _noise
 from .sweep import load_column
 
@@ -113,7 +113,7 @@ def explain(win: pd.Series, runner: pd.Series | None, objective: str, df: pd.Dat
             if top[col] > win[col] + max(_noise(win, objective), 1e-9 * abs(win[col])):
                 parts.append(
                     f"{at(top)} would give {top[col]:,.1f} but misses the constraints "
-                    f"({top['per_request_tok_s']:,.1f} tok/s per request, TTFT p99 "
+                    f"({speed_text(top['per_request_tok_s'])} tok/s per request, TTFT p99 "
                     f"{top['ttft_ms_p99']:,.0f} ms)."
                 )
             else:

@@ -20,10 +20,11 @@ from ..base.checks import MAX_CONCURRENCY, MAX_GPUS, MAX_WORKERS, is_int, whole
 from ..base.errors import UserError, require
 from ..base.files import TABLE_SUFFIXES
 from ..base.progress import bar as progress_bar
+from ..base.writes import cleanup_on_signals, input_paths
 from ..inputs.workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
 from ..scenario.admission import admission
 from ..scenario.build import build_scenario
-from .grid import KEY_COLUMNS, build_grid, choices, row_key, split_name, splits_of
+from .grid import KEY_COLUMNS, Grid, build_grid, choices, row_key, split_name, splits_of
 
 if TYPE_CHECKING:  # pandas is imported where a table is built, so the CLI can read DEFAULT_CONC cheaply
     import pandas as pd
@@ -239,7 +240,6 @@ def sweep(
     Returns one row per scenario, sorted by box, engine, lengths, gpus, tp, pp, load;
     `df.attrs["skipped"]` lists the scenarios that were left out and why.
     """
-    import pandas as pd
 
     from ..base.files import check_out_path, write_table
     from . import stream
@@ -266,8 +266,12 @@ def sweep(
     if workers is not None:
         workers = whole(workers, "workers", 1, MAX_WORKERS)
     require(not resume or out is not None, "--resume continues the sweep in --out: give --out")
+    inputs = input_paths(
+        **{k: kwargs.get(k) for k in ("model", "profile", "trace")},
+        **{f"box {b}": b for b in ([box] if isinstance(box, str) else box or [])},
+    )
     if out is not None:
-        check_out_path(out, TABLE_SUFFIXES, "output")
+        check_out_path(out, TABLE_SUFFIXES, "output", inputs)
     from ..api import RUN_KEYS
 
     run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
@@ -278,27 +282,44 @@ def sweep(
         output_len=choices(output_len, "output length"),
     )
     options = stream.options_text(kwargs, run_kwargs, open_loop)
-    done = stream.done_rows(out, options, resume) if out is not None else None  # refused before any work
-    grid = build_grid(gpu_counts, loads, open_loop, kwargs, lists, only, dps)
-    have = set() if done is None else {row_key(r) for r in done[list(KEY_COLUMNS)].to_dict("records")}
-    todo = [p for p in grid.points if p.key not in have]
-    tasks = [(p.tp, p.pp, p.load, {**_given(grid.combos[p.combo]), "dp": p.dp}) for p in todo]
+    # the rows a resume keeps, and its part file held: read and checked, nothing written yet
+    done, held = stream.done_rows(out, options, resume) if out is not None else (None, None)
     rows = []
-    writer = stream.PartWriter(stream.part_path(out), done) if out is not None else None
     try:
-        # the rows done before start the count; tqdm's rate (so the ETA) counts only this run's
-        with progress_bar(
-            len(grid.points), "sweep", progress, initial=len(grid.points) - len(todo), leave=True
-        ) as bar:
-            for row in run_tasks(run_point, tasks, kwargs, run_kwargs, open_loop, workers, scheduler):
-                row[stream.OPTIONS_COLUMN] = options
-                if writer is not None:
-                    writer.write(row)
-                rows.append(row)
-                bar.update()
+        grid = build_grid(gpu_counts, loads, open_loop, kwargs, lists, only, dps)
+        have = set() if done is None else {row_key(r) for r in done[list(KEY_COLUMNS)].to_dict("records")}
+        todo = [p for p in grid.points if p.key not in have]
+        tasks = [(p.tp, p.pp, p.load, {**_given(grid.combos[p.combo]), "dp": p.dp}) for p in todo]
+        if out is not None and held is None:  # every check passed: the part file is made now
+            held = stream.PartFile.open(stream.part_path(out), Path(out), create=True)
+        writer = stream.PartWriter(held, done) if held is not None else None
+        # SIGTERM stops the sweep as Ctrl-C does: the finished rows stay in the part file
+        with cleanup_on_signals():
+            # the rows done before start the count; tqdm's rate (so the ETA) counts only this run's
+            with progress_bar(
+                len(grid.points), "sweep", progress, initial=len(grid.points) - len(todo), leave=True
+            ) as bar:
+                for row in run_tasks(run_point, tasks, kwargs, run_kwargs, open_loop, workers, scheduler):
+                    row[stream.OPTIONS_COLUMN] = options
+                    if writer is not None:
+                        writer.write(row)
+                    rows.append(row)
+                    bar.update()
+            df = _joined(rows, done, grid)
+            if out is not None:
+                assert held is not None
+                write_table(df, out, inputs)  # while the part file is held: no other sweep writes OUT
+                held.finish()
     finally:
-        if writer is not None:
-            writer.close()
+        if held is not None:
+            held.close()
+    return df
+
+
+def _joined(rows: list[dict], done: pd.DataFrame | None, grid: Grid) -> pd.DataFrame:
+    """The sweep's table: the rows a resume kept, then this run's, in table order."""
+    import pandas as pd
+
     new = pd.DataFrame(rows)
     if done is None or not len(done):
         df = new
@@ -307,9 +328,6 @@ def sweep(
     df = sort_table(df)
     df.attrs["skipped"] = list(grid.skipped)
     df.attrs["kept"] = len(df) - len(new)  # rows a resume found in the file
-    if out is not None:
-        write_table(df, out)
-        stream.part_path(out).unlink(missing_ok=True)
     return df
 
 
@@ -423,6 +441,7 @@ def _table(df: pd.DataFrame) -> list[str]:
             mark = "*" if best.get((g, c)) == sp.split else " "
             if lc == "rate_rps" and bool(r.get("overloaded", False)):
                 mark = "!" + mark.strip()
-            row += f"{mark + f'{r.output_throughput_tok_s:,.1f} ({r.per_request_tok_s:,.1f})':>{width}}"
+            speed = "-" if r.per_request_tok_s != r.per_request_tok_s else f"{r.per_request_tok_s:,.1f}"
+            row += f"{mark + f'{r.output_throughput_tok_s:,.1f} ({speed})':>{width}}"
         lines.append(row)
     return lines

@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..base.checks import MAX_GPUS, parse_toml, read_text
+from ..base.checks import MAX_BOX_DEPTH, MAX_GPUS, parse_toml, read_text
 from ..base.errors import UserError, require
 from ..base.toml import toml_reader
 
@@ -132,11 +132,12 @@ class Box:
         if self.nodes > 1 and self.node_of(src_gpu) != self.node_of(dst_gpu):
             return ((f"gpu{src_gpu}", NETWORK_NODE), (NETWORK_NODE, f"gpu{dst_gpu}"))
         up, down = self._ancestors(f"gpu{src_gpu}"), self._ancestors(f"gpu{dst_gpu}")
-        common = next((n for n in up if n in down), None)
-        if common is None:
+        below = {n: i for i, n in enumerate(down)}  # linear in the depth, not quadratic
+        at = next((i for i, n in enumerate(up) if n in below), None)
+        if at is None:
             raise UserError(f"box {self.name}: gpu{src_gpu} and gpu{dst_gpu} are not connected")
-        hops_up = up[: up.index(common)]
-        hops_down = down[: down.index(common)]
+        hops_up = up[:at]
+        hops_down = down[: below[up[at]]]
         parent = self._parents
         return tuple((n, parent[n].parent) for n in hops_up) + tuple(
             (parent[n].parent, n) for n in reversed(hops_down)
@@ -347,16 +348,31 @@ def box_from_dict(data: dict, origin: str = "box") -> Box:
             "the topology must be a tree, each node linked once to its parent",
         )
         parents[lk.child] = lk.parent
-    for node in parents:  # walk up from every node: a repeat is a cycle
-        seen, n = [node], node
-        while n in parents:
-            n = parents[n]
-            if n in seen:
+    # walk up from every node, each node walked once (linear in the links, whatever the
+    # depth): a repeat within one walk is a cycle; a node's depth is its parent's + 1
+    depth: dict[str, int] = {}
+    for node in parents:
+        walk: list[str] = []
+        on_walk: set[str] = set()
+        n = node
+        while n in parents and n not in depth:
+            if n in on_walk:
+                cycle = walk[walk.index(n) :] + [n]
                 raise UserError(
-                    f"{where}: the links form a cycle ({' -> '.join(seen[seen.index(n) :] + [n])}); "
-                    "the topology must be a tree"
+                    f"{where}: the links form a cycle ({' -> '.join(cycle)}); the topology must be a tree"
                 )
-            seen.append(n)
+            walk.append(n)
+            on_walk.add(n)
+            n = parents[n]
+        d = depth.get(n, 0)
+        for m in reversed(walk):
+            d += 1
+            depth[m] = d
+        require(
+            d <= MAX_BOX_DEPTH,
+            f"{where}: {node} is {d} links below the top of the tree, above the limit of {MAX_BOX_DEPTH} "
+            "(a box's GPUs meet within a few switch levels)",
+        )
     for name in set(parents) | set(parents.values()):
         if name.startswith("gpu") and name[3:].isdigit():
             require(

@@ -246,6 +246,10 @@ def read_hf_config(name_or_path: str | Path) -> tuple[dict, str]:
     """The Hugging Face config dict behind a preset name or a config.json path (or its
     folder), and the model's name; one UserError line when it cannot be read."""
     text = str(name_or_path)
+    require(
+        text.strip() != "",
+        f"the model is empty; give a preset name ({', '.join(preset_names())}) or a config.json",
+    )
     path = Path(text)
     if text in preset_names():
         raw = resources.files("pipesim.data").joinpath("models").joinpath(f"{text}.json").read_text()

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import overload
 
-from ..base.checks import is_int
+from ..base.checks import Fields
 from ..base.errors import UserError, require
 
 
@@ -75,6 +75,8 @@ FP8_BLOCK = WeightFormat("fp8-block128x128", "fp8", 8, 128 * 128, 32, compute="f
 # Kimi K2.x: int4, one bf16 scale per group of 32, symmetric (4 + 16/32 = 4.5 bits)
 INT4_G32 = WeightFormat("int4-g32", "int4", 4, 32, 16)
 FORMATS = {"bf16": BF16, "fp8": FP8_BLOCK, "int4": INT4_G32}
+# the kernel families a format's GEMM runs (WeightFormat.kernel): the `dtype` of the profile's tables
+KERNELS = ("bf16", "fp8", "int4", "int8", "nvfp4", "mxfp4")
 BYTES_PER_PARAM = {k: f.bytes_per_param for k, f in FORMATS.items()}
 
 SUPPORTED = (
@@ -115,56 +117,45 @@ MXFP4 = WeightFormat("mxfp4", "mxfp4", 4, 32, 8)
 
 
 def weight_formats(quant: dict, name: str = "model") -> tuple[WeightFormat, WeightFormat]:
-    """(format of attention / dense / shared-expert weights, format of routed experts)."""
+    """(format of attention / dense / shared-expert weights, format of routed experts).
+    Every field is read through checks.Fields: a value of the wrong type or out of range
+    is one line naming it."""
+    q = Fields.of(quant, f"model config {name}: quantization_config")
     method = str(quant.get("quant_method", "")).lower()
     if not method:
         return BF16, BF16
     if method == "compressed-tensors":
-        return _compressed_tensors(quant, name)
+        return _compressed_tensors(q, name)
     if method == "fp8":
-        fmt = _fp8(quant.get("weight_block_size"), 32)
-        return _apply_ignore(fmt, fmt, quant.get("modules_to_not_convert") or quant.get("ignored_layers"))
+        fmt = _fp8(q.wholes("weight_block_size", 2), 32)
+        return _apply_ignore(fmt, fmt, q, "modules_to_not_convert", "ignored_layers")
     if method in ("awq", "awq_marlin"):
-        bits = _num(quant.get("bits", quant.get("w_bit", 4)), "bits", name)
+        bits = q.whole("bits", q.whole("w_bit", 4, 1, 64), 1, 64)
         require(bits == 4, f"model config {name}: AWQ with {bits} bits is not served by the engines (4 only)")
-        fmt = int_format(
-            bits,
-            _num(quant.get("group_size", quant.get("q_group_size", 128)), "group_size", name),
-            bool(quant.get("zero_point", True)),
-            "awq",
-        )
-        return _apply_ignore(fmt, fmt, quant.get("modules_to_not_convert"))
+        group = q.whole("group_size", q.whole("q_group_size", 128))
+        fmt = int_format(bits, group, q.flag("zero_point", True), "awq")
+        return _apply_ignore(fmt, fmt, q, "modules_to_not_convert")
     if method in ("gptq", "gptq_marlin"):
-        bits = _num(quant.get("bits", 4), "bits", name)
+        bits = q.whole("bits", 4, 1, 64)
         require(bits in (4, 8), f"model config {name}: GPTQ with {bits} bits is not modelled (4 or 8)")
-        fmt = int_format(
-            bits, _num(quant.get("group_size", 128), "group_size", name, allow_negative=True), True, "gptq"
-        )
-        return _apply_ignore(fmt, fmt, quant.get("modules_to_not_convert"))
+        group = q.whole("group_size", 128, -1)
+        require(group != 0, f"model config {name}: quantization_config 'group_size' = 0 must be -1 or >= 1")
+        fmt = int_format(bits, group, True, "gptq")
+        return _apply_ignore(fmt, fmt, q, "modules_to_not_convert")
     if method == "modelopt":
-        inner = quant.get("quantization", quant)
-        algo = str(inner.get("quant_algo", "")).upper()
-        if algo == "NVFP4":
-            fmt = nvfp4()
-        elif algo == "FP8":
-            fmt = _fp8(None, 32)
-        else:
+        inner = q.section("quantization") or q
+        algo = inner.data.get("quant_algo", "")
+        if not isinstance(algo, str) or algo.upper() not in ("NVFP4", "FP8"):
             raise UserError(
                 f"model config {name}: modelopt quant_algo '{algo}' is not modelled (NVFP4 or FP8)"
             )
-        return _apply_ignore(fmt, fmt, inner.get("exclude_modules") or quant.get("ignore"))
+        fmt = nvfp4() if algo.upper() == "NVFP4" else _fp8(None, 32)
+        if "exclude_modules" in inner.data:
+            return _apply_ignore(fmt, fmt, inner, "exclude_modules")
+        return _apply_ignore(fmt, fmt, q, "ignore")
     if method == "mxfp4":
-        return _apply_ignore(MXFP4, MXFP4, quant.get("modules_to_not_convert"))
+        return _apply_ignore(MXFP4, MXFP4, q, "modules_to_not_convert")
     raise UserError(f"quantization '{method}' is not modelled; supported: {SUPPORTED}")
-
-
-def _num(value: object, key: str, name: str, allow_negative: bool = False) -> int:
-    if not (isinstance(value, int) and not isinstance(value, bool) and (allow_negative or value > 0)):
-        raise UserError(
-            f"model config {name}: quantization_config '{key}' = {value!r} must be a whole number"
-            + ("" if allow_negative else " >= 1")
-        )
-    return value
 
 
 def _fp8(
@@ -178,59 +169,64 @@ def _fp8(
 
 
 def _apply_ignore(
-    attn: WeightFormat, experts: WeightFormat, ignore: object
+    attn: WeightFormat, experts: WeightFormat, q: Fields, *keys: str
 ) -> tuple[WeightFormat, WeightFormat]:
-    """16-bit for the module classes the config's unquantized list names."""
-    if not (ignore is None or isinstance(ignore, (list, tuple))):
+    """16-bit for the module classes the config's unquantized list names (the first of
+    `keys` it has)."""
+    key = next((k for k in keys if q.data.get(k)), keys[0])
+    ignore = q.data.get(key)
+    if not (ignore is None or isinstance(ignore, list) and all(isinstance(x, str) for x in ignore)):
         raise UserError(
-            f"model config: quantization_config's list of unquantized modules must be a list, got {ignore!r}"
+            f"{q.where}: its list of unquantized modules must be a list of names ('{key}'), got {ignore!r}"
         )
-    text = " ".join(str(x) for x in (ignore or []))
+    text = " ".join(ignore or [])
     return (BF16 if _ATTENTION.search(text) else attn), (BF16 if _EXPERTS.search(text) else experts)
 
 
-def _compressed_tensors(quant: dict, name: str) -> tuple[WeightFormat, WeightFormat]:
-    groups = quant.get("config_groups") or {}
+def _compressed_tensors(q: Fields, name: str) -> tuple[WeightFormat, WeightFormat]:
+    groups = q.data.get("config_groups") or {}
     require(
         isinstance(groups, dict) and groups,
         f"model config {name}: compressed-tensors quantization_config has no config_groups",
     )
     attn = experts = None
-    for group in groups.values():
-        fmt = _ct_group(group, name)
-        targets = " ".join(str(t) for t in group.get("targets", ["Linear"]))
+    for key, group in groups.items():
+        require(
+            isinstance(group, dict) and isinstance(group.get("weights") or {}, dict),
+            f"model config {name}: quantization_config.config_groups entries must be JSON objects",
+        )
+        g = Fields(group, f"{q.where}.config_groups.{key}")
+        fmt = _ct_group(g)
+        targets = " ".join(g.names("targets", ("Linear",)))
         if _EXPERTS.search(targets):
             experts = fmt
         elif _ATTENTION.search(targets):
             attn = fmt
         else:
             attn, experts = attn or fmt, experts or fmt
-    return _apply_ignore(attn or BF16, experts or BF16, quant.get("ignore"))
+    return _apply_ignore(attn or BF16, experts or BF16, q, "ignore")
 
 
-def _ct_group(group: dict, name: str) -> WeightFormat:
-    require(
-        isinstance(group, dict) and isinstance(group.get("weights") or {}, dict),
-        f"model config {name}: quantization_config.config_groups entries must be JSON objects",
-    )
-    w = group.get("weights") or {}
-    for part in (w, group.get("input_activations") or {}):
-        nb = part.get("num_bits", 16) if isinstance(part, dict) else None
-        require(
-            is_int(nb), f"model config {name}: quantization_config num_bits = {nb!r} must be a whole number"
-        )
-    bits, kind = int(w.get("num_bits", 16)), str(w.get("type", "int")).lower()
-    strategy = str(w.get("strategy", "group" if w.get("group_size") else "channel")).lower()
-    acts = group.get("input_activations") or None
-    act_bits = int(acts.get("num_bits", 16)) if acts else 16
+# compressed-tensors' weight strategies (compressed_tensors QuantizationStrategy)
+CT_STRATEGIES = ("group", "channel", "tensor", "block", "tensor_group", "token")
+
+
+def _ct_group(g: Fields) -> WeightFormat:
+    w = g.section("weights") or Fields({}, f"{g.where}.weights")
+    acts = g.section("input_activations")
+    bits = w.whole("num_bits", 16, 1, 64)
+    act_bits = acts.whole("num_bits", 16, 1, 64) if acts else 16
+    kind = w.choice("type", "int", ("int", "float"))
+    group_size = w.whole("group_size", 0)
+    strategy = w.choice("strategy", "group" if group_size else "channel", CT_STRATEGIES)
     if kind == "float" and bits == 4:
         return nvfp4("fp4" if act_bits == 4 else "bf16")
     if kind == "float" and bits == 8:
-        block = w.get("block_structure") if strategy == "block" else None
+        block = w.wholes("block_structure", 2) if strategy == "block" else None
         return _fp8(block, 16, "fp8" if act_bits == 8 else "bf16", strategy)
     if kind == "int" and bits in (4, 8):
-        gs = int(w.get("group_size") or 0) if strategy == "group" else 0
-        fmt = int_format(bits, gs, not w.get("symmetric", True), "ct")
+        gs = group_size if strategy == "group" else 0
+        fmt = int_format(bits, gs, not w.flag("symmetric", True), "ct")
         if bits == 8 and act_bits == 8:  # W8A8 int8: the GEMM runs on int8 tensor cores
             fmt = WeightFormat(
                 fmt.name.replace("ct-", "ct-w8a8-"),
@@ -243,7 +239,7 @@ def _ct_group(group: dict, name: str) -> WeightFormat:
             )
         return fmt
     raise UserError(
-        f"model config {name}: compressed-tensors {kind} {bits}-bit weights are not modelled; "
+        f"{g.where}: compressed-tensors {kind} {bits}-bit weights are not modelled; "
         "supported: int4/int8 (weight-only or W8A8), fp8, nvfp4"
     )
 

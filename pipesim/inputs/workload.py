@@ -179,14 +179,19 @@ def from_trace(path: str | Path, num_requests: int = 0, seed: int = 0) -> Worklo
     finite seconds >= 0 within the simulated horizon, token counts whole numbers >= 1.
     Rows need not be sorted: they are replayed in arrival order (a stable sort, so equal
     arrivals keep the file's order)."""
+    import io
+
     import pandas as pd
 
-    from ..base.checks import MAX_CONFIG_SIZE, MAX_SIM_S, MAX_TRACE_ROWS
+    from ..base.checks import MAX_CONFIG_SIZE, MAX_SIM_S, MAX_TRACE_BYTES, MAX_TRACE_ROWS, read_bounded
 
     p = Path(path)
     require(p.is_file(), f"trace file not found: {p}")
+    # rows and bytes counted while the file streams in: a trace past either bound is
+    # refused when it is crossed, before the rest is read
+    data = read_bounded(p, f"trace {p}", MAX_TRACE_BYTES, MAX_TRACE_ROWS)
     try:
-        raw = pd.read_csv(p, dtype=str, keep_default_na=False)
+        raw = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
     except Exception as exc:
         raise UserError(f"trace {p}: cannot read as CSV ({type(exc).__name__})") from None
     cols = ["arrival_s", "input_tokens", "output_tokens"]

@@ -18,9 +18,20 @@ nearer edge.
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, overload
 
+from ..base.checks import (
+    MAX_ASYNC_DEPTH,
+    MAX_CONCURRENCY,
+    MAX_CONFIG_SIZE,
+    MAX_GPUS,
+    MAX_MEASURED_POINTS,
+    MAX_RUNNING,
+    MAX_TEXT_BYTES,
+    read_bounded,
+)
 from ..base.errors import UserError, require
 
 if TYPE_CHECKING:  # read with the csv module: loading a profile needs no pandas
@@ -56,6 +67,15 @@ REQUIRED = ("tp", "pp", "conc", "tok_s")
 # figures are usually quoted)
 METRICS = ("output_tok_s", "per_request_tok_s")
 KNOBS = ("max_running_requests", "pp_max_micro_batch_size", "pp_async_batch_depth", "disable_cuda_graph")
+# the largest whole number each column may hold (checks.py's limits on a run; lengths: a model's context)
+LIMITS = {
+    "tp": MAX_GPUS,
+    "pp": MAX_GPUS,
+    "conc": MAX_CONCURRENCY,
+    "max_running_requests": MAX_RUNNING,
+    "pp_max_micro_batch_size": MAX_RUNNING,
+    "pp_async_batch_depth": MAX_ASYNC_DEPTH,
+}
 
 
 @dataclass(frozen=True)
@@ -97,13 +117,23 @@ def read_points(
 ) -> list[Point]:
     """Read measured points; errors name the file, the line and the column."""
     try:
-        text = source.read() if hasattr(source, "read") else open(source, encoding="utf-8").read()
+        if hasattr(source, "read"):
+            text = source.read(MAX_TEXT_BYTES + 1)
+            require(len(text) <= MAX_TEXT_BYTES, f"{origin}: more than {MAX_TEXT_BYTES / 2**20:,.0f} MiB")
+        else:  # rows counted while it streams in (validate and fit run each point)
+            text = read_bounded(source, origin, MAX_TEXT_BYTES, MAX_MEASURED_POINTS)
         if isinstance(text, bytes):
             text = text.decode()
         table = [r for r in csv.reader(text.splitlines()) if r]
+    except UserError:
+        raise
     except Exception as exc:
         raise UserError(f"{origin}: cannot read as CSV ({type(exc).__name__})") from None
     require(len(table) > 0, f"{origin}: cannot read as CSV (EmptyDataError)")
+    require(
+        len(table) - 1 <= MAX_MEASURED_POINTS,
+        f"{origin}: more than {MAX_MEASURED_POINTS:,} rows, above the limit of {MAX_MEASURED_POINTS:,}",
+    )
     header = [h.strip() for h in table[0]]
     missing = [c for c in REQUIRED if c not in header]
     require(not missing, f"{origin}: missing column(s) {', '.join(missing)}; needed: {', '.join(REQUIRED)}")
@@ -139,11 +169,15 @@ def read_points(
             except ValueError:
                 raise UserError(f"{origin}: line {line}, column {col}: '{text}' is not a number") from None
             require(
-                v == v and v > 0 or (col == "pp_async_batch_depth" and v == 0),
-                f"{origin}: line {line}, column {col}: {text} must be > 0",
+                math.isfinite(v) and (v > 0 or (col == "pp_async_batch_depth" and v == 0)),
+                f"{origin}: line {line}, column {col}: {text} must be a finite number > 0",
             )
             if kind is int:
-                require(v == int(v), f"{origin}: line {line}, column {col}: {text} must be a whole number")
+                hi = LIMITS.get(col, MAX_CONFIG_SIZE)
+                require(
+                    v == int(v) and v <= hi,
+                    f"{origin}: line {line}, column {col}: {text} must be a whole number up to {hi}",
+                )
                 return int(v)
             return v
 
@@ -155,6 +189,12 @@ def read_points(
         require(
             metric in METRICS,
             f"{origin}: line {line}, column metric: '{metric}' is not one of {', '.join(METRICS)}",
+        )
+        out_len = num("output_len", int) or 300
+        require(
+            not (metric == "per_request_tok_s" and out_len == 1),
+            f"{origin}: line {line}: a per-request decode speed at output_len 1 is not defined "
+            "(a one-token output has no decode); give output_tok_s or a longer output",
         )
         knobs: list[tuple[str, bool | int]] = []
         for k in KNOBS:
@@ -178,7 +218,7 @@ def read_points(
                 pp=num("pp", int, True),
                 conc=num("conc", int, True),
                 input_len=num("input_len", int) or 256,
-                output_len=num("output_len", int) or 300,
+                output_len=out_len,
                 metric=metric,
                 lo=lo,
                 hi=hi,

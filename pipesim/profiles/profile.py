@@ -15,21 +15,23 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..base.checks import is_number, parse_toml, read_text
+from ..base.checks import MAX_GPUS, is_number, parse_toml, read_text, whole
 from ..base.errors import require
+from ..base.writes import lock, old_versions
+from ..inputs.routing import exponent
+from .bounds import check_tables, datasheet
 from .measured import Point, read_points
 from .tables import TABLE_COLUMNS, Tables, cached_columns
 
-if TYPE_CHECKING:  # tables are read into numpy columns; pandas only where a DataFrame is asked for
+if TYPE_CHECKING:
     from importlib.abc import Traversable
-
-    import pandas as pd
 
     from ..inputs.box import Box
 
@@ -91,15 +93,25 @@ class Params:
             if f.name not in data:
                 continue
             v = data[f.name]
-            if f.name == "moe_distribution":
+            if f.name == "moe_distribution":  # an enumerated value: parsed, never read as another
+                exponent(v, f"{origin}: parameter moe_distribution")
                 values[f.name] = str(v)
                 continue
+            above = f.name in POSITIVE
             require(
-                is_number(v) and math.isfinite(v) and v >= 0,
-                f"{origin}: parameter {f.name} = {v!r} must be a finite number >= 0",
+                is_number(v) and math.isfinite(v) and (v > 0 if above else v >= 0),
+                f"{origin}: parameter {f.name} = {v!r} must be a finite number {'>' if above else '>='} 0"
+                + (" (a scale: 0 would make every such cost free)" if above else ""),
             )
-            values[f.name] = int(v) if f.name == "custom_allreduce_max_gpus" else float(v)
+            if f.name == "custom_allreduce_max_gpus":
+                values[f.name] = whole(v, f"{origin}: parameter {f.name}", 0, MAX_GPUS)
+                continue
+            values[f.name] = float(v)
         return cls(**values)
+
+
+# parameters that scale a cost: 0 would make it free (the what-if flags refuse it too, whatif.py)
+POSITIVE = ("kernel_scale", "allreduce_scale")
 
 
 # The Params a fit may move (calibrate/fit.py) and the tornado may step (report/sensitivity.py):
@@ -220,16 +232,18 @@ def profile_names() -> list[str]:
 
 
 def _profile_dir(name_or_path: str | Path) -> Traversable:
+    """A shipped profile's folder (a resource of the package) or the folder given, as an
+    absolute path ('.' has a name then); a folder whose write was killed between its two
+    renames is put back first (`_recover`)."""
     text = str(name_or_path)
+    known = f"known: {', '.join(profile_names()) or 'none'}, or a directory holding profile.toml"
+    require(text.strip() != "", f"the profile is empty; give a profile name ({known})")
     if text in profile_names():
         return _shipped().joinpath(text)
-    path = Path(text)
-    recover_profile(path)
-    require(
-        path.is_dir() and (path / "profile.toml").is_file(),
-        f"unknown profile '{text}'; known: {', '.join(profile_names()) or 'none'}, "
-        "or a directory holding profile.toml",
-    )
+    path = Path(os.path.abspath(text))
+    if not path.exists() and old_versions(path):
+        _recover(path)
+    require(path.is_dir() and (path / "profile.toml").is_file(), f"unknown profile '{text}'; {known}")
     return path
 
 
@@ -239,10 +253,45 @@ def profile_folder(name_or_path: str | Path) -> Path:
     return Path(str(_profile_dir(name_or_path))).resolve()
 
 
+def profile_lock(folder: Path | Traversable, shared: bool = False) -> AbstractContextManager[None]:
+    """The lock on a profile folder: its parent folder's flock (writes.lock), which a
+    write holds alone across its two renames and a reader shares while it loads, so a
+    reader never sees the moment between them. Shipped profiles are never written."""
+    if not isinstance(folder, Path) or not folder.parent.is_dir() or is_shipped(folder):
+        return nullcontext()
+    return lock(folder.parent, f"profile {folder}", shared=shared)
+
+
+def is_shipped(folder: Path | Traversable) -> bool:
+    """Whether a profile folder is one the package ships (read-only, never locked)."""
+    return folder.name in profile_names() and str(folder) == str(_shipped().joinpath(folder.name))
+
+
+def _recover(out: Path) -> None:
+    """Put back a profile folder that a write killed between its two renames left beside
+    itself as `.NAME.old-*` (nothing else is touched: a leftover `.NAME.new-*` stays)."""
+    with profile_lock(out):
+        olds = [p for p in old_versions(out) if (p / "profile.toml").is_file()]
+        if out.exists() or not olds:
+            return
+        require(
+            len(olds) == 1,
+            f"profile {out} is missing and {len(olds)} earlier versions lie beside it "
+            f"({', '.join(p.name for p in olds)}): rename the one to keep to {out.name}",
+        )
+        os.rename(olds[0], out)
+
+
 def load_profile(name_or_path: str | Path) -> Profile:
     """Load a profile (cached per process while its files are unchanged: a sweep loads
-    and indexes the tables once)."""
+    and indexes the tables once), under its shared lock."""
     folder = _profile_dir(name_or_path)
+    with profile_lock(folder, shared=True):
+        return load_unlocked(folder)
+
+
+def load_unlocked(folder: Path | Traversable) -> Profile:
+    """A profile folder's profile, read by a caller that holds its lock (writing.py)."""
     stamp = (
         tuple(
             (p.name, p.stat().st_mtime_ns, p.stat().st_size)
@@ -271,17 +320,7 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
     folder = Path(folder_text)
     meta_file = folder.joinpath("profile.toml")
     meta = parse_toml(read_text(meta_file, "profile file"), str(meta_file))
-    for key in ("name", "box", "engine"):
-        require(key in meta, f"{meta_file}: missing '{key}'")
-    for key, v in meta.items():
-        if key in META_TABLES:
-            require(isinstance(v, dict), f"{meta_file}: '{key}' must be a table, got {type(v).__name__}")
-        elif key in META_STRINGS:
-            require(isinstance(v, str), f"{meta_file}: '{key}' must be a string, got {v!r}")
-    for key in ("sources", "param_sources"):
-        bad = [k for k, v in meta.get(key, {}).items() if not isinstance(v, str)]
-        require(not bad, f"{meta_file}: {key}.{bad[0] if bad else ''} must be a string")
-    params = Params.from_dict(meta.get("params", {}), str(meta_file))
+    params = check_meta(meta, str(meta_file))
     box = str(meta["box"])
     if box.endswith(".toml") and folder.joinpath(box).is_file():
         box = str(folder.joinpath(box))  # a box file written beside the profile (calibrate live)
@@ -290,14 +329,13 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
         f = folder.joinpath(f"{table}.csv.gz")
         if f.is_file():
             columns[table] = cached_columns(f, table)
+    # every table against the physics of the GPU it was measured on (bounds.py)
+    check_tables(columns, lambda t: str(folder.joinpath(f"{t}.csv.gz")), datasheet(box))
     tables = Tables(columns=columns)
     measured: tuple[Point, ...] = ()
     f = folder.joinpath("measured.csv")
     if f.is_file():
-        with f.open("r") as fh:
-            measured = tuple(
-                read_points(fh, str(f), str(meta.get("model", "kimi-k2.6")), str(meta["engine"]))
-            )
+        measured = tuple(read_points(f, str(f), str(meta.get("model", "kimi-k2.6")), str(meta["engine"])))
     return Profile(
         str(meta["name"]),
         box,
@@ -310,129 +348,17 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
     )
 
 
-def check_profile_out(path: str | Path) -> Path:
-    """Where a profile folder may be written: not a shipped profile's bare name (it would
-    land in the current folder, unused), not an existing file, not a folder of other
-    things (its files would be replaced). An empty folder or a profile folder is fine."""
-    text = str(path)
-    require(
-        text not in profile_names() or Path(text).joinpath("profile.toml").is_file(),
-        f"'{text}' is a shipped profile; write the new profile to a folder path instead, e.g. --out ./{text}-mine",
-    )
-    out = Path(path)
-    require(
-        not out.is_file() and not out.is_symlink() or out.is_dir(),
-        f"--out '{out}' is a file, not a profile folder; give a new folder or an existing profile",
-    )
-    require(
-        not out.is_dir() or (out / "profile.toml").is_file() or not any(out.iterdir()),
-        f"--out '{out}' is a folder without profile.toml; pipesim replaces only a profile folder (or an empty one)",
-    )
-    return out
-
-
-def write_profile(
-    out_dir: str | Path,
-    meta: dict,
-    tables: dict[str, pd.DataFrame],
-    measured: pd.DataFrame | None = None,
-    extra: dict[str, str] | None = None,
-) -> Path:
-    """Write a profile directory so that a reader sees the old one or the whole new one.
-
-    Everything goes to a sibling `.NAME.new-*` directory; once complete, the old
-    profile is renamed to `.NAME.old` and the new one into place, then the old one is
-    removed. A kill between the two renames leaves `.NAME.old` and no NAME:
-    `recover_profile` (run by every load and write) renames it back. `measured`
-    becomes measured.csv; `extra` maps file names (a fit report, a log) to their text.
-    One writer at a time."""
-    import shutil
-    import tempfile
-
-    from ..base.toml import dumps
-
-    out = check_profile_out(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    recover_profile(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
-    tmp.chmod(0o755)
-    old = out.with_name(f".{out.name}.old")
-    try:
-        for name, df in tables.items():
-            require(name in TABLE_COLUMNS, f"unknown table {name}")
-            # mtime=0 keeps rebuilt files byte-identical when their content is
-            df.to_csv(tmp / f"{name}.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
-        if measured is not None and len(measured):
-            measured.to_csv(tmp / "measured.csv", index=False)
-        for name, text in (extra or {}).items():
-            (tmp / name).write_text(text)
-        (tmp / "profile.toml").write_text(dumps(meta), encoding="utf-8")
-        if out.exists():
-            os.rename(out, old)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        recover_profile(out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-    return out
-
-
-def recover_profile(out: str | Path) -> None:
-    """Finish or undo a profile write that was killed: put `.NAME.old` back when NAME is
-    missing, and remove what a write leaves beside NAME (`.NAME.old`, `.NAME.new-*`)."""
-    import shutil
-
-    out = Path(out)
-    if not out.parent.is_dir():
-        return
-    old = out.with_name(f".{out.name}.old")
-    if old.is_dir() and not out.exists():
-        os.rename(old, out)
-    for leftover in out.parent.glob(f".{out.name}.new-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    if old.exists():
-        shutil.rmtree(old, ignore_errors=True)
-
-
-KEPT_AS_IS = ("profile.toml", "measured.csv")  # rewritten from their parsed form
-
-
-def profile_files(name_or_path: str | Path) -> dict[str, str]:
-    """The text files of a profile besides its tables, profile.toml and measured.csv
-    (reports, logs, a box.toml, live extras), to carry them over when it is rewritten."""
-    folder = _profile_dir(name_or_path)
-    return {
-        p.name: p.read_text()
-        for p in folder.iterdir()
-        if p.is_file()
-        and not p.name.startswith(".")
-        and not p.name.endswith(".csv.gz")
-        and p.name not in KEPT_AS_IS
-    }
-
-
-def rewrite_profile(
-    name_or_path: str | Path,
-    out: str | Path | None = None,
-    *,
-    tables: dict | None = None,
-    measured: pd.DataFrame | None = None,
-    meta_update: dict | None = None,
-    extra: dict | None = None,
-) -> Path:
-    """Write a profile again, atomically, with some parts replaced (in place unless `out`)."""
-    import pandas as pd
-
-    from .measured import points_frame
-
-    prof = load_profile(name_or_path)
-    if measured is None:
-        measured = points_frame(list(prof.measured)) if prof.measured else pd.DataFrame()
-    return write_profile(
-        out or name_or_path,
-        {**prof.meta, **(meta_update or {})},
-        {**prof.tables, **(tables or {})},
-        measured,
-        {**profile_files(name_or_path), **(extra or {})},
-    )
+def check_meta(meta: dict, meta_file: str) -> Params:
+    """A profile.toml's keys of the right types and its parameters within their bounds
+    (read as it is loaded, and before a profile is written)."""
+    for key in ("name", "box", "engine"):
+        require(key in meta, f"{meta_file}: missing '{key}'")
+    for key, v in meta.items():
+        if key in META_TABLES:
+            require(isinstance(v, dict), f"{meta_file}: '{key}' must be a table, got {type(v).__name__}")
+        elif key in META_STRINGS:
+            require(isinstance(v, str), f"{meta_file}: '{key}' must be a string, got {v!r}")
+    for key in ("sources", "param_sources"):
+        bad = [k for k, v in meta.get(key, {}).items() if not isinstance(v, str)]
+        require(not bad, f"{meta_file}: {key}.{bad[0] if bad else ''} must be a string")
+    return Params.from_dict(meta.get("params", {}), str(meta_file))

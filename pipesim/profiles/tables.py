@@ -5,10 +5,10 @@ Tables are read into numpy columns; pandas only where a DataFrame is asked for."
 from __future__ import annotations
 
 import csv
-import gzip
 import hashlib
 import io
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
@@ -16,7 +16,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..base.checks import MAX_TABLE_BYTES, MAX_TABLE_ROWS, read_bounded
 from ..base.errors import UserError, require
+from ..base.writes import write_atomic
+from ..inputs.quantization import KERNELS
+from ..inputs.routing import exponent
 from .curves import Curves, Surface, group_curves
 
 if TYPE_CHECKING:
@@ -41,6 +45,7 @@ TEXT_COLUMNS = {"dtype", "distribution", "op", "impl"}
 CACHE_VERSION = 1  # of the parsed-table cache's layout (`cached_columns`)
 CACHE_MIN_BYTES = 64 * 1024  # smaller table files parse in milliseconds: not worth a cached copy
 CACHE_MAX_FILES = 64  # cached tables kept, the most recently used (a copied profile is a new key)
+CACHED_NAME = re.compile(r"[a-z_]+-[0-9a-f]{24}\.npz")  # a cached table's file (`cached_columns`)
 
 
 def sig6(x: float) -> float:
@@ -119,6 +124,17 @@ class Tables(Mapping):
         """(dtype, hidden, inter, topk, experts, moe_tp, moe_ep, distribution) -> Curve over tokens."""
         return self._moe_curves("moe_ep", ("hidden", "inter", "topk", "experts", "moe_tp", "moe_ep"))
 
+    @cached_property
+    def moe_by_routing(self) -> dict:
+        """(dtype, hidden, inter, topk, experts, moe_tp) -> {routing exponent: Curve over
+        tokens} (inputs/routing.py; costs/routing.py reads between exponents)."""
+        return _by_routing(self.moe)
+
+    @cached_property
+    def moe_ep_by_routing(self) -> dict:
+        """(dtype, hidden, inter, topk, experts, moe_tp, moe_ep) -> {routing exponent: Curve}."""
+        return _by_routing(self.moe_ep)
+
     def _moe_curves(self, table: str, shape_cols: tuple[str, ...]) -> dict:
         df = self.columns(table)
         if df is None:
@@ -174,6 +190,13 @@ class Tables(Mapping):
         return out
 
 
+def _by_routing(curves: dict) -> dict:
+    out: dict = {}
+    for key, curve in curves.items():
+        out.setdefault(key[:-1], {})[exponent(key[-1])] = curve
+    return out
+
+
 def _keys(cols: dict, names: Iterable[str]) -> np.ndarray:
     return np.column_stack([np.asarray(cols[c]).astype(np.int64) for c in names])
 
@@ -192,6 +215,28 @@ def _groups(cols: dict, by: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], 
     for idx in np.split(order, np.flatnonzero(np.diff(code[order])) + 1) if len(order) else ():
         key = tuple(str(t[idx[0]]) for t in texts)
         yield key, {c: np.asarray(v)[idx] for c, v in cols.items()}
+
+
+# the enumerated text columns and the values each may hold (a value pipesim does not know
+# would never be read: an operation silently priced by the roofline instead)
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "sendrecv")
+NAMES = {"dtype": KERNELS, "op": COLLECTIVE_OPS}
+
+
+def _check_names(texts: list[str], column: str, origin: str) -> None:
+    """Every cell of an enumerated column one of its values (`distribution`: a routing
+    distribution, inputs/routing.py)."""
+    for i, t in enumerate(texts):
+        if column == "distribution":
+            try:
+                exponent(t)
+            except UserError as exc:
+                raise UserError(f"{origin}: line {i + 2}, column distribution: {exc}") from None
+        elif column in NAMES and t not in NAMES[column]:
+            raise UserError(
+                f"{origin}: line {i + 2}, column {column}: value {t!r} is not allowed "
+                f"(one of {', '.join(NAMES[column])})"
+            )
 
 
 def _check_units_and_sizes(cols: dict, table: str, origin: str) -> None:
@@ -254,12 +299,10 @@ def cached_columns(f: Path | Traversable, table: str) -> dict[str, np.ndarray]:
     if cached is not None:
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(f".{os.getpid()}.tmp.npz")
             # the stubs match the columns against savez's own allow_pickle keyword too
-            np.savez(tmp, **cols)  # type: ignore[arg-type]
-            os.replace(tmp, cached)
+            write_atomic(cached, lambda tmp: np.savez(tmp, **cols))  # type: ignore[arg-type]
             _trim_cache(cached.parent)
-        except OSError:
+        except (OSError, UserError):  # a cache folder that cannot be written (or a link): no copy
             pass
     return cols
 
@@ -268,6 +311,8 @@ def _trim_cache(folder: Path) -> None:
     """Drop the least recently used cached tables beyond CACHE_MAX_FILES."""
     entries = []
     for p in folder.glob("*.npz"):
+        if not CACHED_NAME.fullmatch(p.name):  # only the cache's own copies: a user's file stays
+            continue
         try:
             entries.append((p.stat().st_mtime_ns, p))
         except OSError:  # removed meanwhile by another process
@@ -303,10 +348,11 @@ def read_columns(source: str | Path | IO, table: str, origin: str) -> dict[str, 
     numbers belong, no NaN, latencies > 0, sizes >= 1. Errors name the file, the row
     and the column. Read with the csv module: a prediction needs no pandas."""
     try:
-        raw = source.read() if hasattr(source, "read") else Path(source).read_bytes()
-        if isinstance(raw, bytes):
-            raw = (gzip.decompress(raw) if origin.endswith(".gz") else raw).decode()
+        # counted while it streams in: a gzip that inflates past the bound stops there
+        raw = read_bounded(source, origin, MAX_TABLE_BYTES, MAX_TABLE_ROWS).decode()
         rows = list(csv.reader(io.StringIO(raw)))
+    except UserError:
+        raise
     except Exception as exc:  # a malformed file fails in many ways
         raise UserError(
             f"{origin}: cannot read as CSV ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
@@ -354,10 +400,12 @@ def read_columns(source: str | Path | IO, table: str, origin: str) -> dict[str, 
             )
     for name in needed:
         if name in TEXT_COLUMNS:
-            empty = [i for i, t in enumerate(cells[header.index(name)]) if not t]
+            texts = cells[header.index(name)]
+            empty = [i for i, t in enumerate(texts) if not t]
             if empty:
                 raise UserError(
                     f"{origin}: line {empty[0] + 2}, column {name}: value nan is not allowed (a text value)"
                 )
+            _check_names(texts, name, origin)
     _check_units_and_sizes(cols, table, origin)
     return cols

@@ -17,8 +17,11 @@ from typing import TYPE_CHECKING
 
 from ..base.errors import require
 from ..profiles.profile import FITTABLE, HOST_PARAMS
+from ..scenario.work import Work
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..inputs.workload import Lengths, Workload
     from ..scenario.build import Scenario
 
@@ -45,6 +48,14 @@ HOST_TOGETHER = tuple(
 LENGTH_SPREAD = 0.5  # a fixed length N against uniform [N/2, 3N/2] (same mean)
 
 
+def _num(v: float) -> str:
+    return "-" if v != v else f"{v:,.1f}"
+
+
+def _pct(v: float) -> str:
+    return f"{'-':>7s}" if v != v else f"{v:+6.1f}%"
+
+
 @dataclass(frozen=True)
 class Item:
     """One bar of the tornado."""
@@ -61,7 +72,7 @@ class Item:
         """(high - low) / baseline of a metric, in %: its share of the tornado."""
         lo = (self.low or base)[metric]
         hi = (self.high or base)[metric]
-        return (hi - lo) / base[metric] * 100 if base[metric] else 0.0
+        return (hi - lo) / base[metric] * 100 if base[metric] else 0.0  # NaN: not defined
 
 
 @dataclass(frozen=True)
@@ -80,8 +91,8 @@ class Sensitivity:
                 f"each item -+{self.step:.0%} alone"
             ),
             (
-                f"  baseline: {b['output_throughput_tok_s']:,.1f} tok/s, per-request {b['per_request_tok_s']:,.1f} tok/s, "
-                f"TTFT p50 {b['ttft_ms_p50']:,.1f} ms, TPOT p50 {b['tpot_ms_p50']:,.1f} ms"
+                f"  baseline: {b['output_throughput_tok_s']:,.1f} tok/s, per-request {_num(b['per_request_tok_s'])} tok/s, "
+                f"TTFT p50 {b['ttft_ms_p50']:,.1f} ms, TPOT p50 {_num(b['tpot_ms_p50'])} ms"
             ),
             (
                 f"  {'item':28s} {'low -> high':>22s} {'throughput low/high':>22s} {'swing':>7s} "
@@ -93,10 +104,12 @@ class Sensitivity:
             hi = "-" if it.high is None else f"{it.high['output_throughput_tok_s']:,.0f}"
             lines.append(
                 f"  {it.name:28s} {it.low_label + ' -> ' + it.high_label:>22s} {lo + ' / ' + hi:>22s} "
-                f"{it.swing(b):+6.1f}% {it.swing(b, 'per_request_tok_s'):+6.1f}% "
-                f"{it.swing(b, 'ttft_ms_p50'):+6.1f}% {it.swing(b, 'tpot_ms_p50'):+6.1f}%"
+                + " ".join(_pct(it.swing(b, m)) for m in METRICS)
             )
-        lines.append("  swing: (high - low) / baseline; '-' : not moved that way")
+        lines.append(
+            "  swing: (high - low) / baseline; '-' : not moved that way, or a figure not defined "
+            "(per-request speed and TPOT when no request produced a second token)"
+        )
         notes = [f"  {it.name}: {it.note}" for it in self.items if it.note]
         return "\n".join(lines + notes)
 
@@ -132,7 +145,7 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
-def _param_items(scenario: Scenario, step: float) -> list[Item]:
+def _param_items(scenario: Scenario, step: float, measure: Callable[[Scenario], dict]) -> list[Item]:
     prof = scenario.profile
     items = []
     for f in fields(prof.params):
@@ -141,7 +154,7 @@ def _param_items(scenario: Scenario, step: float) -> list[Item]:
         v = float(getattr(prof.params, f.name))
         if v == 0:
             unit = FITTABLE.get(f.name, (0, 0, 1.0))[2]
-            hi = _metrics(replace(scenario, profile=prof.with_params(**{f.name: unit})))
+            hi = measure(replace(scenario, profile=prof.with_params(**{f.name: unit})))
             items.append(
                 Item(
                     f.name,
@@ -154,8 +167,8 @@ def _param_items(scenario: Scenario, step: float) -> list[Item]:
                 )
             )
             continue
-        lo = _metrics(replace(scenario, profile=prof.with_params(**{f.name: v * (1 - step)})))
-        hi = _metrics(replace(scenario, profile=prof.with_params(**{f.name: v * (1 + step)})))
+        lo = measure(replace(scenario, profile=prof.with_params(**{f.name: v * (1 - step)})))
+        hi = measure(replace(scenario, profile=prof.with_params(**{f.name: v * (1 + step)})))
         items.append(Item(f.name, "parameter", _fmt(v * (1 - step)), _fmt(v * (1 + step)), lo, hi))
     return items
 
@@ -171,7 +184,7 @@ def _with_lengths(w: Workload, name: str, lengths: Lengths) -> Workload:
     return replace(w, input_len=lengths) if name == "input_len" else replace(w, output_len=lengths)
 
 
-def _workload_items(scenario: Scenario, step: float) -> list[Item]:
+def _workload_items(scenario: Scenario, step: float, measure: Callable[[Scenario], dict]) -> list[Item]:
     from ..inputs.workload import Lengths
 
     w = scenario.workload
@@ -187,8 +200,8 @@ def _workload_items(scenario: Scenario, step: float) -> list[Item]:
                 "workload",
                 str(lo),
                 str(hi),
-                _metrics(replace(scenario, workload=_with_lengths(w, name, lo))),
-                _metrics(replace(scenario, workload=_with_lengths(w, name, hi))),
+                measure(replace(scenario, workload=_with_lengths(w, name, lo))),
+                measure(replace(scenario, workload=_with_lengths(w, name, hi))),
             )
         )
         if cur.lo == cur.hi:
@@ -201,7 +214,7 @@ def _workload_items(scenario: Scenario, step: float) -> list[Item]:
                     str(cur),
                     str(spread),
                     None,
-                    _metrics(replace(scenario, workload=_with_lengths(w, name, spread))),
+                    measure(replace(scenario, workload=_with_lengths(w, name, spread))),
                     f"fixed {n} against uniform {spread} (same mean)",
                 )
             )
@@ -212,8 +225,8 @@ def _workload_items(scenario: Scenario, step: float) -> list[Item]:
                 "workload",
                 _fmt(w.rate_rps * (1 - step)),
                 _fmt(w.rate_rps * (1 + step)),
-                _metrics(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 - step)))),
-                _metrics(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 + step)))),
+                measure(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 - step)))),
+                measure(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 + step)))),
             )
         )
     return items
@@ -222,8 +235,18 @@ def _workload_items(scenario: Scenario, step: float) -> list[Item]:
 def sensitivity(scenario: Scenario, step: float = DEFAULT_STEP) -> Sensitivity:
     """The tornado of a built scenario (about 2 short runs per item)."""
     require(0 < step < 1, f"sensitivity step must be between 0 and 1 (a fraction, e.g. 0.2), got {step}")
+    # every run it will make, counted before the first (scenario/work.py)
+    planned: list[Scenario] = []
+
+    def plan(sc: Scenario) -> dict:
+        planned.append(sc)
+        return dict.fromkeys(METRICS, 1.0)
+
+    _param_items(scenario, step, plan), _workload_items(scenario, step, plan)
+    work = Work("this sensitivity", "give it a shorter scenario (fewer requests or shorter outputs)")
+    work.add("the base run", scenario).add("a run per item and side", planned).check()
     base = _metrics(scenario)
-    items = _param_items(scenario, step) + _workload_items(scenario, step)
+    items = _param_items(scenario, step, _metrics) + _workload_items(scenario, step, _metrics)
     items.sort(key=lambda i: -abs(i.swing(base)))
     return Sensitivity(base, step, tuple(items), scenario.describe())
 
@@ -248,5 +271,9 @@ def plot(sens: Sensitivity, path: str) -> None:
     sc = sens.scenario
     ax.set_title(f"TP{sc['tp']} x PP{sc['pp']}: each item -+{sens.step:.0%}")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    from ..base.writes import write_atomic
+
+    try:
+        write_atomic(path, lambda tmp: fig.savefig(tmp))
+    finally:
+        plt.close(fig)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
+from ..base.files import json_text
 from ..measure.metrics import Result
 from ..measure.occupancy import ordinal
 from .uncertainty import likely
 
 
 def to_json(result: Result) -> str:
-    return json.dumps(result.to_dict(), indent=2, allow_nan=False)
+    return json_text(result.to_dict(), indent=2)
 
 
 def _ms(v: float) -> str:
@@ -132,8 +132,12 @@ def table(result: Result) -> str:
         f"  output throughput     {r.output_throughput_tok_s:10,.1f} tok/s   "
         f"(95% CI +/- {r.output_throughput_ci_tok_s:,.1f}; {r.request_throughput_req_s:.2f} req/s)"
         + likely(r, "output_throughput_tok_s"),
-        f"  per-request decode    {r.per_request_tok_s:10,.1f} tok/s"
-        + likely(r, "per_request_tok_s", "{:,.1f}"),
+        (
+            f"  per-request decode    {r.per_request_tok_s:10,.1f} tok/s"
+            + likely(r, "per_request_tok_s", "{:,.1f}")
+            if r.per_request_tok_s == r.per_request_tok_s
+            else "  per-request decode             - (not defined: no measured request produced a second token)"
+        ),
         f"  TTFT   p50 / p99      {_ms(r.ttft_ms_p50):>12} / {_ms(r.ttft_ms_p99)}"
         + _likely_pair(r, "ttft_ms"),
         f"  TPOT   p50 / p99      {_ms(r.tpot_ms_p50):>12} / {_ms(r.tpot_ms_p99)}"

@@ -18,11 +18,9 @@ The file's metadata carries each stage's idle time split by cause
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import numpy as np
-
+from ..base.files import json_text, jsonable
 from ..measure.metrics import Result, idle_breakdown, inflight_groups
 from ..measure.occupancy import occupancy_steps, ordinal
 from ..measure.record import Record
@@ -292,26 +290,13 @@ def build_trace(rec: Record, result: Result) -> dict:
             for st in stages
         ],
     }
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": _jsonable(meta)}
-
-
-def _jsonable(v: object) -> object:
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (np.floating, float)):
-        return float(v) if np.isfinite(v) else None
-    if isinstance(v, np.integer):
-        return int(v)
-    return v
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": jsonable(meta)}
 
 
 def write_trace(path: str | Path, trace_obj: dict) -> None:
     """Write the trace JSON atomically (a reader never sees half a file)."""
-    from ..base.files import check_out_path, write_atomic
+    from ..base.files import check_out_path
+    from ..base.writes import write_atomic
 
     out = check_out_path(path, (".json",), "trace")
-    write_atomic(
-        out, lambda tmp: tmp.write_text(json.dumps(trace_obj, separators=(",", ":"), allow_nan=False))
-    )
+    write_atomic(out, lambda tmp: tmp.write_text(json_text(trace_obj, separators=(",", ":"))))

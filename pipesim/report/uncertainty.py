@@ -147,6 +147,13 @@ def _spread(lengths: Lengths, s: float) -> Lengths:
     return Lengths(max(1, round(n * (1 - s))), max(1, round(n * (1 + s))))
 
 
+def takes_ensemble(scenario: Scenario, workload: str) -> bool:
+    """Whether intervals of `workload` run the ensemble (ENSEMBLE_RUNS runs more): asked
+    for, or an open loop's or a trace's, whose member is a whole run that its own run
+    cannot be cut into."""
+    return workload == "ensemble" or (workload == "run" and scenario.workload.kind != "closed")
+
+
 def ensemble_scenarios(scenario: Scenario, runs: int = ENSEMBLE_RUNS) -> list[Scenario]:
     """Part (b)'s members: the scenario with seed 1..runs, fixed lengths widened to a
     uniform spread of the same mean, and a non-zero front-end cost alternately -+50%.
@@ -287,9 +294,7 @@ def intervals(
     cal = calibration_spread(
         scenario.profile, scenario.plan.tp, scenario.plan.pp, w.concurrency if w.kind == "closed" else None
     )
-    if workload == "ensemble" or (workload == "run" and w.kind != "closed"):
-        # an open loop's or a trace's member is a whole run, which its own run cannot
-        # be cut into: the ensemble, whatever was asked
+    if takes_ensemble(scenario, workload):
         ens = ensemble_spread(scenario, runs)
         how = f"{runs} short runs (seeds, lengths +-{LENGTH_SPREAD:.0%}, front-end cost +-{FRONTEND_SPREAD:.0%})"
     elif workload == "run":

@@ -32,10 +32,10 @@ from ..base.checks import (
     check_work,
     is_int,
     is_number,
+    not_empty,
     whole,
 )
 from ..base.errors import PipesimWarning, UserError, require
-from ..costs.moe import is_power_law
 from ..engines import ENGINES
 from ..engines.knobs import check_values, knob_names
 from ..inputs.box import Box, cluster, load_box, load_network
@@ -43,6 +43,7 @@ from ..inputs.memory import Memory, plan_memory
 from ..inputs.model import Model, load_model
 from ..inputs.plan import Plan, make_plan
 from ..inputs.quantization import kv_cache_dtype as resolve_kv_cache_dtype
+from ..inputs.routing import exponent
 from ..inputs.workload import (
     DEFAULT_INPUT_LEN,
     DEFAULT_OUTPUT_LEN,
@@ -190,6 +191,9 @@ def build_scenario(
     for flag, v in (("dp_attention", dp_attention), ("enable_expert_parallel", enable_expert_parallel)):
         require(isinstance(v, bool), f"{flag} must be true or false, got {v!r}")
     nodes = whole(nodes, "--nodes", 1)  # its limit is on the GPUs it makes (hardware.cluster)
+    not_empty(model=model, profile=profile, box=box, engine=engine, trace=trace, network=network)
+    not_empty(engine_version=engine_version, kv_cache_dtype=kv_cache_dtype)
+    not_empty(moe_distribution=moe_distribution, moe_a2a_backend=moe_a2a_backend)
     if layers is not None:
         require(
             isinstance(layers, (tuple, list)) and all(is_int(n) for n in layers),
@@ -211,11 +215,7 @@ def build_scenario(
     )
     prof, bx = _profile_and_box(profile, box, engine, model, engine_version)
     if moe_distribution is not None:  # the routing the MoE tables are read at (moe.py)
-        require(
-            moe_distribution == "balanced" or is_power_law(moe_distribution),
-            f"--moe-distribution {moe_distribution!r}; allowed: balanced or power_law_S with S a number > 0, "
-            "e.g. power_law_1.01",
-        )
+        exponent(moe_distribution, "--moe-distribution")
         prof = prof.with_params(moe_distribution=moe_distribution)
     engine_name = engine or prof.engine
     require(engine_name in ENGINES, f"unknown engine '{engine_name}'; known: {', '.join(ENGINES)}")

@@ -10,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 
 from ...base.toml import dumps
-from ...profiles.profile import Params, write_profile
+from ...profiles.profile import Params
 from ...profiles.tables import TABLE_COLUMNS, sig6
+from ...profiles.writing import write_profile
 from .specs import Record
 
 # Operations measured as records that have no profile table: their key columns.

@@ -341,7 +341,7 @@ def import_profile(
     returns its tables."""
     from ...base.errors import require
     from ...inputs.box import load_box
-    from ..profile import check_profile_out, write_profile
+    from ..writing import check_profile_out, write_profile
 
     check_profile_out(out)
     require(Path(system_dir).is_dir(), f"{system_dir} is not a folder of AIConfigurator tables")

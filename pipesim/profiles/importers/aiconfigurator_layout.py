@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...base.errors import UserError
+from ...base.errors import UserError, require
 
 if TYPE_CHECKING:  # pandas only where a table is read: the catalogue orders versions without it
     import pandas as pd
@@ -98,6 +98,12 @@ class Layout:
 
         if self.flat_kernels is None:  # nested
             path = self._nested_folder(stem) / f"{stem}.parquet"
+            import pyarrow.parquet as pq
+
+            from ...base.checks import MAX_TABLE_ROWS
+
+            rows = pq.ParquetFile(path).metadata.num_rows  # the footer's count, before any row is read
+            require(rows <= MAX_TABLE_ROWS, f"{path}: {rows:,} rows, above the limit of {MAX_TABLE_ROWS:,}")
             return pd.read_parquet(path)
         folder = self.dir if stem == "nccl_perf" else self.flat_kernels
         if folder.name.startswith("vllm-"):  # the flat layout names vLLM's version in its folder
@@ -105,4 +111,9 @@ class Layout:
         path = folder / f"{stem}.csv.gz"
         if not path.is_file():
             raise UserError(f"missing AIConfigurator table {path}")
-        return pd.read_csv(path)
+        import io
+
+        from ...base.checks import MAX_TABLE_BYTES, MAX_TABLE_ROWS, read_bounded
+
+        data = read_bounded(path, str(path), MAX_TABLE_BYTES, MAX_TABLE_ROWS)
+        return pd.read_csv(io.BytesIO(data))

@@ -15,12 +15,17 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from ...base.checks import MAX_CONCURRENCY, is_int, is_number, parse_json, read_text, too_deep
 from ...base.errors import UserError, require
 from ..measured import COLUMNS
+
+if TYPE_CHECKING:
+    from ..profile import Profile
+    from ..writing import Edit
 
 
 def _rows_from_json(objs: list[dict], origin: str, tp: int, pp: int, extra: dict) -> pd.DataFrame:
@@ -73,7 +78,11 @@ def _rows_from_json(objs: list[dict], origin: str, tp: int, pp: int, extra: dict
                 "tok_s_lo": "",
                 "tok_s_hi": "",
                 "ttft_ms": _blank(o.get("median_ttft_ms")),
-                "tpot_ms": _blank(o.get("median_tpot_ms")),
+                # the benchmarks write a TPOT of 0 where no request decoded (one-token
+                # outputs: no interval between tokens); it is not defined, left blank
+                "tpot_ms": ""
+                if out_len == 1 and not o.get("median_tpot_ms")
+                else _blank(o.get("median_tpot_ms")),
                 "source": extra.get("source", origin),
             }
         )
@@ -119,9 +128,10 @@ def import_file(
     each checked as a hand-written measured.csv row would be. Returns (points added,
     points in all)."""
     from ..measured import points_frame, read_points
-    from ..profile import check_profile_out, load_profile, rewrite_profile
+    from ..profile import load_profile
+    from ..writing import check_profile_out, rewrite_profile
 
-    check_profile_out(out or profile_dir)
+    check_profile_out(profile_dir if out is None else out)
     path = Path(file)
     require(path.is_file(), f"benchmark output not found: {file}")
     prof = load_profile(profile_dir)
@@ -139,7 +149,15 @@ def import_file(
         new = points_frame(
             read_points(io.StringIO(rows.to_csv(index=False)), str(file), default_model, prof.engine)
         )
-    old = points_frame(list(prof.measured)) if prof.measured else None
-    merged = pd.concat([old, new]) if old is not None else new
-    rewrite_profile(profile_dir, out, measured=merged)
-    return len(new), len(merged)
+    total = 0
+
+    def edit(prof: Profile) -> Edit:
+        """The points added to the profile's as they are when its lock is held."""
+        nonlocal total
+        old = points_frame(list(prof.measured)) if prof.measured else None
+        merged = pd.concat([old, new]) if old is not None else new
+        total = len(merged)
+        return {"measured": merged}
+
+    rewrite_profile(profile_dir, out, edit=edit)
+    return len(new), total

@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from ...base.checks import MAX_TEXT_BYTES, read_bounded
 from ...base.errors import UserError, require
+
+if TYPE_CHECKING:
+    from ..profile import Profile
+    from ..writing import Edit
 
 OPS = {
     "all_reduce": "all_reduce",
@@ -110,18 +116,23 @@ def import_file(
     """Add one nccl-tests run to a profile's collectives table (in place unless `out`);
     returns the rows read."""
     from ...base.checks import MAX_GPUS, whole
-    from ..profile import check_profile_out, load_profile, rewrite_profile
+    from ..writing import check_profile_out, rewrite_profile
 
-    check_profile_out(out or profile_dir)
+    check_profile_out(profile_dir if out is None else out)
     if gpus is not None:
         gpus = whole(gpus, "--gpus", 1, MAX_GPUS)
     require(Path(file).is_file(), f"nccl-tests output not found: {file}")
-    rows = parse(Path(file).read_text(errors="replace"), str(file), op, gpus)
-    prof = load_profile(profile_dir)
-    merged = merge(prof.tables.get("collectives"), rows)
-    sources = {
-        **prof.sources,
-        "collectives": f"{prof.sources.get('collectives', '')}; nccl-tests {Path(file).name}".strip("; "),
-    }
-    rewrite_profile(profile_dir, out, tables={"collectives": merged}, meta_update={"sources": sources})
+    text = read_bounded(file, str(file), MAX_TEXT_BYTES).decode(errors="replace")
+    rows = parse(text, str(file), op, gpus)
+
+    def edit(prof: Profile) -> Edit:
+        """The rows merged into the table as it is when the profile's lock is held."""
+        merged = merge(prof.tables.get("collectives"), rows)
+        note = f"{prof.sources.get('collectives', '')}; nccl-tests {Path(file).name}".strip("; ")
+        return {
+            "tables": {"collectives": merged},
+            "meta_update": {"sources": {**prof.sources, "collectives": note}},
+        }
+
+    rewrite_profile(profile_dir, out, edit=edit)
     return rows
