@@ -55,7 +55,9 @@ def one(args: tuple) -> dict:
 
     tp, pp, conc, out_len, *model = args
     t = time.perf_counter()
-    r = pipesim.predict(tp, pp, conc, output_len=str(out_len), model=model[0] if model else "kimi-k2.6")
+    r = pipesim.predict(
+        tp, pp, conc, output_len=str(out_len), model=model[0] if model else "kimi-k2.6", intervals=False
+    )
     return {
         "tp": tp,
         "pp": pp,

@@ -102,7 +102,7 @@ def predict_vs_bare(reps: int) -> dict:
 def sim_wall(tp: int, pp: int, conc: int) -> tuple[float, float, int]:
     import pipesim
 
-    r = pipesim.predict(tp, pp, conc)
+    r = pipesim.predict(tp, pp, conc, intervals=False)  # the simulation alone
     return r.sim_wall_s, r.output_throughput_tok_s, r.completed_requests
 
 
@@ -133,7 +133,7 @@ def open_loop(n: int, rate_rps: float, record: str = "summary") -> dict:
         "import json, resource, time, pipesim\n"
         "t = time.perf_counter()\n"
         f"r = pipesim.predict(8, 1, rate_rps={rate_rps}, num_requests={n}, output_len='50', input_len='200',"
-        f" record={record!r})\n"
+        f" record={record!r}, intervals=False)\n"
         "print(json.dumps({'wall_s': time.perf_counter() - t, 'sim_wall_s': r.sim_wall_s,"
         " 'mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,"
         " 'overloaded': r.saturation['overloaded'], 'ttft_ms_p99': r.ttft_ms_p99}))"

@@ -121,7 +121,7 @@ def raw_dir():
 def fast_predict(profile, **kwargs):
     """pipesim.predict with the shared profile and a fixed-length measurement."""
     kwargs.setdefault("profile", profile)
-    return pipesim.predict(**kwargs, ci_target=None)
+    return pipesim.predict(**kwargs, ci_target=None, intervals=False)
 
 
 def fast_run(scenario, **kwargs):

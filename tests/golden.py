@@ -115,7 +115,7 @@ def compute(name: str) -> dict:
     (relative to its root), so that the file is the same in every checkout."""
     import pipesim
 
-    out = figures(pipesim.predict(**SCENARIOS[name]))
+    out = figures(pipesim.predict(**{"intervals": False, **SCENARIOS[name]}))
     workload = out["scenario"]["workload"]
     if workload.get("trace") == str(TRACE_FILE):
         workload["trace"] = TRACE_FILE.relative_to(HERE.parent).as_posix()

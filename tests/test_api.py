@@ -83,3 +83,36 @@ def test_a_sweep_row_is_the_apis_prediction(profile, scenario):
     assert row.output_throughput_tok_s == r.output_throughput_tok_s
     for m in HEADLINE:
         assert (row[f"{m}_lo"], row[f"{m}_hi"]) == r.intervals[m]
+
+
+def test_python_sees_what_the_command_line_prints(profile, capsys):
+    """One headline wherever it is read (docs/uncertainty.md): pipesim.predict's default is
+    the command line's (intervals on, the corrected headline with its band), and
+    intervals=False is --no-intervals (the simulation's own figures, no band)."""
+    from pipesim.cli import main
+    from pipesim.report.table import table
+
+    args = ["--tp", "2", "--pp", "2", "--conc", "8", "--profile", profile.name]
+    args += ["--model", "llama-3.1-8b", "--input-len", "64", "--output-len", "16"]
+    for extra, kw in (([], {}), (["--no-intervals"], {"intervals": False})):
+        main(["predict", *args, *extra])
+        printed = capsys.readouterr().out
+        r = api.predict(2, 2, 8, profile=profile.name, **SMALL, **kw)
+        assert printed.strip() == table(r).strip().replace(
+            f"{r.sim_wall_s:.2f} s", printed.split()[-2] + " s"
+        )
+        assert bool(r.intervals) == (not kw)
+    assert "no band (intervals off)" in printed
+
+
+def test_a_result_prints_short_and_shows_as_a_table(profile):
+    r = api.predict(2, 2, 8, profile=profile, **SMALL)
+    lo, hi = r.intervals["output_throughput_tok_s"]
+    line = str(r)
+    assert "\n" not in line and len(line) < 300 and repr(r) == f"<pipesim Result {line}>"
+    assert f"{r.output_throughput_tok_s:,.1f} tok/s (likely {lo:,.0f}-{hi:,.0f})" in line
+    page = r._repr_html_()
+    assert page.startswith("<div>") and page.count("<tr>") == 7  # a header and six headline numbers
+    assert f"{r.tpot_ms_p99:,.1f}" in page and "likely" in page
+    bare = api.predict(2, 2, 8, profile=profile, intervals=False, **SMALL)
+    assert "no band (intervals=False)" in str(bare) and "likely " not in str(bare)

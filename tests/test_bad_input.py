@@ -138,6 +138,11 @@ CASES = [
     (["predict", "--conc", "-4", *FAST], "concurrency must be a whole number >= 1", None),
     (["predict", "--conc", "1", "--model", "gpt-9"], "unknown model 'gpt-9'; known presets", None),
     (
+        ["predict", "--conc", "1", "--model", "acme/Some-Model-7B"],
+        "unknown model 'acme/Some-Model-7B': no preset stands for this Hugging Face id (pipesim downloads nothing)",
+        None,
+    ),
+    (
         ["predict", "--conc", "1", *FAST, "--kv-cache-dtype", "fp4"],
         "--kv-cache-dtype 'fp4' is not known",
         None,
@@ -366,6 +371,19 @@ CASES = [
 ]
 
 
+def _doc_rows() -> dict[str, str]:
+    """docs/bad-input.md's table: command (DIR for the scratch folder) -> message quoted."""
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"^\| `(pipesim [^`]*)` \| (.*) \|$", line)
+        if m:
+            rows[m.group(1)] = m.group(2).replace("\\|", "|")
+    return rows
+
+
+DOC_ROWS = _doc_rows()
+
+
 def _fill(x, t):
     return x.replace("{t}", str(t)) if isinstance(x, str) else x
 
@@ -381,6 +399,10 @@ def test_bad_input(args, message, leftover, files, capsys):
     assert len(lines) == 1, err
     assert "Traceback" not in err and lines[0].startswith("pipesim: error: ")
     assert _fill(message, files) in lines[0], lines[0]
+    # the message docs/bad-input.md quotes for this command is the one printed today
+    quoted = DOC_ROWS.get("pipesim " + " ".join(str(a).replace(str(files), "DIR") for a in args))
+    if quoted is not None:
+        assert quoted.replace("DIR", str(files)) in lines[0], (quoted, lines[0])
     if leftover:
         path = Path(_fill(leftover, files))
         assert not path.exists()

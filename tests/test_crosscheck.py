@@ -158,7 +158,12 @@ def test_each_number_compared_once_with_its_error_and_band(chk):
             # catalogue profile's measured share: the residuals of measured tables)
             tables = U.table_residuals() if r.table_band else None
             c, below, above = U.band_log(
-                r.family, r.calibration_rel, r.unmeasured_share, (0.0, r.simulation_rel), None, tables
+                r.family,
+                r.calibration_rel,
+                r.unmeasured_share,
+                (0.0, r.simulation_rel, r.unchecked_rel),
+                None,
+                tables,
             )
             assert (r.lo, r.hi) == pytest.approx(
                 (r.predicted * math.exp(c - below), r.predicted * math.exp(c + above))

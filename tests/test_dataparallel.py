@@ -249,6 +249,7 @@ def test_predict_reports_every_rank(engine, model, kw):
         output_len=16,
         ci_target=None,
         **kw,
+        intervals=False,
     )
     assert r.completed_requests > 0
     assert len(r.stage_busy_fraction) == 2  # one row per DP rank
@@ -257,7 +258,9 @@ def test_predict_reports_every_rank(engine, model, kw):
 
 def test_dp_with_pipeline_stages_is_refused():
     with pytest.raises(pipesim.UserError, match="--pp 1 with --dp"):
-        pipesim.predict(model=LLAMA, engine="vllm", profile=profile_for("vllm"), tp=1, pp=2, dp=2, conc=4)
+        pipesim.predict(
+            model=LLAMA, engine="vllm", profile=profile_for("vllm"), tp=1, pp=2, dp=2, conc=4, intervals=False
+        )
 
 
 def test_trace_names_dp_ranks():

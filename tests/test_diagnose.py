@@ -27,3 +27,13 @@ def test_diagnosis_of_the_reference_deployment():
     assert d.consistency["eager_launch_us_per_layer"][1] <= 10
     assert d.consistency["allreduce_offset_us"][1] > 10
     assert "ruled out" in d.text() and "NCCL table" in d.text()
+    # --json: the same numbers as data, strict JSON
+    import json
+
+    from pipesim.base.jsonout import dumps
+
+    obj = json.loads(dumps(d.to_dict()), parse_constant=lambda t: pytest.fail(f"not JSON: {t}"))
+    [row] = [r for r in obj["points"] if r["point"].startswith("TP8 C=1")]
+    assert row["tables_only"] == pytest.approx(tp8.tables_only)
+    assert row["needed_alone"]["allreduce_offset_us"] == pytest.approx(extra_us, rel=0.05)
+    assert obj["consistency"]["eager_launch_us_per_layer"]["mape_pct"] <= 10

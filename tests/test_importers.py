@@ -91,6 +91,53 @@ def test_vllm_bench_serve_json_with_inf_string():
     assert row.engine == "vllm" and row.output_len == 300
 
 
+def _appended(*records: dict) -> str:
+    """What `vllm bench serve --append-result` leaves: each result's json.dump, a
+    newline before every one but the first (vllm/benchmarks/serve.py)."""
+    return "\n".join(json.dumps(r) for r in records)
+
+
+def test_vllm_appended_results_with_metadata_split():
+    base = json.loads((DATA / "vllm_bench_serve.json").read_text())
+    text = _appended(
+        {**base, "tp": "8", "pp": "1"},  # --metadata tp=8 pp=1: stored as text
+        {
+            **base,
+            "max_concurrency": 8,
+            "output_throughput": 300.0,
+            "tensor_parallel_size": "2",
+            "pp_size": "4",
+        },
+    )
+    df = bench.parse_vllm(text, "v.json", None, None)
+    assert list(zip(df.tp, df.pp, df.conc, df.tok_s)) == [(8, 1, 64, 932.0), (2, 4, 8, 300.0)]
+    # the command line's split fills in a record without metadata, and agrees with one
+    df = bench.parse_vllm(_appended(base, {**base, "tp": "2"}), "v.json", 2, 4)
+    assert list(zip(df.tp, df.pp)) == [(2, 4), (2, 4)]
+
+
+@pytest.mark.parametrize(
+    "records, tp, msg",
+    [
+        ([{"tp": "8", "pp": "1"}], 4, "record 1 says tp=8 but --tp 4 was given"),
+        ([{"tp": "8", "pp": "1"}, {}], None, "record 2 does not record its tp; pass --tp and --pp"),
+        ([{"tp": "eight", "pp": "1"}], None, "tp = 'eight' must be a whole number"),
+    ],
+)
+def test_vllm_metadata_split_refused(records, tp, msg):
+    base = json.loads((DATA / "vllm_bench_serve.json").read_text())
+    with pytest.raises(UserError, match=msg):
+        bench.parse_vllm(
+            _appended(*({**base, **r} for r in records)), "v.json", tp, None if tp is None else 1
+        )
+
+
+def test_vllm_appended_file_with_a_broken_line_names_it():
+    base = (DATA / "vllm_bench_serve.json").read_text().strip()
+    with pytest.raises(UserError, match="line 2 is not JSON"):
+        bench.parse_vllm(base + "\n{broken", "v.json", 2, 4)
+
+
 @pytest.mark.parametrize(
     "text, msg",
     [

@@ -121,7 +121,7 @@ def _pairs():
 def _speeds(box: str, tp: int, conc: int) -> tuple[float, float]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        r = pipesim.predict(box=box, tp=tp, conc=conc, **WORK)
+        r = pipesim.predict(box=box, tp=tp, conc=conc, **WORK, intervals=False)
     return r.output_throughput_tok_s, r.per_request_tok_s
 
 
@@ -153,7 +153,7 @@ def _big_pairs():
 def _big(box: str) -> tuple[float, float]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        r = pipesim.predict(box=box, **BIG)
+        r = pipesim.predict(box=box, **BIG, intervals=False)
     return r.output_throughput_tok_s, r.per_request_tok_s
 
 
@@ -250,8 +250,8 @@ def test_a_preset_with_its_specs_scaled_up_is_never_slower(name, bw, math, link,
     assert better_everywhere(up, box)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        base = pipesim.predict(box=box, tp=tp, conc=conc, **WORK)
-        fast = pipesim.predict(box=up, tp=tp, conc=conc, **WORK)
+        base = pipesim.predict(box=box, tp=tp, conc=conc, **WORK, intervals=False)
+        fast = pipesim.predict(box=up, tp=tp, conc=conc, **WORK, intervals=False)
     assert fast.output_throughput_tok_s >= base.output_throughput_tok_s * (1 - 1e-9)
     assert fast.per_request_tok_s >= base.per_request_tok_s * (1 - 1e-9)
 

@@ -65,6 +65,7 @@ def test_sources_in_json_and_table():
         output_len="8",
         warmup_requests=4,
         measure_requests=4,
+        intervals=False,
     )
     assert r.to_dict()["scenario"]["knob_sources"]["pp_max_micro_batch_size"] == "engine default"
     line = table(r).splitlines()[2]

@@ -249,7 +249,14 @@ def test_vllm_positions_agree_with_its_groups_where_they_stay_put():
     out of flight only while the engine loop's CPU works between its return and its
     next launch."""
     r = pipesim.predict(
-        tp=2, pp=4, conc=8, engine="vllm", profile="rtx-pro-6000-vllm", model="llama-3.1-8b", output_len=60
+        tp=2,
+        pp=4,
+        conc=8,
+        engine="vllm",
+        profile="rtx-pro-6000-vllm",
+        model="llama-3.1-8b",
+        output_len=60,
+        intervals=False,
     )
     empty = r.empty_share_by_position[0]
     assert 0.0 < empty < 0.1
@@ -260,5 +267,7 @@ def test_vllm_positions_agree_with_its_groups_where_they_stay_put():
 
 
 def test_data_parallel_ranks_have_no_positions():
-    r = pipesim.predict(tp=2, dp=2, dp_attention=True, conc=8, model="qwen3-30b-a3b", output_len=20)
+    r = pipesim.predict(
+        tp=2, dp=2, dp_attention=True, conc=8, model="qwen3-30b-a3b", output_len=20, intervals=False
+    )
     assert r.occupancy_by_position is None and r.empty_share_by_position is None

@@ -4,6 +4,7 @@ packages by hand, so a new subpackage or data file left out of it breaks
 
 from __future__ import annotations
 
+import re
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -39,6 +40,16 @@ def test_every_shipped_catalogue_file_is_installed():
     for f in files:
         rel = f.relative_to(folder).as_posix()
         assert any(fnmatch(rel, p) for p in patterns), f"calibration/catalogue/{rel} is not shipped"
+
+
+def test_the_notebook_extra_installs_a_way_to_open_a_notebook():
+    """`pip install '.[notebook]'` (README) gives Jupyter itself, not only the kernel and
+    the runner the tests use."""
+    meta = toml_reader.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    extra = meta["project"]["optional-dependencies"]["notebook"]
+    names = {re.split(r"[<>=\[ ;]", req, maxsplit=1)[0].lower() for req in extra}
+    assert names & {"notebook", "jupyterlab", "jupyter"}, extra
+    assert {"ipykernel", "ipywidgets", "nbclient"} <= names
 
 
 def test_uninstalled_fallbacks_are_the_folders_package_dir_maps(monkeypatch):

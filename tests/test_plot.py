@@ -74,6 +74,52 @@ def test_throughput_figure():
     assert "kimi-k2.6" in title and "SGLang" in title and "rtx-pro-6000-server-8x" in title
 
 
+def _shaded(ax) -> list:
+    """The (y low, y high) at each x of every band fill_between drew, one list per fill."""
+    import numpy as np
+
+    out = []
+    for poly in ax.collections:
+        if not poly.get_paths():
+            continue
+        xy = poly.get_paths()[0].vertices
+        xs = np.unique(xy[:, 0])
+        out.append({x: (xy[xy[:, 0] == x, 1].min(), xy[xy[:, 0] == x, 1].max()) for x in xs})
+    return out
+
+
+@pytest.mark.parametrize("factor, log", [(1.2, False), (3.0, True)])
+def test_throughput_figure_shades_the_likely_band(factor, log):
+    """The shading is each split's likely band from the table's _lo / _hi columns (not
+    the run's CI); bands wider than a factor of two go on a log scale, and the title says
+    which it shows."""
+    df = table()
+    df = df.assign(
+        output_throughput_tok_s_lo=df.output_throughput_tok_s / factor,
+        output_throughput_tok_s_hi=df.output_throughput_tok_s * factor,
+    )
+    fig = plot.throughput(df)
+    ax = fig.axes[0]
+    part = df[df.tp == 4].set_index("conc")
+    bands = _shaded(ax)
+    assert len(bands) == len(SPLITS)
+    got = next(b for b in bands if b[1][1] == pytest.approx(part.output_throughput_tok_s_hi[1]))
+    for c in CONC:
+        assert got[c] == pytest.approx(
+            (part.output_throughput_tok_s_lo[c], part.output_throughput_tok_s_hi[c])
+        )
+    assert (ax.get_yscale() == "log") == log
+    assert "likely band (80%" in fig._suptitle.get_text()
+    # per GPU: the same band divided by the GPUs
+    ax = plot.per_gpu(df).axes[0]
+    assert any(
+        b.get(1, (0, 0))[1] == pytest.approx(part.output_throughput_tok_s_hi[1] / 8) for b in _shaded(ax)
+    )
+    # a table without bands shades the run's CI and says so
+    fig = plot.throughput(table())
+    assert "95% CI" in fig._suptitle.get_text() and fig.axes[0].get_yscale() == "linear"
+
+
 def test_tradeoff_figure():
     df = table()
     fig = plot.tradeoff(df)

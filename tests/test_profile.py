@@ -138,3 +138,29 @@ def test_profile_toml_writes_non_ascii_text_as_itself(tmp_path):
     text = (tmp_path / "copy" / "profile.toml").read_text(encoding="utf-8")
     assert "physics.md §1's points" in text and "\\u00a7" not in text
     assert load_profile(tmp_path / "copy").meta["description"] == "fitted to physics.md §1's points"
+
+
+def test_a_rewrite_that_changes_no_table_copies_the_tables_as_they_are(tmp_path):
+    """Adding measured points (calibrate import bench) rewrites the profile without
+    decoding and encoding its tables again: each table file is copied byte for byte with
+    its time, so the parsed-table cache still holds it; a replaced table is written anew."""
+    import shutil
+
+    import pandas as pd
+
+    from pipesim.profiles.profile import load_profile, profile_folder, rewrite_profile
+
+    folder = tmp_path / "p"
+    shutil.copytree(profile_folder("rtx-pro-6000-sglang-deployment"), folder, copy_function=shutil.copy2)
+    before = {f.name: (f.read_bytes(), f.stat().st_mtime_ns) for f in folder.glob("*.csv.gz")}
+    prof = load_profile(folder)
+    rewrite_profile(folder, measured=pd.read_csv(folder / "measured.csv").head(2))
+    after = {f.name: (f.read_bytes(), f.stat().st_mtime_ns) for f in folder.glob("*.csv.gz")}
+    assert after == before
+    again = load_profile(folder)
+    assert len(again.measured) == 2 and set(again.tables) == set(prof.tables)
+    gemm = prof.tables["gemm"].head(5)
+    rewrite_profile(folder, tables={"gemm": gemm})
+    assert (folder / "gemm.csv.gz").read_bytes() != before["gemm.csv.gz"][0]
+    assert len(load_profile(folder).tables["gemm"]) == 5
+    assert (folder / "moe.csv.gz").read_bytes() == before["moe.csv.gz"][0]

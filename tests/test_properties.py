@@ -101,7 +101,7 @@ def test_littles_law_from_the_reported_metrics(kw):
     """The reported request rate times the reported mean latency gives back C, within
     the run's own confidence interval (plus the edge of a finite window)."""
     c = kw["concurrency"]
-    r = pipesim.predict(conc=c, **{k: v for k, v in kw.items() if k != "concurrency"})
+    r = pipesim.predict(conc=c, **{k: v for k, v in kw.items() if k != "concurrency"}, intervals=False)
     rel_ci = r.output_throughput_ci_tok_s / r.output_throughput_tok_s
     window_s = r.window_s[1] - r.window_s[0]
     edge = c * (r.e2e_ms_mean / 1e3) / window_s  # requests straddling the window's ends
@@ -117,8 +117,8 @@ def test_cheaper_allreduce_never_lowers_tp_throughput(kw, factor):
     kw.update(pp=1, tp=max(2, kw["tp"]), input_len="32", output_len="16")
     base = load_profile(profile_for(kw["engine"]))
     run = dict(conc=conc, ci_target=None, measure_requests=12, **kw)
-    slow = pipesim.predict(profile=base, **run)
-    fast = pipesim.predict(profile=base.with_params(allreduce_scale=factor), **run)
+    slow = pipesim.predict(profile=base, **run, intervals=False)
+    fast = pipesim.predict(profile=base.with_params(allreduce_scale=factor), **run, intervals=False)
     assert fast.output_throughput_tok_s >= slow.output_throughput_tok_s * (1 - 1e-9)
 
 
@@ -126,10 +126,10 @@ def test_cheaper_allreduce_never_lowers_tp_throughput(kw, factor):
 @given(scenarios())
 def test_same_seed_same_result(kw):
     a = pipesim.predict(
-        conc=kw["concurrency"], **{k: v for k, v in kw.items() if k != "concurrency"}
+        conc=kw["concurrency"], **{k: v for k, v in kw.items() if k != "concurrency"}, intervals=False
     ).to_dict()
     b = pipesim.predict(
-        conc=kw["concurrency"], **{k: v for k, v in kw.items() if k != "concurrency"}
+        conc=kw["concurrency"], **{k: v for k, v in kw.items() if k != "concurrency"}, intervals=False
     ).to_dict()
     a.pop("sim_wall_s"), b.pop("sim_wall_s")
     assert a == b
@@ -142,7 +142,7 @@ def test_another_seed_stays_within_the_interval(kw, delta):
     no more than their intervals allow (95% half-widths, doubled: batch means are
     approximate at the smallest runs)."""
     c = kw.pop("concurrency")
-    a = pipesim.predict(conc=c, **kw)
-    b = pipesim.predict(conc=c, **dict(kw, seed=kw["seed"] + delta))
+    a = pipesim.predict(conc=c, **kw, intervals=False)
+    b = pipesim.predict(conc=c, **dict(kw, seed=kw["seed"] + delta), intervals=False)
     slack = 2 * (a.output_throughput_ci_tok_s + b.output_throughput_ci_tok_s) + 1e-9
     assert abs(a.output_throughput_tok_s - b.output_throughput_tok_s) <= slack

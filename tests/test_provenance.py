@@ -18,6 +18,7 @@ def test_shares_cover_every_provenance_and_sum_to_one(profile):
         measure_requests=4,
         **{k: v for k, v in SMALL.items() if k != "concurrency"},
         conc=2,
+        intervals=False,
     )
     assert list(r.provenance_shares) == list(PROVENANCE)
     assert sum(r.provenance_shares.values()) == pytest.approx(1.0)

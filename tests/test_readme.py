@@ -85,7 +85,6 @@ def scratch(tmp_path_factory):
     deployment = profile_folder("rtx-pro-6000-sglang-deployment")
     shutil.copy(deployment / "measured.csv", t / "points.csv")
     shutil.copytree(deployment, t / "myprof")  # what `calibrate import aiconfigurator ... --out myprof` makes
-    shutil.copytree(profile_folder("rtx-pro-6000-vllm"), t / "myvllm")  # a vLLM profile for vLLM results
     # a tiny sweep table, for `pipesim plot results.csv` run on its own (the README's sweep rewrites it)
     from pipesim.base.files import write_table
     from pipesim.explore.sweep import sweep

@@ -259,8 +259,42 @@ def test_the_answer_shows_an_interval_where_the_table_has_one(serial):
         output_throughput_tok_s_hi=serial.output_throughput_tok_s * 1.2,
     )
     res = search(table=df, objective="throughput")
-    w = res.winner
-    assert f"{w.output_throughput_tok_s:,.1f} [{w.output_throughput_tok_s * 0.9:,.1f}, " in res.text()
+    w, text = res.winner, res.text()
+    lo, hi = w.output_throughput_tok_s * 0.9, w.output_throughput_tok_s * 1.2
+    fmt = "{:,.0f}" if hi >= 100 else "{:,.1f}"
+    assert f"{w.output_throughput_tok_s:,.1f} (likely {fmt.format(lo)}-{fmt.format(hi)}) output tok/s" in text
+    # every ranked split with its band, and whether the winner's margin is inside it
+    assert text.count(f"{lo:,.0f}-{hi:,.0f}") >= 2 and " likely " in text.splitlines()[5]
+    runner = res.ranked.iloc[1].output_throughput_tok_s
+    inside = lo <= runner <= hi
+    assert ("That margin is inside the winner's likely band" in res.why) == inside
+    assert ("The runner-up lies outside the winner's likely band" in res.why) == (not inside)
+    # a band narrow enough that the runner-up falls outside it says so
+    narrow = df.copy()
+    narrow.loc[w.name, "output_throughput_tok_s_lo"] = (w.output_throughput_tok_s + runner) / 2
+    tight = search(table=narrow, objective="throughput")
+    assert tight.winner.name == w.name and "The runner-up lies outside the winner's likely band" in tight.why
+
+
+def test_search_json_is_strict_and_says_what_the_text_says(serial, tmp_path, capsys):
+    import json
+
+    from pipesim.base.files import write_table
+    from pipesim.cli import main
+
+    path = tmp_path / "t.csv"
+    write_table(serial.assign(tpot_ms_p99=float("nan")), path)  # a figure that is not a number
+    main(["search", "--from", str(path), "--json"])
+    out = capsys.readouterr().out
+
+    def refuse(token):
+        raise ValueError(f"{token} is not JSON")
+
+    data = json.loads(out, parse_constant=refuse)
+    res = search(table=serial, objective="throughput")
+    assert data["best"]["split"] == res.winner.split and data["why"] == res.why
+    assert [r["split"] for r in data["ranked"]] == list(res.ranked.split)
+    assert data["best"]["tpot_ms_p99"] is None
 
 
 def test_pareto_frontier_by_hand():
@@ -283,3 +317,24 @@ def test_pareto_figure_draws_frontier_and_limits(serial, tmp_path):
     assert 20.0 in levels and round(1000 / 60, 3) in levels
     out = plot.save(fig, tmp_path / "new" / "deeper" / "pareto.png")
     assert out.is_file() and out.stat().st_size > 10_000
+
+
+def test_pareto_figure_draws_the_winners_band_and_keeps_the_legend_off_the_points(serial):
+    from matplotlib.container import ErrorbarContainer
+
+    from pipesim.explore import plot
+
+    res = search(table=serial, objective="throughput")
+    w = res.winner
+    if "output_throughput_tok_s_lo" not in w.index:
+        pytest.skip("the table carries no bands")
+    ax = plot.pareto(res).axes[0]
+    [bars] = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    xseg, yseg = (col.get_segments()[0] for col in bars.lines[2])
+    assert sorted(p[0] for p in xseg) == pytest.approx(
+        [w.output_throughput_tok_s_lo, w.output_throughput_tok_s_hi]
+    )
+    assert sorted(p[1] for p in yseg) == pytest.approx([w.per_request_tok_s_lo, w.per_request_tok_s_hi])
+    # the axes span the points (the band may run past them), the legend sits beside the axes
+    assert ax.get_xlim()[1] == pytest.approx(1.12 * serial.output_throughput_tok_s.max())
+    assert ax.get_legend().get_bbox_to_anchor().transformed(ax.transAxes.inverted()).x0 > 1.0

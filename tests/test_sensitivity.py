@@ -71,3 +71,34 @@ def test_cli_table_and_plot(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "kernel_scale" in text and "swing" in text
     assert out.stat().st_size > 1000
+
+
+def test_a_swing_is_what_a_prediction_at_the_moved_value_says(sens):
+    """Each run is as long as a prediction's: the item's figure is pipesim.predict's (its
+    simulated figure, intervals off) at the moved value, not a short run's."""
+    import pipesim
+
+    item = {i.name: i for i in sens.items}["input_len"]
+    moved = pipesim.predict(2, 2, 8, **{**FAST, "input_len": item.high_label}, intervals=False)
+    assert item.high["output_throughput_tok_s"] == moved.output_throughput_tok_s
+    assert item.high["ttft_ms_p50"] == moved.ttft_ms_p50
+
+
+def _strict(text: str):
+    import json
+
+    def refuse(token):
+        raise ValueError(f"{token} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_is_strict_even_where_a_figure_is_not_a_number(capsys):
+    # one output token: no TPOT, so a per-request speed and TPOT that are not numbers
+    main(
+        ["predict", "--tp", "2", "--conc", "2", "--model", "llama-3.1-8b", "--input-len", "16"]
+        + ["--output-len", "1", "--sensitivity", "--json"]
+    )
+    data = _strict(capsys.readouterr().out)
+    assert data["base"]["tpot_ms_p50"] is None
+    assert {i["name"] for i in data["items"]} >= {"kernel_scale", "input_len"}

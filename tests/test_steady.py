@@ -166,7 +166,7 @@ TRANSIENT = (
 def test_default_run_agrees_with_a_long_run(tp, pp, conc):
     """The stopped run's estimate and a 10x longer run agree within the stopped run's
     interval (twice the 95% half-width: batch means are approximate)."""
-    short = pipesim.predict(tp, pp, conc, output_len="100:500", seed=3)
+    short = pipesim.predict(tp, pp, conc, output_len="100:500", seed=3, intervals=False)
     long = pipesim.predict(
         tp,
         pp,
@@ -175,6 +175,7 @@ def test_default_run_agrees_with_a_long_run(tp, pp, conc):
         seed=4,
         ci_target=None,
         measure_requests=max(20 * max(conc, 8), 2 * short.completed_requests),
+        intervals=False,
     )
     assert short.output_throughput_ci_tok_s > 0
     assert (
@@ -186,7 +187,14 @@ def test_default_run_agrees_with_a_long_run(tp, pp, conc):
 
 def test_stops_at_the_cap_when_the_target_cannot_be_met():
     r = pipesim.predict(
-        8, 1, 8, output_len="10:400", ci_target=1e-9, measure_requests=16, max_measure_requests=40
+        8,
+        1,
+        8,
+        output_len="10:400",
+        ci_target=1e-9,
+        measure_requests=16,
+        max_measure_requests=40,
+        intervals=False,
     )
     assert r.completed_requests <= 40 + 8  # the cap, plus requests finishing in the same step
 
@@ -195,7 +203,7 @@ def test_fixed_lengths_converge_at_the_minimum():
     # identical requests: every batch mean is the same, so the first check stops the run
     # (without the overlap scheduler, which lets the first prompts run a step ahead of the
     # rest, a pattern that repeats only over more requests)
-    r = pipesim.predict(8, 1, 8, measure_requests=16, disable_overlap_schedule=True)
+    r = pipesim.predict(8, 1, 8, measure_requests=16, disable_overlap_schedule=True, intervals=False)
     assert r.output_throughput_ci_tok_s == pytest.approx(0.0, abs=1e-6)
     assert r.completed_requests <= 16 + 8
 
@@ -220,7 +228,7 @@ def test_above_the_running_cap_agrees_with_a_long_run():
     with a run long enough for the queue to settle, in throughput and in latency
     (Little's law), within twice the short run's interval."""
     kw = dict(output_len="20:100", max_running_requests=8)
-    short = pipesim.predict(8, 1, 32, seed=3, **kw)
+    short = pipesim.predict(8, 1, 32, seed=3, **kw, intervals=False)
     long = _long_unqueued(pipesim.build_scenario(tp=8, pp=1, concurrency=32, seed=4, **kw), 4 * 32, 40 * 32)
     half = short.output_throughput_ci_tok_s
     assert half > 0
@@ -232,8 +240,8 @@ def test_above_the_running_cap_agrees_with_a_long_run():
 
 def test_clients_beyond_the_cap_cost_no_longer_a_run():
     kw = dict(output_len="50", max_running_requests=8)
-    at_cap = pipesim.predict(8, 1, 8, **kw)
-    far_above = pipesim.predict(8, 1, 512, **kw)
+    at_cap = pipesim.predict(8, 1, 8, **kw, intervals=False)
+    far_above = pipesim.predict(8, 1, 512, **kw, intervals=False)
     assert far_above.completed_requests <= 1.5 * at_cap.completed_requests
     # the run is no longer; what the extra clients do cost is their first requests' pass
     # through the front end, one event each (the profile's measured frontend_ms,
@@ -248,6 +256,6 @@ def test_clients_beyond_the_cap_cost_no_longer_a_run():
     bare = load_profile(DEFAULT_PROFILE).with_params(
         frontend_ms=0.0, detokenize_step_us=0.0, detokenize_token_us=0.0
     )
-    at_cap = pipesim.predict(8, 1, 8, profile=bare, **kw)
-    far_above = pipesim.predict(8, 1, 512, profile=bare, **kw)
+    at_cap = pipesim.predict(8, 1, 8, profile=bare, **kw, intervals=False)
+    far_above = pipesim.predict(8, 1, 512, profile=bare, **kw, intervals=False)
     assert far_above.output_throughput_tok_s == pytest.approx(at_cap.output_throughput_tok_s, rel=0.02)

@@ -145,13 +145,22 @@ def test_a_summary_run_holds_a_bounded_number_of_rows(monkeypatch):
 
 
 def test_requests_of_a_summary_open_loop_say_how_to_keep_them():
-    r = pipesim.predict(8, 1, model="llama-3.1-8b", rate_rps=5.0, num_requests=20, output_len="10")
+    r = pipesim.predict(
+        8, 1, model="llama-3.1-8b", rate_rps=5.0, num_requests=20, output_len="10", intervals=False
+    )
     with pytest.raises(UserError, match=r"record='full'\) keeps them"):
         _ = r.requests
-    closed = pipesim.predict(8, 1, 4, model="llama-3.1-8b", output_len="10", ci_target=None)
+    closed = pipesim.predict(8, 1, 4, model="llama-3.1-8b", output_len="10", ci_target=None, intervals=False)
     assert len(closed.requests) == closed.completed_requests  # a closed loop keeps its rows
     full = pipesim.predict(
-        8, 1, model="llama-3.1-8b", rate_rps=5.0, num_requests=20, output_len="10", record="full"
+        8,
+        1,
+        model="llama-3.1-8b",
+        rate_rps=5.0,
+        num_requests=20,
+        output_len="10",
+        record="full",
+        intervals=False,
     )
     assert len(full.requests) == 20 and full.ttft_ms_p99 == r.ttft_ms_p99
 
@@ -422,11 +431,11 @@ def test_sketched_percentiles_say_so(monkeypatch, capsys):
     from pipesim.cli import main
 
     kw = dict(model="llama-3.1-8b", rate_rps=20.0, num_requests=120, output_len="10:30")
-    exact = pipesim.predict(8, 1, record="full", **kw)
+    exact = pipesim.predict(8, 1, record="full", **kw, intervals=False)
     assert exact.percentile_rel_error == 0.0
     assert exact.ttft_ms_p99 == percentile(exact.requests.ttft_ms, 99)
     monkeypatch.setattr(sketch, "EXACT_VALUES", 50)
-    r = pipesim.predict(8, 1, record="full", **kw)
+    r = pipesim.predict(8, 1, record="full", **kw, intervals=False)
     assert r.percentile_rel_error == REL_ERROR
     for col, p in (("ttft_ms", r.ttft_ms_p99), ("tpot_ms", r.tpot_ms_p50)):
         q = 99 if col == "ttft_ms" else 50

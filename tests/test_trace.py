@@ -38,12 +38,12 @@ def validate(trace: dict) -> None:
             assert isinstance(ev["ts"], (int, float)) and isinstance(ev["dur"], (int, float))
             assert ev["ts"] >= 0 and ev["dur"] >= 0
             assert isinstance(ev.get("cat", ""), str) and isinstance(ev.get("args", {}), dict)
+            if "bind_id" in ev:  # a flow (version 2): bound to this slice, in or out or both
+                assert isinstance(ev["bind_id"], int) and (ev.get("flow_in") or ev.get("flow_out"))
         elif ev["ph"] == "M":
             assert ev["name"] in META_NAMES
             key = "name" if ev["name"].endswith("_name") else "sort_index"
             assert set(ev["args"]) == {key}
-        elif ev["ph"] in ("s", "t", "f"):  # flow events: an id and a time, bound to a slice
-            assert isinstance(ev["id"], int) and isinstance(ev["ts"], (int, float)) and ev["cat"] == "flow"
         elif ev["ph"] == "C":  # a counter sample: numeric series values at a time
             assert ev["args"] and all(isinstance(v, (int, float)) for v in ev["args"].values())
             assert ev["ts"] >= 0
@@ -230,7 +230,10 @@ def test_cli_trace_writes_perfetto_json(tmp_path, capsys):
     [
         (["--out", "/nonexistent-dir/t.json"], "does not exist"),
         (["--out", "trace.txt"], "must end in .json"),
-        (["--tp", "two"], "'--tp' / '--tensor-parallel-size' / '--tp-size': 'two' is not a valid integer"),
+        (
+            ["--tp", "two"],
+            "'--tp' / '-tp' / '--tensor-parallel-size' / '--tp-size': 'two' is not a valid integer",
+        ),
         (["--conc", "0", "--model", "llama-3.1-8b"], "concurrency must be a whole number >= 1"),
     ],
 )
@@ -283,25 +286,26 @@ def test_idle_breakdown_of_a_hand_built_record():
 
 
 def test_flow_arrows_link_each_micro_batch_across_stages(tp2pp4):
-    """One flow per micro-batch: starts ("s") on stage 0's compute, steps ("t") through
-    every hop and later stage, finishes ("f") on the hop that returns the tokens; each
-    point at the start of a slice on its own track, in time order."""
+    """One flow per micro-batch in the version-2 form (fields on the slices, no
+    separate flow events): out of stage 0's compute, in and out of every hop and later
+    stage, into the hop that returns the tokens; the slices in time order, alternating
+    a GPU track (stage s, TP rank 0) and a hop track, each the same micro-batch."""
     _, _, obj = tp2pp4
     ev = obj["traceEvents"]
-    starts = {(e["pid"], e["tid"], e["ts"]) for e in ev if e["ph"] == "X"}
+    assert not [e for e in ev if e["ph"] in ("s", "t", "f")]  # no version-1 flow events
     by_id = {}
     for e in ev:
-        if e.get("cat") == "flow":
-            by_id.setdefault(e["id"], []).append(e)
+        if "bind_id" in e:
+            by_id.setdefault(e["bind_id"], []).append(e)
     assert len(by_id) > 10
     pp = len(obj["otherData"]["stages"])
-    for chain in by_id.values():
-        assert [e["ph"] for e in chain] == ["s"] + ["t"] * (2 * pp - 2) + ["f"]
-        assert [e["ts"] for e in chain] == sorted(e["ts"] for e in chain)
-        assert all((e["pid"], e["tid"], e["ts"]) in starts for e in chain)
-        # alternating GPU (stage s, TP rank 0) and hop (out of stage s) tracks
+    for i, chain in by_id.items():
+        chain.sort(key=lambda e: e["ts"])
+        roles = [(bool(e.get("flow_in")), bool(e.get("flow_out"))) for e in chain]
+        assert roles == [(False, True)] + [(True, True)] * (2 * pp - 2) + [(True, False)]
         assert [e["pid"] for e in chain] == [1, 2] * pp
-        assert chain[-1]["bp"] == "e"
+        assert [e["tid"] for e in chain if e["pid"] == 2] == list(range(pp))
+        assert all(e["ph"] == "X" and e["args"]["micro_batch"] == i for e in chain)
 
 
 # ---- counter tracks: slot / in-flight group occupancy, free KV, evictions ------------------

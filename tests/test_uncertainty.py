@@ -44,11 +44,78 @@ def test_band_is_multiplicative_and_positive():
     assert lo == pytest.approx(25.0) and hi == pytest.approx(400.0)
 
 
-def test_too_few_points_use_the_stated_default():
-    prof = load_profile("rtx-pro-6000-sglang-deployment")  # three measured points
+def test_too_few_points_use_their_largest_error_never_a_smaller_default():
+    prof = load_profile("rtx-pro-6000-sglang-deployment")  # three measured points, LOO 282%, 0%, 0%
+    stored = prof.meta["fit"]["loo_error_pct"]
     cal = U.calibration_spread(prof, 2, 4, 64)
-    assert cal.rel == U.DEFAULT_CALIBRATION_REL and cal.points == 0
-    assert "fewer than 5" in cal.basis and "3 points" in cal.basis
+    assert cal.rel == pytest.approx(max(abs(v) for v in stored.values()) / 100)
+    assert cal.rel > U.DEFAULT_CALIBRATION_REL and cal.points == 3 and cal.regime == "largest"
+    assert "fewer than 5" in cal.basis and "282%" in cal.basis
+    # errors all smaller than the default: the default, and the basis says it was raised
+    pts = [_point(8, 1, 32, "a"), _point(8, 1, 1, "b")]
+    small = U.calibration_spread(_profile_with(pts, [5, -10]), 8, 1, 32)
+    assert small.rel == U.DEFAULT_CALIBRATION_REL and "raised to the default" in small.basis
+    # no leave-one-out error at all: the stated default
+    bare = replace(prof, meta={k: v for k, v in prof.meta.items() if k != "fit"})
+    none = U.calibration_spread(bare, 2, 4, 64)
+    assert none.rel == U.DEFAULT_CALIBRATION_REL and none.points == 0 and "stated default" in none.basis
+
+
+def test_features_no_measurement_checked_widen_the_band_by_the_stated_rule():
+    from pipesim.report.unchecked import unchecked
+
+    plain = build_scenario(tp=8, concurrency=8, **FAST)
+    assert unchecked(plain) == ()
+    dp_ep = build_scenario(
+        model="qwen3-30b-a3b",
+        tp=8,
+        dp=2,
+        dp_attention=True,
+        ep=8,
+        concurrency=8,
+        input_len="32",
+        output_len="8",
+    )
+    assert [u.feature.split(" (")[0] for u in unchecked(dp_ep)] == ["data parallel", "expert parallel"]
+    l4 = build_scenario(
+        box="l4-8x", model="llama-3.1-8b", tp=2, concurrency=8, input_len="32", output_len="8"
+    )
+    assert [u.feature for u in unchecked(l4)] == ["a GPU without tables (NVIDIA L4)"]
+    # a GPU with tables somewhere (AIConfigurator's H100), priced by the roofline alone: the
+    # corpus residuals were measured on it
+    from pipesim.calibrate.corpus_scenario import profile_for
+
+    h100 = build_scenario(
+        box="h100-sxm-8x",
+        model="llama-3.1-8b",
+        profile=profile_for("h100-sxm-8x", "sglang", "llama-3.1-8b", "roofline"),
+        tp=2,
+        concurrency=8,
+        input_len="32",
+        output_len="8",
+    )
+    assert not h100.profile.tables and unchecked(h100) == ()
+    from pipesim.sim.runner import run
+
+    r = run(dp_ep)
+    iv, basis = U.intervals(r, dp_ep, workload="none")
+    assert [u["feature"] for u in basis["unchecked"]] == [u.feature for u in unchecked(dp_ep)]
+    for m in U.HEADLINE:
+        p = basis["parts"][m]
+        assert p["unchecked"] == pytest.approx(math.sqrt(2) * U.DEFAULT_CALIBRATION_REL)
+        # two unchecked features: two more parts of the default size, in quadrature
+        c, below, above = U.band_log(
+            m,
+            p["calibration"],
+            basis["unmeasured_share"],
+            (0.0, p["simulation"], *(U.DEFAULT_CALIBRATION_REL,) * 2),
+        )
+        assert (p["below_log"], p["above_log"]) == pytest.approx((below, above))
+    narrower, _ = U.intervals(r, replace(dp_ep, plan=replace(dp_ep.plan, dp=1, ep=1)), workload="none")
+    lo, hi = iv["output_throughput_tok_s"]
+    nlo, nhi = narrower["output_throughput_tok_s"]
+    assert lo < nlo and hi > nhi
+    assert "unchecked: data parallel (DP2), expert parallel (EP8)" in table(U.attach(r, dp_ep, "none"))
 
 
 def test_regime_quantile_from_leave_one_out_errors():

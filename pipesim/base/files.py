@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import io
 import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .checks import MAX_SWEEP_SCENARIOS, MAX_SWEEP_TABLE_BYTES, read_bounded
 from .errors import UserError, require
+from .jsonout import plain
 from .writes import check_target, write_atomic
 
 if TYPE_CHECKING:
@@ -89,17 +89,9 @@ TEXT_TABLE_COLUMNS = (
 
 
 def jsonable(v: object) -> object:
-    """`v` as strict JSON holds it: a figure that is not defined (NaN) or not finite is
-    null, numpy scalars their Python values, tuples lists, keys text."""
-    if isinstance(v, dict):
-        return {str(k): jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [jsonable(x) for x in v]
-    if type(v).__module__ == "numpy" and hasattr(v, "item"):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
+    """`v` as strict JSON holds it (jsonout.plain): a figure that is not defined (NaN) or
+    not finite is null, numpy and pandas values plain numbers, lists and dicts, keys text."""
+    return plain(v)
 
 
 def json_text(v: object, **kwargs: Any) -> str:

@@ -144,6 +144,7 @@ def _rows(part: pd.DataFrame, sc: Scenario, result: Result, path: str) -> list[d
                 "unmeasured_share": basis["unmeasured_share"],
                 "calibration_rel": part_["calibration"],
                 "simulation_rel": part_["simulation"],
+                "unchecked_rel": part_.get("unchecked", 0.0),
                 "table_band": basis["table_band"],
                 "centre_log": c,
                 **{c: getattr(r, c) for c in CONDITION if c not in ("source_id", "metric")},

@@ -58,6 +58,26 @@ class Diagnosis:
     points: tuple  # PointDiagnosis
     consistency: dict  # hypothesis -> (fitted value, MAPE % over all points)
 
+    def to_dict(self) -> dict:
+        """What `text` says, as data (`pipesim diagnose --json`)."""
+        return {
+            "profile": self.profile,
+            "points": [
+                {
+                    "point": d.point.label(),
+                    "metric": d.point.metric,
+                    "measured_lo": d.point.lo,
+                    "measured_hi": d.point.hi,
+                    "tables_only": d.tables_only,
+                    "needed_alone": dict(d.needed),  # hypothesis -> value (None: cannot explain it alone)
+                    "allreduce_table_us": d.allreduce_table_us,
+                    "allreduces_per_step": d.allreduces_per_step,
+                }
+                for d in self.points
+            ],
+            "consistency": {h: {"value": v[0], "mape_pct": v[1]} for h, v in self.consistency.items()},
+        }
+
     def text(self) -> str:
         out = [f"diagnosis of {self.profile}: measured points against the box's own tables"]
         for d in self.points:

@@ -98,7 +98,7 @@ def inside(
             r.family,
             r.calibration_rel,
             r.unmeasured_share,
-            (0.0, r.simulation_rel),
+            (0.0, r.simulation_rel, getattr(r, "unchecked_rel", 0.0)),  # rows from before it: none
             residuals,
             _tables_of(r, tables),
         )

@@ -70,9 +70,15 @@ def import_nccl_tests(file: str, profile_dir: str, out: str | None, op: str | No
     "fmt",
     type=click.Choice(["sglang", "vllm", "csv"]),
     required=True,
-    help="sglang: bench_serving JSON lines; vllm: vllm bench serve JSON; csv: pipesim's measured layout",
+    help="sglang: bench_serving JSON lines; vllm: vllm bench serve JSON (one result, or several "
+    "--append-result wrote); csv: pipesim's measured layout",
 )
-@click.option("--tp", type=int, default=None, help="the run's tp (not in the benchmark output)")
+@click.option(
+    "--tp",
+    type=int,
+    default=None,
+    help="the run's tp (not in the benchmark output; vllm: unless the run stored --metadata tp=N pp=N)",
+)
 @click.option("--pp", type=int, default=None, help="the run's pp")
 @click.option("--conc", type=int, default=None, help="concurrency, where the output lacks max_concurrency")
 @click.option("--name", default="", help="a label for the points")
@@ -190,10 +196,11 @@ def validate(
 
 @click.command()
 @click.option("--profile", default=None, help="profile name or directory [default: the reference deployment]")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of the text")
 @click.option(
     "--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]"
 )
-def diagnose(profile: str | None, progress: bool | None) -> None:
+def diagnose(profile: str | None, as_json: bool, progress: bool | None) -> None:
     """Where the box loses time: each measured point against the box's own tables."""
     from ..base.progress import bar
     from ..calibrate.diagnose import diagnose as run_diagnosis
@@ -203,6 +210,11 @@ def diagnose(profile: str | None, progress: bool | None) -> None:
     prof = load_profile(profile or DEFAULT_PROFILE)
     with bar(steps(prof), "diagnose (points, then hypothesis fits)", progress, unit="step") as b:
         diagnosis = run_diagnosis(prof, on_point=b.update)
+    if as_json:
+        from ..base.jsonout import dumps
+
+        click.echo(dumps(diagnosis.to_dict()))
+        return
     click.echo(diagnosis.text())
 
 

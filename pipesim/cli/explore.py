@@ -10,10 +10,13 @@ import click
 from ..base.checks import MAX_BATCH_TOKENS, MAX_CONCURRENCY, MAX_RUNNING, MAX_SWEEP_SCENARIOS
 from ..base.errors import require
 from ..explore.screen import MAX_SIMULATE
+from .help import GroupedCommand
 from .options import (
     DEFAULT_CONC_TEXT,
     apply_options,
     list_kwargs,
+    parallel_grid_kwargs,
+    parallel_grid_options,
     parse_floats,
     parse_ints,
     parse_list,
@@ -23,39 +26,6 @@ from .options import (
     scenario_kwargs,
     sweep_scenario_options,
 )
-
-
-def parallel_grid_options(f: Callable) -> Callable:
-    """The DP/EP axes that sweep and search both grid over (docs/parallel.md)."""
-    f = click.option(
-        "--enable-expert-parallel",
-        is_flag=True,
-        help="every split's MoE layers expert-parallel over the GPUs they span (SGLang: ep = tp; vLLM: dp x tp)",
-    )(f)
-    f = click.option(
-        "--enable-dp-attention",
-        is_flag=True,
-        help="SGLang: the dp ranks split each split's tp GPUs (DP attention)",
-    )(f)
-    return click.option(
-        "--dp",
-        "--data-parallel-size",
-        "dp",
-        default="1",
-        show_default=True,
-        metavar="N[,N..]",
-        help="data-parallel sizes to sweep, e.g. 1,2,4: each dp > 1 a split of pp 1 with tp = gpus / dp "
-        "(tp = gpus with --enable-dp-attention)",
-    )(f)
-
-
-def parallel_grid_kwargs(dp: str, enable_dp_attention: bool, enable_expert_parallel: bool) -> dict:
-    """The sweep's keywords for those axes (the flags off: left to the sweep's defaults)."""
-    return {
-        "dp": parse_ints(dp, "--dp"),
-        **({"dp_attention": True} if enable_dp_attention else {}),
-        **({"enable_expert_parallel": True} if enable_expert_parallel else {}),
-    }
 
 
 def load_grid_options(gpus_help: str, conc_help: str, rate_help: str) -> Callable[[Callable], Callable]:
@@ -195,7 +165,7 @@ def two_stage_kwargs(
     )
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @load_grid_options(
     gpus_help="GPU count, or several: 2,4,8 (every tp x pp = count)",
     conc_help=f"concurrencies, comma-separated [default: {DEFAULT_CONC_TEXT}]",
@@ -214,6 +184,9 @@ def two_stage_kwargs(
     default=False,
     help="finish the sweep in --out: run only the scenarios not in it (refused if its options differ)",
 )
+@click.option(
+    "--json", "as_json", is_flag=True, help="print the rows as one JSON object instead of the summary"
+)
 @workers_options(
     workers_help="local worker processes [default: every core; 1: in this process]",
     scheduler_help="run on a Dask cluster: its scheduler address, tcp://HOST:PORT",
@@ -229,6 +202,7 @@ def sweep(
     num_requests: int | None,
     out: str | None,
     resume: bool,
+    as_json: bool,
     workers: int | None,
     scheduler: str | None,
     progress: bool | None,
@@ -267,6 +241,12 @@ def sweep(
             )
         raise
     wall_s = time.perf_counter() - t
+    if as_json:
+        from ..base.jsonout import dumps
+
+        skipped = list(df.attrs.get("skipped", []))
+        click.echo(dumps({"rows": df, "skipped": skipped, "wall_s": wall_s, **({"out": out} if out else {})}))
+        return
     click.echo(summary(df))
     kept = df.attrs.get("kept", 0)
     click.echo(
@@ -278,7 +258,7 @@ def sweep(
         click.echo(f"wrote {out}")
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @load_grid_options(
     gpus_help="GPU count, or several: 2,4,8",
     conc_help=f"concurrencies to try [default: {DEFAULT_CONC_TEXT}]",
@@ -325,6 +305,9 @@ def sweep(
     is_flag=True,
     help="a table of several boxes, engines or lengths: one best over all of them, not one per condition",
 )
+@click.option(
+    "--json", "as_json", is_flag=True, help="print the answer as one JSON object instead of the text"
+)
 @two_stage_options
 @parallel_grid_options
 @sweep_scenario_options
@@ -350,6 +333,7 @@ def search(
     plot_file: str | None,
     from_file: str | None,
     across_conditions: bool,
+    as_json: bool,
     simulate_all: bool,
     simulate: str,
     running_caps: str | None,
@@ -411,11 +395,17 @@ def search(
         **limits,
         **run,
     )
-    click.echo(result.text())
     if plot_file is not None:
         from ..explore import plot as pl
 
         pl.save(pl.pareto(result), plot_file)
+    if as_json:
+        from ..base.jsonout import dumps
+
+        click.echo(dumps({**result.to_dict(), **({"plot": plot_file} if plot_file else {})}))
+        return
+    click.echo(result.text())
+    if plot_file is not None:
         click.echo(f"wrote {plot_file}")
 
 
@@ -424,11 +414,16 @@ def search(
 @click.option("--out-dir", default=".", show_default=True, help="folder for the figures")
 @click.option("--format", "fmt", default="png", show_default=True, help="png or svg")
 @click.option("--prefix", default="", help="prefix of the file names")
-def plot(results: str, out_dir: str, fmt: str, prefix: str) -> None:
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="progress bar with ETA on stderr once drawing has taken 2 s [default: on a terminal]",
+)
+def plot(results: str, out_dir: str, fmt: str, prefix: str, progress: bool | None) -> None:
     """Figures of a sweep table: throughput vs concurrency, the trade-off curve, the time breakdown."""
     from ..base.files import ensure_dir, read_table
     from ..explore import plot as pl
 
     ensure_dir(out_dir, "figure")  # before reading: a folder that cannot be made fails first
-    for path in pl.save_all(read_table(results), out_dir, fmt, prefix):
+    for path in pl.save_all(read_table(results), out_dir, fmt, prefix, progress=progress):
         click.echo(f"wrote {path}")

@@ -231,6 +231,7 @@ def parallel_options(f: F) -> F:
     options = [
         click.option(
             "--dp",
+            "-dp",
             "--data-parallel-size",
             "--dp-size",
             "dp",
@@ -254,8 +255,10 @@ def parallel_options(f: F) -> F:
         ),
         click.option(
             "--enable-expert-parallel",
+            "-ep",
             is_flag=True,
-            help="expert parallel over every GPU an MoE layer spans (vLLM: dp x tp; SGLang: tp)",
+            help="expert parallel over every GPU an MoE layer spans (vLLM: dp x tp; SGLang: tp); -ep is "
+            "vLLM's short form of this switch (SGLang's --ep is the size above)",
         ),
     ]
     return apply_options(f, options)
@@ -346,4 +349,39 @@ def list_kwargs(kw: dict) -> dict:
     """A sweep's scenario keyword arguments with its list flags split (grid.py checks each value)."""
     return {
         k: parse_list(v, LIST_FLAGS[k]) if k in LIST_FLAGS and v is not None else v for k, v in kw.items()
+    }
+
+
+def parallel_grid_options(f: Callable) -> Callable:
+    """The DP/EP axes that sweep and search both grid over (docs/parallel.md)."""
+    f = click.option(
+        "--enable-expert-parallel",
+        "-ep",
+        is_flag=True,
+        help="every split's MoE layers expert-parallel over the GPUs they span (SGLang: ep = tp; vLLM: dp x tp)",
+    )(f)
+    f = click.option(
+        "--enable-dp-attention",
+        is_flag=True,
+        help="SGLang: the dp ranks split each split's tp GPUs (DP attention)",
+    )(f)
+    return click.option(
+        "--dp",
+        "-dp",
+        "--data-parallel-size",
+        "dp",
+        default="1",
+        show_default=True,
+        metavar="N[,N..]",
+        help="data-parallel sizes to sweep, e.g. 1,2,4: each dp > 1 a split of pp 1 with tp = gpus / dp "
+        "(tp = gpus with --enable-dp-attention)",
+    )(f)
+
+
+def parallel_grid_kwargs(dp: str, enable_dp_attention: bool, enable_expert_parallel: bool) -> dict:
+    """The sweep's keywords for those axes (the flags off: left to the sweep's defaults)."""
+    return {
+        "dp": parse_ints(dp, "--dp"),
+        **({"dp_attention": True} if enable_dp_attention else {}),
+        **({"enable_expert_parallel": True} if enable_expert_parallel else {}),
     }

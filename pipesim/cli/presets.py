@@ -10,12 +10,33 @@ def boxes() -> None:
     """The box catalogue: presets, their numbers and where each comes from (docs/boxes.md)."""
 
 
+JSON_HELP = "print one JSON object instead of the table"
+
+
 @boxes.command("list")
-def boxes_list() -> None:
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def boxes_list(as_json: bool) -> None:
     """One line per preset: name, GPUs, GPU model, memory, interconnect."""
     from ..inputs.box import box_names, load_box
     from ..inputs.box_text import summary_line
 
+    if as_json:
+        from ..base.jsonout import dumps
+
+        rows = []
+        for name in box_names():
+            box = load_box(name)
+            rows.append(
+                {
+                    "name": name,
+                    "gpus": box.gpu_count,
+                    "gpu": box.gpu.name,
+                    "memory_gib": box.gpu.memory_bytes / 2**30,
+                    "interconnect": box.interconnect,
+                }
+            )
+        click.echo(dumps({"boxes": rows}))
+        return
     for name in box_names():
         click.echo(summary_line(name, load_box(name)))
 
@@ -45,10 +66,20 @@ def profiles() -> None:
 
 
 @profiles.command("list")
-def profiles_list() -> None:
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def profiles_list(as_json: bool) -> None:
     """The shipped profiles."""
     from ..profiles.profile import load_profile, profile_names
 
+    if as_json:
+        from ..base.jsonout import dumps
+
+        rows = []
+        for name in profile_names():
+            p = load_profile(name)
+            rows.append({"name": name, "engine": p.engine, "engine_version": p.engine_version, "box": p.box})
+        click.echo(dumps({"profiles": rows}))
+        return
     for name in profile_names():
         p = load_profile(name)
         click.echo(f"{name:40s} {p.engine} {p.engine_version:8s} box {p.box}")

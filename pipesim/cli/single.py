@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..base.errors import require
+from .help import GroupedCommand
 from .options import (
     apply_options,
     parallel_kwargs,
@@ -26,6 +27,7 @@ def split_options(tp_help: str, pp_help: str, conc_help: str) -> Callable[[Calla
         options = [
             click.option(
                 "--tp",
+                "-tp",
                 "--tensor-parallel-size",
                 "--tp-size",
                 "tp",
@@ -36,6 +38,7 @@ def split_options(tp_help: str, pp_help: str, conc_help: str) -> Callable[[Calla
             ),
             click.option(
                 "--pp",
+                "-pp",
                 "--pipeline-parallel-size",
                 "--pp-size",
                 "pp",
@@ -68,7 +71,7 @@ def scenario_keywords(opts: dict) -> dict:
     return {**parallel_kwargs(opts), **scenario_kwargs(opts)}
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @split_options(
     tp_help="tensor-parallel size (GPUs per stage)",
     pp_help="pipeline-parallel size (stages)",
@@ -87,7 +90,7 @@ def scenario_keywords(opts: dict) -> dict:
     "--trace",
     type=click.Path(dir_okay=False),
     default=None,
-    help="replay a CSV: arrival_s,input_tokens,output_tokens",
+    help="replay a CSV: arrival_s,input_tokens,output_tokens (or Vidur's arrived_at,num_prefill_tokens,num_decode_tokens)",
 )
 @click.option("--layers", default=None, help="explicit layers per stage, e.g. 7,7,7,8,8,8,8,8")
 @parallel_options
@@ -117,6 +120,11 @@ def scenario_keywords(opts: dict) -> dict:
     type=click.Path(dir_okay=False),
     help="--sensitivity: write the tornado figure here (.png, .pdf, .svg)",
 )
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="progress bar with ETA on stderr once the work has taken 2 s [default: on a terminal]",
+)
 def predict(
     tp: int,
     pp: int,
@@ -131,6 +139,7 @@ def predict(
     sensitivity: bool,
     step: float,
     plot_file: str | None,
+    progress: bool | None,
     **opts: object,
 ) -> None:
     """Predict one scenario (default: Kimi K2.6 with SGLang on 8 x RTX PRO 6000)."""
@@ -167,11 +176,13 @@ def predict(
             plot(sens, plot_file)
         click.echo(json_text(sens.to_dict(), indent=2) if as_json else sens.table())
         return
-    result = api.run(scenario, intervals=("ensemble" if ensemble else "run") if intervals else None)
+    result = api.run(
+        scenario, intervals=("ensemble" if ensemble else "run") if intervals else None, progress=progress
+    )
     click.echo(report.to_json(result) if as_json else report.table(result))
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @split_options(
     tp_help="tensor-parallel size",
     pp_help="pipeline-parallel size",

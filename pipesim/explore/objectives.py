@@ -69,7 +69,7 @@ def interval_text(r: Row, col: str) -> str:
     (`<col>_lo` / `<col>_hi` columns) or, for throughput, the 95% CI half-width."""
     lo, hi = r.get(f"{col}_lo"), r.get(f"{col}_hi")
     if lo is not None and hi is not None and lo == lo and hi == hi:
-        return f" [{lo:,.1f}, {hi:,.1f}]"
+        return f" (likely {lo:,.0f}-{hi:,.0f})" if hi >= 100 else f" (likely {lo:,.1f}-{hi:,.1f})"
     ci = r.get("output_throughput_ci_tok_s")
     if col == "output_throughput_tok_s" and ci is not None and ci == ci and round(ci, 1) > 0:
         return f" (+/- {ci:,.1f})"

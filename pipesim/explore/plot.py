@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from ..base.errors import require
 from ..base.files import check_out_path, ensure_dir
+from ..base.progress import bar
 from ..base.writes import write_atomic, write_files
 from .conditions import condition_slug, condition_text, conditions
 from .plot_bubble import bubble_cause
@@ -42,29 +44,19 @@ FIGURES = ("throughput", "per_gpu", "tradeoff", "breakdown", "bubble_cause")
 
 
 def throughput(df: pd.DataFrame) -> Figure:
-    """Output tok/s vs concurrency, one line per split (shaded: the 95% CI)."""
+    """Output tok/s vs concurrency, one line per split, each shaded with its likely
+    band (80%, the band `pipesim predict` prints; the run's own CI where the table has
+    no band)."""
     fig = _figure()
     ax = fig.add_subplot()
-    for label, part in _splits(df):
-        (line,) = ax.plot(part.conc, part.output_throughput_tok_s, marker="o", label=label)
-        if "output_throughput_ci_tok_s" in part:
-            ci = part.output_throughput_ci_tok_s.fillna(0)
-            ax.fill_between(
-                part.conc,
-                part.output_throughput_tok_s - ci,
-                part.output_throughput_tok_s + ci,
-                color=line.get_color(),
-                alpha=0.15,
-                linewidth=0,
-            )
+    shaded = _band_lines(ax, df, "output_throughput_tok_s")
     _conc_axis(ax, df.conc)
     ax.set_ylabel("output throughput (tok/s, whole engine)")
-    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    ax.legend(title="split", loc="upper left")
+    ax.legend(title="split", loc="upper left", fontsize=8)
     _mark_caps(ax, df, "output_throughput_tok_s")
     fig.suptitle(
-        f"Output throughput vs concurrency (arrows: where a cap stops more requests running)\n"
+        f"Output throughput vs concurrency\n{shaded}; arrows: a cap stops more requests running\n"
         f"{_subtitle(df)}",
         fontsize=10,
     )
@@ -73,19 +65,52 @@ def throughput(df: pd.DataFrame) -> Figure:
 
 def per_gpu(df: pd.DataFrame) -> Figure:
     """Output tok/s per GPU vs concurrency: what each GPU of a split earns (splits of
-    different GPU counts compare on cost)."""
+    different GPU counts compare on cost), each shaded with its likely band."""
     fig = _figure()
     ax = fig.add_subplot()
-    for label, part in _splits(df):
-        ax.plot(part.conc, part.output_throughput_tok_s / part.gpus, marker="o", label=label)
+    per = df.assign(per_gpu=df.output_throughput_tok_s / df.gpus)
+    if "output_throughput_tok_s_lo" in df.columns:
+        per = per.assign(
+            per_gpu_lo=df.output_throughput_tok_s_lo / df.gpus,
+            per_gpu_hi=df.output_throughput_tok_s_hi / df.gpus,
+        )
+    shaded = _band_lines(ax, per, "per_gpu")
     _conc_axis(ax, df.conc)
     ax.set_ylabel("output tok/s per GPU")
-    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    ax.legend(title="split", loc="upper left")
-    _mark_caps(ax, df.assign(per_gpu=df.output_throughput_tok_s / df.gpus), "per_gpu")
-    fig.suptitle(f"Output throughput per GPU vs concurrency\n{_subtitle(df)}", fontsize=10)
+    ax.legend(title="split", loc="upper left", fontsize=8)
+    _mark_caps(ax, per, "per_gpu")
+    fig.suptitle(f"Output throughput per GPU vs concurrency\n{shaded}\n{_subtitle(df)}", fontsize=10)
     return fig
+
+
+def _band_lines(ax: Axes, df: pd.DataFrame, column: str) -> str:
+    """One line per split of `column` against concurrency, shaded with its likely band
+    (`<column>_lo` / `_hi`), else, for throughput, the run's 95% CI. Bands wider than a
+    factor of two put the y axis on a log scale, where a multiplicative band has the
+    same height at every value and the lines stay apart. Returns what the shading is."""
+    banded = f"{column}_lo" in df.columns and df[f"{column}_lo"].notna().any()
+    for label, part in _splits(df):
+        (line,) = ax.plot(part.conc, part[column], marker="o", label=label, zorder=3)
+        if banded:
+            lo, hi = part[f"{column}_lo"], part[f"{column}_hi"]
+        elif column == "output_throughput_tok_s" and "output_throughput_ci_tok_s" in part:
+            ci = part.output_throughput_ci_tok_s.fillna(0)
+            lo, hi = part[column] - ci, part[column] + ci
+        else:
+            continue
+        ax.fill_between(part.conc, lo, hi, color=line.get_color(), alpha=0.12, linewidth=0)
+    if not banded:
+        ax.set_ylim(bottom=0)
+        return "shaded: the run's 95% CI (the table has no likely band)"
+    ratio = (df[f"{column}_hi"] / df[column]).max()
+    if ratio > 2:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        return f"shaded: likely band (80%, up to x{ratio:.1f} either way: log scale)"
+    ax.set_ylim(bottom=0)
+    return "shaded: likely band (80%)"
 
 
 def tradeoff(df: pd.DataFrame) -> Figure:
@@ -110,7 +135,8 @@ def tradeoff(df: pd.DataFrame) -> Figure:
     ax.legend(title="split", loc="upper right")
     _annotate_apart(ax, labels, fontsize=7)
     fig.suptitle(
-        f"Per-request speed vs total throughput (point labels: concurrency C)\n{_subtitle(df)}", fontsize=10
+        f"Per-request speed vs total throughput (point labels: concurrency C)\n{_band_note(df)}\n{_subtitle(df)}",
+        fontsize=10,
     )
     return fig
 
@@ -131,6 +157,16 @@ def _undefined_speed(ax: Axes, df: pd.DataFrame) -> None:
             fontsize=9,
             color="dimgrey",
         )
+
+
+def _band_note(df: pd.DataFrame) -> str:
+    """What the points' likely bands span, for a figure that draws none (two axes of
+    bands would hide the points): the widest factor on each axis."""
+    cols = ("output_throughput_tok_s", "per_request_tok_s")
+    if not all(f"{c}_hi" in df.columns for c in cols):
+        return "no likely band in the table"
+    x, y = ((df[f"{c}_hi"] / df[c]).max() for c in cols)
+    return f"each point's likely band (80%): up to x{x:.1f} on throughput, x{y:.1f} on per-request speed, either way"
 
 
 def pareto_frontier(x: Sequence[float], y: Sequence[float]) -> list[int]:
@@ -157,7 +193,7 @@ def pareto(result: Search | Searches) -> Figure:
     results = result.results if isinstance(result, Searches) else (result,)
     cols = min(2, len(results))
     rows = math.ceil(len(results) / cols)
-    fig = _figure(8.5 * cols, 5.5 * rows) if len(results) > 1 else _figure(8.5, 5.5)
+    fig = _figure(10.5 * cols, 5.5 * rows) if len(results) > 1 else _figure(10.5, 5.5)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, one in zip(axes, results):
         _pareto_axes(ax, one)
@@ -169,7 +205,8 @@ def pareto(result: Search | Searches) -> Figure:
         ", ".join(CONSTRAINTS[k][2].format(v) for k, v in results[0].constraints.items()) or "no constraints"
     )
     fig.suptitle(
-        f"Search trade-off: filled points meet {slo}, hollow ones miss it\n{_subtitle(result.table)}",
+        f"Search trade-off: filled points meet {slo}, hollow ones miss it\n{_band_note(result.table)}\n"
+        f"{_subtitle(result.table)}",
         fontsize=10,
     )
     return fig
@@ -217,6 +254,23 @@ def _pareto_axes(ax: Axes, result: Search) -> None:
         ]
         _annotate_apart(ax, texts, fontsize=7)
     w = result.winner
+    if all(
+        f"{c}_{e}" in w.index for c in ("output_throughput_tok_s", "per_request_tok_s") for e in ("lo", "hi")
+    ):
+        # the winner's likely band on both axes: a runner-up inside it is not surely behind
+        x, y = w.output_throughput_tok_s, w.per_request_tok_s
+        ax.errorbar(
+            [x],
+            [y],
+            xerr=[[x - w.output_throughput_tok_s_lo], [w.output_throughput_tok_s_hi - x]],
+            yerr=[[y - w.per_request_tok_s_lo], [w.per_request_tok_s_hi - y]],
+            fmt="none",
+            ecolor="goldenrod",
+            elinewidth=1.2,
+            capsize=4,
+            zorder=3,
+            label="the best point's likely band (80%; cut at the axes)",
+        )
     ax.scatter(
         [w.output_throughput_tok_s],
         [w.per_request_tok_s],
@@ -254,10 +308,12 @@ def _pareto_axes(ax: Axes, result: Search) -> None:
             )
     ax.set_xlabel("output throughput (tok/s, whole engine)")
     ax.set_ylabel("per-request decode speed (tok/s)")
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
+    # the axes span the points, not the band (up to x3.8 either way: it would squeeze them)
+    ax.set_xlim(0, 1.12 * float(df.output_throughput_tok_s.max()))
+    ax.set_ylim(0, 1.12 * float(df.per_request_tok_s.max()))
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
+    # beside the axes: inside, it hid the frontier's labels (its top points sit upper right)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
 def breakdown(df: pd.DataFrame) -> Figure:
@@ -360,12 +416,20 @@ def save(fig: Figure, path: str | Path) -> Path:
     return write_atomic(out, lambda tmp: fig.savefig(tmp, format=fmt))
 
 
-def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", prefix: str = "") -> list[Path]:
+def save_all(
+    df: pd.DataFrame,
+    out_dir: str | Path = ".",
+    fmt: str = "png",
+    prefix: str = "",
+    progress: bool | None = None,
+) -> list[Path]:
     """The figures of a sweep as OUT_DIR/[PREFIX]NAME.FMT, NAME in FIGURES: throughput,
     per-GPU throughput, the trade-off, the time breakdown, the bubble's cause. A table
     of several conditions (box, engine, lengths: conditions.py) gets a set per condition,
     OUT_DIR/[PREFIX]NAME_CONDITION.FMT (e.g. throughput_engine-vllm.png), each titled
-    with its condition: splits are compared within one. Written all or none."""
+    with its condition: splits are compared within one. Written all or none, with a
+    progress bar over the figures once they have taken two seconds (`progress` None:
+    on a terminal)."""
     require(fmt in ("png", "svg"), f"unknown figure format '{fmt}'; allowed: png, svg")
     require(len(df) > 0, "the sweep table is empty")
     folder = ensure_dir(out_dir, "figure")
@@ -390,7 +454,13 @@ def save_all(df: pd.DataFrame, out_dir: str | Path = ".", fmt: str = "png", pref
     # all figures or none: each is drawn to a temporary file first, then all are renamed into place
     paths = [check_out_path(folder / file, (".png", ".svg"), "figure") for _, _, file in jobs]
 
-    def draw(name: str, part: pd.DataFrame) -> Callable[[Path], None]:
-        return lambda tmp: makers[name](part).savefig(tmp, format=fmt)
+    with bar(len(jobs), "figures", progress, unit="figure", delay=2.0) as drawn:
 
-    return write_files([(path, draw(name, part)) for (name, part, _), path in zip(jobs, paths)])
+        def draw(name: str, part: pd.DataFrame) -> Callable[[Path], None]:
+            def save(tmp: Path) -> None:
+                makers[name](part).savefig(tmp, format=fmt)
+                drawn.update(1)
+
+            return save
+
+        return write_files([(path, draw(name, part)) for (name, part, _), path in zip(jobs, paths)])

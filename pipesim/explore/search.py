@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 
 from ..base.errors import UserError, require
+from ..base.jsonout import plain
+from .bands import band_of
 from .conditions import condition_text, conditions
 from .objectives import (
     COLUMN_NAMES,
@@ -75,12 +77,13 @@ class Search:
             "ranked (the best qualifying point of each split):"
             if self.objective != "max-load"
             else "ranked (per split the largest load that qualifies, with every smaller one):",
-            f"  {'#':>2} {'split':>12} {'load':>10} {'out tok/s':>10} {'tok/s/GPU':>10} {'per-req':>8} "
+            f"  {'#':>2} {'split':>12} {'load':>10} {'out tok/s':>10} {'likely':>13} {'tok/s/GPU':>10} {'per-req':>8} "
             f"{'TTFT p99':>9} {'TPOT p99':>9} {'compute':>8} {'all-red':>8} {'bubble':>7}",
         ]
         for i, r in enumerate(self.ranked.to_dict("records"), 1):
             lines.append(
                 f"  {i:>2} {r['split']:>12} {load_text(r, lc):>10} {r['output_throughput_tok_s']:>10,.1f} "
+                f"{_likely(r):>13} "
                 f"{r['output_tok_s_per_gpu']:>10,.1f} {speed_text(r['per_request_tok_s']):>8} "
                 f"{_ms(r.get('ttft_ms_p99')):>9} {_ms(r.get('tpot_ms_p99')):>9} "
                 f"{r['compute_share']:>8.0%} {r['allreduce_share']:>8.0%} {r['bubble_fraction']:>7.0%}"
@@ -94,6 +97,26 @@ class Search:
         for s in t.attrs.get("skipped", []):
             lines.append(f"skipped {s}")
         return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        """What `pipesim search --json` prints: the answer, the ranking, why (strict JSON:
+        a missing figure is null)."""
+        return plain(
+            {
+                "objective": self.objective,
+                "constraints": self.constraints,
+                "condition": self.condition,
+                "across_conditions": list(self.across),
+                "points": len(self.table),
+                "qualifying": self.qualifying,
+                "best": dict(self.winner),
+                "ranked": self.ranked.to_dict("records"),
+                "unqualified": list(self.unqualified),
+                "why": self.why,
+                "screen": self.screen,
+                "skipped": list(self.table.attrs.get("skipped", [])),
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -116,6 +139,23 @@ class Searches:
         blocks += ["\n".join(f"skipped {s}" for s in self.table.attrs.get("skipped", []))]
         blocks += [self.screen]
         return "\n\n".join(blocks).rstrip()
+
+    def to_dict(self) -> dict:
+        """`pipesim search --json` of several conditions: one answer per condition."""
+        return plain(
+            {
+                "conditions": [r.to_dict() for r in self.results],
+                "failed": list(self.failed),
+                "screen": self.screen,
+                "skipped": list(self.table.attrs.get("skipped", [])),
+            }
+        )
+
+
+def _likely(r: Row) -> str:
+    """A ranked point's likely band of output tok/s, '-' where the table has none."""
+    band = band_of(r, "output_throughput_tok_s")
+    return "-" if band is None else f"{band[0]:,.0f}-{band[1]:,.0f}"
 
 
 def _ms(v: float | None) -> str:

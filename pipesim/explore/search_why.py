@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from .bands import margin_text
 from .objectives import OBJECTIVES, load_text, speed_text
 from .objectives import noise as _noise
 from .sweep import load_column
@@ -81,6 +82,7 @@ def explain(win: pd.Series, runner: pd.Series | None, objective: str, df: pd.Dat
             f"{win['split']} at {at(win)} gives {value(a)}, "
             f"{abs(rel):.0%} {'more' if larger else 'less'} than the runner-up split "
             f"{runner['split']} (at its best, {at(runner)}: {value(b)})."
+            + margin_text(win, runner, col, "{:,.0f}" if objective == "ttft" else "{:,.1f}")
         )
         parts.append(
             f"GPU time, winner vs runner-up: compute {win['compute_share']:.0%} vs {runner['compute_share']:.0%}, "
@@ -128,6 +130,7 @@ def explain(win: pd.Series, runner: pd.Series | None, objective: str, df: pd.Dat
 def _explain_max_load(win: pd.Series, runner: pd.Series | None, lc: str) -> str:
     def one(r: pd.Series) -> str:
         nxt = r.get("next_fail")
+        nxt = nxt if isinstance(nxt, str) and nxt else None  # a table's empty cell reads as NaN
         return (
             f"{r['split']} carries {load_text(r, lc)} ({r['output_throughput_tok_s']:,.1f} output tok/s, TPOT p99 "
             f"{r['tpot_ms_p99']:,.1f} ms, TTFT p99 {r['ttft_ms_p99']:,.0f} ms); "

@@ -382,17 +382,20 @@ def summary(df: pd.DataFrame) -> str:
     split, the best split at each concurrency marked with *; in an open-loop sweep
     (by arrival rate) an overloaded point is marked with ! (saturation.py). One table per
     condition (box, engine and lengths swept), headed by what tells it apart."""
+    from .bands import footer
     from .conditions import condition_text, conditions, varying
 
     parts = list(conditions(df))
     skipped = "\n".join(f"skipped {s}" for s in df.attrs.get("skipped", []))
+    keys = [*varying(df), "gpus", load_column(df)]
+    bands = "\n".join(footer(df, keys))
     if len(parts) == 1:
-        return "\n\n".join([_block(df), skipped]).rstrip()
+        return "\n\n".join([_block(df), bands, skipped]).rstrip()
     lines = _heading(df, varying(df))
     lines[-1] = f"{len(parts)} conditions, one table each"
     blocks = ["\n".join(lines)]
     blocks += [f"[{condition_text(c)}]\n" + "\n".join(_table(part)) for c, part in parts]
-    return "\n\n".join(blocks + [skipped]).rstrip()
+    return "\n\n".join([*blocks, bands, skipped]).rstrip()
 
 
 def _heading(df: pd.DataFrame, varying: Sequence[str] = ()) -> list[str]:

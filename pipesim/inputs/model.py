@@ -21,13 +21,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..base.checks import MAX_CONFIG_SIZE, MAX_JSON_DEPTH, MAX_LAYERS, is_number, read_text, too_deep
 from ..base.errors import UserError, require
 from .architectures import ARCHITECTURES, MODEL_TYPES, check_moe_layers, shared_experts, tied_embeddings
+from .model_presets import looks_like_hf_id, preset_for, preset_names, preset_text
 from .quantization import BF16, BYTES_PER_PARAM, KV_BYTES_PER_ELEMENT, WeightFormat, as_format, weight_formats
 
 if TYPE_CHECKING:
@@ -231,29 +231,42 @@ def _divisors(n: int) -> list[int]:
 # ---- loading ------------------------------------------------------------------------
 
 
-def preset_names() -> list[str]:
-    folder = resources.files("pipesim.data").joinpath("models")
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
-
-
 def load_model(name_or_path: str | Path) -> Model:
     """A preset name (see `preset_names()`) or the path of a Hugging Face config.json."""
     cfg, name = read_hf_config(name_or_path)
     return from_hf_config(cfg, name=name)
 
 
+def _config_name(cfg: object, given: str) -> str:
+    """What a model given as a config file is called: the repository it names (the
+    `_name_or_path` transformers writes, or a preset's `_hf_id`), else the path as given
+    (a folder's name alone, 'to' for path/to/config.json, says nothing)."""
+    if isinstance(cfg, dict):
+        for key in ("_name_or_path", "_hf_id"):
+            value = cfg.get(key)
+            if isinstance(value, str) and value.strip() and not Path(value).is_absolute():
+                return value.strip()
+    return given
+
+
 def read_hf_config(name_or_path: str | Path) -> tuple[dict, str]:
-    """The Hugging Face config dict behind a preset name or a config.json path (or its
-    folder), and the model's name; one UserError line when it cannot be read."""
+    """The Hugging Face config dict behind a preset name, a Hugging Face id a preset
+    stands for (model_presets.py), or a config.json path (or its folder), and the
+    model's name; one UserError line when it cannot be read."""
     text = str(name_or_path)
     require(
         text.strip() != "",
         f"the model is empty; give a preset name ({', '.join(preset_names())}) or a config.json",
     )
     path = Path(text)
-    if text in preset_names():
-        raw = resources.files("pipesim.data").joinpath("models").joinpath(f"{text}.json").read_text()
-        return json.loads(raw), text
+    preset = preset_for(text)
+    if preset is not None and (preset == text or not path.exists()):  # a downloaded folder: its own config
+        return json.loads(preset_text(preset)), preset
+    if looks_like_hf_id(text) and not path.exists():
+        raise UserError(
+            f"unknown model '{text}': no preset stands for this Hugging Face id (pipesim downloads nothing); "
+            f"save its config.json and give its path, or a preset: {', '.join(preset_names())}"
+        )
     if path.suffix == ".json" or path.is_dir() or path.exists():
         if path.is_dir():
             path = path / "config.json"
@@ -276,7 +289,7 @@ def read_hf_config(name_or_path: str | Path) -> tuple[dict, str]:
             raise UserError(f"cannot read model config {path}: {exc}") from None
         except RecursionError:
             raise UserError(f"model config {path} is nested too deeply") from None
-        return cfg, path.parent.name or path.stem
+        return cfg, _config_name(cfg, str(name_or_path))
     raise UserError(
         f"unknown model '{text}'; known presets: {', '.join(preset_names())}, "
         "or the path of a Hugging Face config.json"

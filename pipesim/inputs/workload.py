@@ -174,10 +174,21 @@ def poisson(
     )
 
 
+# Vidur's trace replay columns (vidur/request_generator/
+# trace_replay_request_generator.py: arrived_at in seconds, num_prefill_tokens,
+# num_decode_tokens; other columns ignored) -> pipesim's
+VIDUR_COLUMNS = {
+    "arrived_at": "arrival_s",
+    "num_prefill_tokens": "input_tokens",
+    "num_decode_tokens": "output_tokens",
+}
+
+
 def from_trace(path: str | Path, num_requests: int = 0, seed: int = 0) -> Workload:
-    """A trace CSV (arrival_s,input_tokens,output_tokens). Every cell is checked: arrivals
-    finite seconds >= 0 within the simulated horizon, token counts whole numbers >= 1.
-    Rows need not be sorted: they are replayed in arrival order (a stable sort, so equal
+    """A trace CSV (arrival_s,input_tokens,output_tokens, or Vidur's arrived_at,
+    num_prefill_tokens,num_decode_tokens). Every cell is checked: arrivals finite
+    seconds >= 0 within the simulated horizon, token counts whole numbers >= 1. Rows
+    need not be sorted: they are replayed in arrival order (a stable sort, so equal
     arrivals keep the file's order)."""
     import io
 
@@ -195,8 +206,22 @@ def from_trace(path: str | Path, num_requests: int = 0, seed: int = 0) -> Worklo
     except Exception as exc:
         raise UserError(f"trace {p}: cannot read as CSV ({type(exc).__name__})") from None
     cols = ["arrival_s", "input_tokens", "output_tokens"]
+    named = {c: c for c in cols}  # pipesim's column -> the file's, for the messages
+    if not set(cols) & set(raw.columns) and set(VIDUR_COLUMNS) & set(raw.columns):
+        named = {ours: theirs for theirs, ours in VIDUR_COLUMNS.items()}
+        missing = [c for c in VIDUR_COLUMNS if c not in raw.columns]
+        require(
+            not missing,
+            f"trace {p}: missing Vidur column(s) {', '.join(missing)}; needed: {', '.join(VIDUR_COLUMNS)} "
+            "(pipesim replays arrivals: a trace without arrived_at has none)",
+        )
+        raw = raw.rename(columns=VIDUR_COLUMNS)
     missing = [c for c in cols if c not in raw.columns]
-    require(not missing, f"trace {p}: missing column(s) {', '.join(missing)}; needed: {', '.join(cols)}")
+    require(
+        not missing,
+        f"trace {p}: missing column(s) {', '.join(missing)}; needed: {', '.join(cols)} "
+        f"(or Vidur's {', '.join(VIDUR_COLUMNS)})",
+    )
     require(
         len(raw) <= MAX_TRACE_ROWS,
         f"trace {p} has {len(raw)} rows, above the limit of {MAX_TRACE_ROWS}; split it or replay a part of it",
@@ -212,14 +237,14 @@ def from_trace(path: str | Path, num_requests: int = 0, seed: int = 0) -> Worklo
         if bad.any():
             row = int(bad.to_numpy().nonzero()[0][0])
             raise UserError(
-                f"trace {p}: line {row + 2}, column {c}: {raw[c].iloc[row]!r} is not allowed ({allowed})"
+                f"trace {p}: line {row + 2}, column {named[c]}: {raw[c].iloc[row]!r} is not allowed ({allowed})"
             )
     require(len(df) >= 1, f"trace {p} has no requests")
     late = df.arrival_s > MAX_SIM_S
     if late.any():
         row = int(late.to_numpy().nonzero()[0][0])
         raise UserError(
-            f"trace {p}: line {row + 2}: arrival_s {raw.arrival_s.iloc[row]} is past the simulated horizon of "
+            f"trace {p}: line {row + 2}: {named['arrival_s']} {raw.arrival_s.iloc[row]} is past the simulated horizon of "
             f"{MAX_SIM_S:g} s; shift the arrivals to start near 0"
         )
     df = df.sort_values("arrival_s", kind="stable")

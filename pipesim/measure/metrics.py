@@ -75,7 +75,7 @@ def idle_breakdown(rec: Record) -> list[StageIdle]:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Result:
     """One prediction, a value: built whole by `collect` (its intervals added as a
     changed copy, report/uncertainty.py `attach`). Scalars for reports; `requests` and
@@ -143,6 +143,21 @@ class Result:
     # detokenizer and API-process streaming, the front end), each a process of its own
     cpu_parts: dict = field(default_factory=dict)
     host_processes: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        """One line: the scenario and its headline numbers with their bands (result_view.py)."""
+        from .result_view import short
+
+        return short(self)
+
+    def __repr__(self) -> str:
+        return f"<pipesim Result {self}>"
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the headline numbers and their bands as a table."""
+        from .result_view import html
+
+        return html(self)
 
     @cached_property
     def requests(self) -> pd.DataFrame:

@@ -6,8 +6,9 @@ everything else, the seed included, held fixed (common random numbers), and ever
 headline number is re-predicted. The swing is high minus low of output throughput, in
 % of the baseline. A parameter at zero cannot go down and 20% of zero is zero: it is
 moved up only, by the fit's unit step for it (pipesim.profiles.profile.FITTABLE), stated
-in the table. Runs are short and fixed-length (C warm-up, max(2C, 16) measured), so a
-swing is the model's response, not run-to-run noise.
+in the table. Each run is as long as a prediction's (the same stopping rule), so a
+swing is what a prediction at the moved value would say; common random numbers keep
+run-to-run noise out of it.
 """
 
 from __future__ import annotations
@@ -85,13 +86,16 @@ class Sensitivity:
     def table(self) -> str:
         b = self.base
         sc = self.scenario
+        w = sc.get("workload", {})
+        load = f"C={w.get('concurrency')}" if w.get("kind") == "closed" else f"{w.get('rate_rps')} req/s"
         lines = [
             (
-                f"sensitivity: TP{sc['tp']} x PP{sc['pp']}, {sc['model']} on {sc['box']} ({sc['profile']}), "
-                f"each item -+{self.step:.0%} alone"
+                f"sensitivity: TP{sc['tp']} x PP{sc['pp']}, {load}, {sc['model']} on {sc['box']} ({sc['profile']}), "
+                f"each item -+{self.step:.0%} alone, each run as long as a prediction's"
             ),
             (
-                f"  baseline: {b['output_throughput_tok_s']:,.1f} tok/s, per-request {_num(b['per_request_tok_s'])} tok/s, "
+                f"  baseline (simulated, not corrected): {b['output_throughput_tok_s']:,.1f} tok/s, "
+                f"per-request {_num(b['per_request_tok_s'])} tok/s, "
                 f"TTFT p50 {b['ttft_ms_p50']:,.1f} ms, TPOT p50 {_num(b['tpot_ms_p50'])} ms"
             ),
             (
@@ -135,9 +139,14 @@ class Sensitivity:
 
 
 def _metrics(scenario: Scenario) -> dict:
+    """A perturbed scenario's headline figures from a run as long as a prediction's (the
+    same stopping rule: its CI within 2%, or whole periods of a run that repeats). A
+    short run's figures move with where its window falls in the run's cycle, which
+    a swing would take for the item's effect (input length +20%: +13% over a short
+    run against +2.6% over a prediction's)."""
     from ..sim.runner import run
 
-    r = run(scenario, ci_target=None)
+    r = run(scenario)
     return {m: float(getattr(r, m)) for m in METRICS}
 
 
@@ -233,7 +242,8 @@ def _workload_items(scenario: Scenario, step: float, measure: Callable[[Scenario
 
 
 def sensitivity(scenario: Scenario, step: float = DEFAULT_STEP) -> Sensitivity:
-    """The tornado of a built scenario (about 2 short runs per item)."""
+    """The tornado of a built scenario (about 2 runs per item, each as long as a
+    prediction's)."""
     require(0 < step < 1, f"sensitivity step must be between 0 and 1 (a fraction, e.g. 0.2), got {step}")
     # every run it will make, counted before the first (scenario/work.py)
     planned: list[Scenario] = []
@@ -251,29 +261,98 @@ def sensitivity(scenario: Scenario, step: float = DEFAULT_STEP) -> Sensitivity:
     return Sensitivity(base, step, tuple(items), scenario.describe())
 
 
+NEGLIGIBLE_PCT = 0.1  # a swing below this (in % of the baseline) is listed, not drawn
+
+
+def _engine_name(sc: dict) -> str:
+    engine = sc.get("engine")
+    name = engine.get("engine") if isinstance(engine, dict) else engine
+    return {"sglang": "SGLang", "vllm": "vLLM"}.get(str(name), str(name))
+
+
 def plot(sens: Sensitivity, path: str) -> None:
-    """The tornado as a figure: throughput change with each item low (left) and high."""
+    """The tornado as a figure: each item's throughput change moved low (upper bar of its
+    pair) and high (lower bar), in % of the simulated baseline, each bar labelled with
+    its change; items that move it by less than NEGLIGIBLE_PCT are named in a note
+    instead of drawn as empty rows. The title names the model, box, split, load and
+    lengths, so a figure read on its own says what it is of."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     base = sens.base["output_throughput_tok_s"]
-    items = list(reversed(sens.items))
-    fig, ax = plt.subplots(figsize=(8, 0.4 * len(items) + 1.5))
+    drawn = [
+        i
+        for i in sens.items
+        if abs(i.swing(sens.base)) >= NEGLIGIBLE_PCT or _largest(i, base) >= NEGLIGIBLE_PCT
+    ]
+    flat = [i.name for i in sens.items if i not in drawn]
+    items = list(reversed(drawn))
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(items) + 2.4), dpi=110)
     for y, it in enumerate(items):
-        for side, color in ((it.low, "tab:blue"), (it.high, "tab:red")):
-            if side is not None:
-                ax.barh(y, (side["output_throughput_tok_s"] - base) / base * 100, color=color, height=0.6)
-    ax.set_yticks(range(len(items)), [f"{i.name} ({i.low_label} / {i.high_label})" for i in items])
+        for side, color, dy, label in (
+            (it.low, "#4C72B0", 0.18, "moved low"),
+            (it.high, "#C44E52", -0.18, "moved high"),
+        ):
+            if side is None:
+                continue
+            change = (side["output_throughput_tok_s"] - base) / base * 100
+            ax.barh(
+                y + dy,
+                change,
+                color=color,
+                height=0.34,
+                label=label if y == 0 or not ax.get_legend_handles_labels()[1].count(label) else None,
+            )
+            ax.annotate(
+                f"{change:+.1f}%",
+                (change, y + dy),
+                textcoords="offset points",
+                xytext=(4 if change >= 0 else -4, 0),
+                ha="left" if change >= 0 else "right",
+                va="center",
+                fontsize=8,
+            )
+    ax.set_yticks(range(len(items)), [f"{i.name}\n{i.low_label} / {i.high_label}" for i in items], fontsize=9)
     ax.axvline(0, color="black", lw=0.8)
-    ax.set_xlabel(f"output throughput change, % of {base:,.0f} tok/s (blue: low, red: high)")
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(lo - 0.12 * (hi - lo), hi + 0.12 * (hi - lo))  # room for the labels
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_xlabel(f"output throughput change, % of the simulated {base:,.0f} tok/s")
+    handles, labels = ax.get_legend_handles_labels()
+    seen = dict(zip(labels, handles))
+    ax.legend(seen.values(), seen.keys(), loc="lower right", fontsize=8)
     sc = sens.scenario
-    ax.set_title(f"TP{sc['tp']} x PP{sc['pp']}: each item -+{sens.step:.0%}")
-    fig.tight_layout()
+    w = sc.get("workload", {})
+    load = f"C={w.get('concurrency')}" if w.get("kind") == "closed" else f"{w.get('rate_rps')} req/s"
+    ax.set_title(
+        f"What moves the answer: each item -/+{sens.step:.0%} alone, runs as long as a prediction's\n"
+        f"{sc['model']} with {_engine_name(sc)} on {sc['box']}, TP{sc['tp']} x PP{sc['pp']}, {load}, in/out "
+        f"{w.get('input_len', '-')}/{w.get('output_len', '-')} tokens\nprofile {sc['profile']}",
+        fontsize=10,
+    )
+    if flat:
+        fig.text(
+            0.01,
+            0.005,
+            f"moves throughput by less than {NEGLIGIBLE_PCT:g}% either way: " + ", ".join(flat),
+            fontsize=7.5,
+            color="dimgrey",
+            wrap=True,
+        )
+    fig.tight_layout(rect=(0, 0.04 if flat else 0, 1, 1))
     from ..base.writes import write_atomic
 
     try:
         write_atomic(path, lambda tmp: fig.savefig(tmp))
     finally:
         plt.close(fig)
+
+
+def _largest(item: Item, base: float) -> float:
+    """The largest change of throughput either side of an item moves it, in % of `base`."""
+    return max(
+        (abs(side["output_throughput_tok_s"] - base) / base * 100 for side in (item.low, item.high) if side),
+        default=0.0,
+    )

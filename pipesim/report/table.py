@@ -180,7 +180,12 @@ def table(result: Result) -> str:
         lines.append(
             f"  likely = {r.interval_basis['coverage']:.0%} band; calibration: {r.interval_basis['calibration']}"
         )
+        lines += _unchecked(r.interval_basis)
         lines += _correction(r.interval_basis)
+    else:
+        lines.append(
+            "  no band (intervals off): the simulation's own figures, not corrected (docs/uncertainty.md)"
+        )
     if r.provenance_shares:
         lines.append(
             "  costs: "
@@ -193,6 +198,19 @@ def table(result: Result) -> str:
         f"  ({r.completed_requests} requests measured{_periods(r)}; {r.sim_events:,} events in {r.sim_wall_s:.2f} s)",
     ]
     return "\n".join(lines)
+
+
+def _unchecked(basis: dict) -> list[str]:
+    """The line that says which features of the answer no measurement has checked and
+    how much wider the band is for them (report/unchecked.py); none when all are."""
+    features = basis.get("unchecked") or []
+    if not features:
+        return []
+    names = ", ".join(u["feature"] for u in features)
+    return [
+        f"  unchecked: {names}: no measurement behind the band has them; "
+        f"+{basis['unchecked_rel']:.0%} each, in quadrature"
+    ]
 
 
 def _correction(basis: dict) -> list[str]:

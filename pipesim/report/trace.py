@@ -51,34 +51,26 @@ def _meta(kind: str, pid: int, tid: int, value: str | int) -> dict:
     return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": {key: value}}
 
 
-def flows(rec: Record) -> list[dict]:
-    """Flow arrows (trace event format: ph "s" start, "t" step, "f" finish, one id per
-    micro-batch) linking a micro-batch's slices in order: its compute on stage 0 (TP
-    rank 0's track), the hop out, stage 1's compute, ... the last stage's compute and
-    the hop that returns its tokens. Each flow point sits at its slice's start, which
-    binds it to that slice ("bp": "e" on the finish: the enclosing slice)."""
-    out = []
+def flows(rec: Record) -> dict[tuple[int, int, int], dict]:
+    """Flow arrows in the trace event format's version 2 (the form Perfetto's JSON
+    importer reads as bound to slices, src/trace_processor/importers/json/
+    json_trace_parser_impl.cc MaybeAddFlow): each micro-batch's slices in order, its
+    compute on stage 0 (TP rank 0's track), the hop out, stage 1's compute, ... the
+    last stage's compute and the hop that returns its tokens, carry the micro-batch's
+    number as "bind_id", the first "flow_out", the last "flow_in", each between both.
+    Returned as (pid, tid, interval index) -> the fields that slice gets."""
+    out: dict[tuple[int, int, int], dict] = {}
     hops = [rec.hops[name] for name in rec.hop_names]
     n = min([len(c) for c in rec.compute] + [len(h) for h in hops])
-    for i in range(n):
-        points = []
-        for s in range(rec.pp):
-            points.append((rec.compute[s][i][0], TRACK_GPUS, rec.stage_gpus[s][0]))
-            points.append((hops[s][i][0], TRACK_HOPS, s))
-        for k, (t, pid, tid) in enumerate(points):
-            ph = "s" if k == 0 else "f" if k == len(points) - 1 else "t"
-            ev = {
-                "name": "micro-batch",
-                "cat": "flow",
-                "ph": ph,
-                "id": i,
-                "ts": _ns(t) / 1e3,
-                "pid": pid,
-                "tid": tid,
-            }
-            if ph == "f":
-                ev["bp"] = "e"
-            out.append(ev)
+    points = []
+    for s in range(rec.pp):
+        points += [(TRACK_GPUS, rec.stage_gpus[s][0]), (TRACK_HOPS, s)]
+    for k, (pid, tid) in enumerate(points):
+        role = {"flow_in": True} if k else {}
+        if k < len(points) - 1:
+            role["flow_out"] = True
+        for i in range(n):
+            out[(pid, tid, i)] = {"bind_id": i, **role}
     return out
 
 
@@ -191,6 +183,7 @@ def build_trace(rec: Record, result: Result) -> dict:
             d.update(slot=b.slot, requests=b.requests, kind=b.kind)
         return d
 
+    bound = flows(rec) if rec.hop_names else {}  # PP hops: none with one stage, nor between DP ranks
     for s in range(rec.pp):
         layers = rec.layers_per_stage[s]
         for rank, gpu in enumerate(rec.stage_gpus[s]):
@@ -215,6 +208,7 @@ def build_trace(rec: Record, result: Result) -> dict:
                         gpu,
                         args,
                     )
+                    | bound.get((TRACK_GPUS, gpu, i), {})
                 )
             for i, (a, b) in enumerate(rec.comm[s]):
                 events.append(_slice("all-reduce", "allreduce", a, b, TRACK_GPUS, gpu, batch_args(i, s)))
@@ -231,8 +225,10 @@ def build_trace(rec: Record, result: Result) -> dict:
             events.append(_meta("thread_sort_index", TRACK_HOPS, s, s))
             what = "tokens" if dst == 0 else "activations"
             for i, (a, b) in enumerate(rec.hops[name]):
-                events.append(_slice(f"P2P {what}", "p2p", a, b, TRACK_HOPS, s, batch_args(i, s)))
-        events += flows(rec)
+                events.append(
+                    _slice(f"P2P {what}", "p2p", a, b, TRACK_HOPS, s, batch_args(i, s))
+                    | bound.get((TRACK_HOPS, s, i), {})
+                )
     # the engine loop's CPU by part on one track, the host's other processes on theirs
     # (measure/rows.py HOST_PARTS); a record built without parts shows its CPU rows
     parts = {p: rows for p, rows in rec.host.items() if rows} if rec.host else {"schedule": rec.cpu}

@@ -6,7 +6,8 @@ half-width of a "likely" band (about 80% coverage, a 1.28-sigma band):
 (a) calibration: the profile predicts points it was not fitted to only as well as
     its leave-one-out errors say; the 80% quantile of |LOO error| over the measured
     points of the scenario's regime (C = 1 or batched, PP or TP only), where at least
-    MIN_POINTS exist; otherwise DEFAULT_CALIBRATION_REL, said so in the basis. The
+    MIN_POINTS exist; with fewer, the largest of the profile's errors (never a smaller
+    default); with none, DEFAULT_CALIBRATION_REL, said so in the basis. The
     share of the prediction's stage time priced by the roofline or borrowed from
     another box carries instead the error measured for such predictions on the public
     corpus (residual_band.py), blended with the profile's part by that share;
@@ -19,7 +20,8 @@ half-width of a "likely" band (about 80% coverage, a 1.28-sigma band):
     widen fixed lengths and move a front-end cost (`ensemble_spread`);
 (c) simulation: the run's own 95% confidence half-width, rescaled to 80%.
 
-They are combined in quadrature, rel = sqrt(a^2 + b^2 + c^2), and the band is
+They are combined in quadrature, rel = sqrt(a^2 + b^2 + c^2) (each feature no
+measurement has checked, unchecked.py, one more part of DEFAULT_CALIBRATION_REL), and the band is
 multiplicative, [v / (1 + rel), v * (1 + rel)], so it stays positive however wide.
 Where the corpus residuals are biased (a roofline over-predicts throughput), the
 headline itself is corrected: v' = v x exp(u x median residual), u the unmeasured share,
@@ -51,6 +53,7 @@ from .residual_band import (
     table_residuals,
     unmeasured_share,
 )
+from .unchecked import unchecked
 
 if TYPE_CHECKING:
     from ..inputs.workload import Lengths
@@ -109,8 +112,12 @@ def loo_residuals(profile: Profile) -> list[tuple[Point, float]]:
 
 
 def calibration_spread(profile: Profile, tp: int, pp: int, conc: int | None) -> CalibrationSpread:
-    """Part (a) for a scenario: the regime's points if enough, else all points if
-    enough, else the stated default."""
+    """Part (a) for a scenario: the regime's points if enough, else the load class's,
+    else all points if enough. A profile with fewer leave-one-out errors than that still
+    measured them: it uses the largest (with n errors, the rank rule p(n + 1) puts the
+    80% quantile at or beyond the largest for n < 5: the largest of n errors is exceeded
+    about 1 / (n + 1) of the time), never a smaller default. Only a profile with no
+    leave-one-out error at all gets the stated default."""
     want = regime(tp, pp, conc)
     res = loo_residuals(profile)
     for label, chosen in (
@@ -126,15 +133,29 @@ def calibration_spread(profile: Profile, tp: int, pp: int, conc: int | None) -> 
                 label,
                 f"80% quantile of |leave-one-out error| over {len(chosen)} points ({label})",
             )
-    fit = profile.meta.get("fit", {})
-    loo = f"; its fit's leave-one-out MAPE is {fit['loo_mape_pct']}%" if "loo_mape_pct" in fit else ""
     n = len(profile.measured)
+    if res:
+        largest = max(abs(e) for _, e in res)
+        errors = ", ".join(f"{abs(e):.0%}" for _, e in sorted(res, key=lambda pe: -abs(pe[1])))
+        rel = max(largest, DEFAULT_CALIBRATION_REL)
+        floor = (
+            f", raised to the default {DEFAULT_CALIBRATION_REL:.0%}"
+            if largest < DEFAULT_CALIBRATION_REL
+            else ""
+        )
+        return CalibrationSpread(
+            rel,
+            len(res),
+            "largest",
+            f"profile {profile.name}'s {len(res)} leave-one-out errors ({errors}; fewer than {MIN_POINTS} "
+            f"for a quantile): the largest, {largest:.0%}{floor}",
+        )
     return CalibrationSpread(
         DEFAULT_CALIBRATION_REL,
         0,
         "default",
-        f"profile {profile.name} has {len(res)} leave-one-out residuals of {n} points "
-        f"(fewer than {MIN_POINTS}){loo}: default {DEFAULT_CALIBRATION_REL:.0%}",
+        f"profile {profile.name} has no leave-one-out error ({n} measured points): "
+        f"the stated default {DEFAULT_CALIBRATION_REL:.0%}",
     )
 
 
@@ -314,19 +335,22 @@ def intervals(
     )
     share = unmeasured_share(result)
     res = corpus_residuals()
+    features = unchecked(scenario)
+    wider = (DEFAULT_CALIBRATION_REL,) * len(features)  # each unchecked feature, in quadrature
     # a profile with no measured point of its own (a catalogue profile) carries, on its
     # measured share, the corpus's error of such predictions instead of the default
     tables = table_residuals() if not scenario.profile.measured else {}
     out, parts = {}, {}
     for m in HEADLINE:
         sim = ci if m == "output_throughput_tok_s" else 0.0
-        centre, below, above = band_log(m, cal.rel, share, (ens[m], sim), res, tables)
+        centre, below, above = band_log(m, cal.rel, share, (ens[m], sim, *wider), res, tables)
         v = getattr(result, m) * math.exp(centre)  # the headline, corrected
         out[m] = (v * math.exp(-below), v * math.exp(above)) if math.isfinite(v) else band(v, 0)
         parts[m] = {
             "calibration": cal.rel,
             "workload": ens[m],
             "simulation": sim,
+            "unchecked": math.sqrt(len(wider)) * DEFAULT_CALIBRATION_REL,
             "combined": math.expm1((below + above) / 2),
             "centre_log": centre,
             "below_log": below,
@@ -355,10 +379,12 @@ def intervals(
         "table_band": bool(tables),
         "workload": how,
         "workload_method": workload,
+        "unchecked": [{"feature": u.feature, "why": u.why} for u in features],
+        "unchecked_rel": DEFAULT_CALIBRATION_REL,
         "rule": (
-            "relative half-widths in quadrature; headline v' = v e^c (c = u x the roofline residuals' median "
-            "+ (1 - u) x the table residuals' median for a profile without measured points, else 0 on the "
-            "measured share), band [v' e^-below, v' e^above]"
+            "relative half-widths in quadrature (each unchecked feature one more part of the default size); "
+            "headline v' = v e^c (c = u x the roofline residuals' median + (1 - u) x the table residuals' median "
+            "for a profile without measured points, else 0 on the measured share), band [v' e^-below, v' e^above]"
         ),
         "parts": parts,
         "correction": factors,

@@ -53,6 +53,7 @@ from ..inputs.workload import (
     poisson,
 )
 from ..profiles.hostloop import check_version, newest, with_host_defaults
+from .aliases import with_aliases
 
 if TYPE_CHECKING:  # profiles load pandas: imported where one is loaded, so the CLI starts without it
     from ..engines.protocol import EngineConfig, EngineSettings
@@ -147,6 +148,7 @@ def foreign_reasons(profile: Profile, box: Box, engine: str) -> list[str]:
     return out
 
 
+@with_aliases
 def build_scenario(
     *,
     tp: int = 1,
@@ -183,7 +185,7 @@ def build_scenario(
     """Every input of one prediction, checked and resolved (one UserError line on bad
     input). `knobs`: the engine's knobs by name, each declared on its config field
     (engines/knobs.py; docs/engines.md §7); None or absent: the profile's deployment
-    value, else the engine's default."""
+    value, else the engine's default. Aliases: aliases.py (rate=, tensor_parallel_size=)."""
     from .whatif import apply_box, apply_profile, check
 
     tp, pp = whole(tp, "tp", 1, MAX_GPUS), whole(pp, "pp", 1, MAX_GPUS)

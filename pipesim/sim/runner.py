@@ -4,6 +4,7 @@ rule), the simulation the plan needs, and its `Result`. `api.py` builds on it.""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypedDict
 
 from ..base.checks import MAX_SIM_S
@@ -31,6 +32,7 @@ class SimulateKeywords(TypedDict, total=False):
     max_measure_requests: int | None
     ci_target: float | None
     record: str
+    progress: Callable[[int, int], None] | None
 
 
 def run(scenario: Scenario, **kwargs: Unpack[SimulateKeywords]) -> Result:
@@ -52,6 +54,7 @@ def simulate(
     max_measure_requests: int | None = None,
     ci_target: float | None = CI_TARGET,
     record: str = "summary",
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Record, Result]:
     """Simulate a built scenario; returns what the run recorded (its figures feed the
     idle breakdown; with `record="full"` every row too, for the trace, and every
@@ -70,7 +73,8 @@ def simulate(
     `record`: "summary" (the default) folds the run's rows into running figures as it
     goes and keeps an open loop's requests only as running figures, so memory does
     not grow with the run (tally.py, request_tally.py); "full" keeps every row and
-    request (the numbers are the same).
+    request (the numbers are the same). `progress`, if given, is told (requests
+    finished, requests the run expects to need) as requests finish (a progress bar).
     """
     if record not in RECORD_MODES:
         raise UserError(f"record {record!r} is not one of {', '.join(RECORD_MODES)}")
@@ -102,6 +106,7 @@ def simulate(
         ci_target=ci_target,
         queued=queued,
         record=record,
+        on_progress=progress,
     )
     sim.run(MAX_SIM_S)
     rec = sim.record()

@@ -65,6 +65,7 @@ class Simulation:
         queued: bool = False,
         record: str = "full",
         ranked: bool | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ):
         if record not in RECORD_MODES:
             raise ValueError(f"record must be one of {', '.join(RECORD_MODES)}, got {record!r}")
@@ -108,6 +109,9 @@ class Simulation:
             load=self.engine_load,
         )
         self.queued = queued
+        # told (requests finished, requests the run expects to need) as requests finish:
+        # a progress bar's (api.py), kept out of the simulation's own state
+        self.on_progress = on_progress
         # the measurement window's start: the warm-up's end (None until then)
         self.window_start_s = None if closed and warmup_requests > 0 else 0.0
         # rows per pipeline stage, or per DP rank
@@ -273,6 +277,8 @@ class Simulation:
                     self.env.call_at(seen, self._stop_now)
                 else:
                     self.stop.succeed()
+        if finished and self.on_progress is not None:
+            self.on_progress(self.completed, self.stopping.expected(self.completed))
         if not self.ranked:
             inst.kv_free += freed_kv
             inst.running -= left

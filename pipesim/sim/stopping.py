@@ -53,6 +53,7 @@ class StoppingRule:
         periodic: bool,
         load: Callable[[], float],
     ) -> None:
+        self.warmup = warmup
         self.target = warmup + measure
         self.cap = warmup + max(max_measure or measure, measure)
         self.ci_target = ci_target
@@ -64,6 +65,17 @@ class StoppingRule:
         self._check_every = max(1, measure // 8)
         self._stop_measured: int | None = None  # a repeating run's whole periods
         self.period: tuple[int, int] | None = None  # (P, slot shift) it stopped at
+
+    def expected(self, completed: int) -> int:
+        """The most completions (warm-up included) the run may still need, as it stands
+        after `completed`: the target; past it, the whole period it waits for, else the
+        cap (it stops sooner once its CI is within target). A progress bar's total: its
+        ETA is then never too early, at worst too late."""
+        if completed < self.target or self.ci_target is None:
+            return self.target
+        if self._stop_measured is not None:
+            return min(self.cap, max(completed + 1, self.warmup + self._stop_measured))
+        return self.cap
 
     def done(self, completed: int, requests: RequestTally) -> bool:
         """Enough measured, with `completed` requests finished (warm-up included): the

@@ -3,10 +3,16 @@
 - SGLang `bench_serving` appends one JSON line per run; an unbounded request rate is the
   bare token `Infinity` (Python's json reads it).
 - vLLM `vllm bench serve` writes one JSON object; an unbounded rate is the string "inf".
+  With `--append-result` each run's object is appended to the file after a newline
+  (vllm/benchmarks/serve.py, main_async: mode "a+", "\n" before every object but the
+  first), so the file is JSON lines; both forms are read.
 - A plain CSV in the layout of pipesim.measured.
 
 Unknown keys are ignored: they drift between versions. The benchmarks do not record
-the parallel split, so tp and pp come from the command line.
+the parallel split; `vllm bench serve --metadata tp=8 pp=1` stores what it is given as
+top-level text keys (its help's own example is `tp=1`), so a record's `tp` / `pp` (or
+`tp_size`, `tensor_parallel_size`, `pp_size`, `pipeline_parallel_size`) give its split,
+else the command line's --tp and --pp; the two disagreeing is refused.
 """
 
 from __future__ import annotations
@@ -28,10 +34,46 @@ if TYPE_CHECKING:
     from ..writing import Edit
 
 
-def _rows_from_json(objs: list[dict], origin: str, tp: int, pp: int, extra: dict) -> pd.DataFrame:
+# a record's split, as `--metadata KEY=VALUE` may have stored it (values are text)
+SPLIT_KEYS = {
+    "tp": ("tp", "tp_size", "tensor_parallel_size"),
+    "pp": ("pp", "pp_size", "pipeline_parallel_size"),
+}
+
+
+def _split(o: dict, name: str, given: int | None, origin: str, i: int) -> int:
+    """The record's tp or pp: its metadata, else the command line's (one line if neither,
+    or if they differ)."""
+    found = [(k, o[k]) for k in SPLIT_KEYS[name] if o.get(k) not in (None, "")]
+    if not found:
+        require(
+            given is not None,
+            f"{origin}: record {i} does not record its {name}; pass --tp and --pp "
+            f"(or run vllm bench serve with --metadata tp=N pp=N)",
+        )
+        assert given is not None
+        return given
+    key, raw = found[0]
+    text = str(raw).strip()
+    require(
+        text.isdigit() and 1 <= int(text) <= 1024,
+        f"{origin}: record {i}: {key} = {raw!r} must be a whole number from 1 to 1024",
+    )
+    value = int(text)
+    require(
+        given is None or given == value,
+        f"{origin}: record {i} says {key}={value} but --{name} {given} was given; give the run's own",
+    )
+    return value
+
+
+def _rows_from_json(
+    objs: list[dict], origin: str, tp: int | None, pp: int | None, extra: dict
+) -> pd.DataFrame:
     rows = []
     for i, o in enumerate(objs, start=1):
         require(isinstance(o, dict), f"{origin}: record {i} is not a JSON object")
+        run_tp, run_pp = _split(o, "tp", tp, origin, i), _split(o, "pp", pp, origin, i)
         out = o.get("output_throughput")
         if not (is_number(out) and math.isfinite(out) and out > 0):
             raise UserError(
@@ -68,8 +110,8 @@ def _rows_from_json(objs: list[dict], origin: str, tp: int, pp: int, extra: dict
                 "name": extra.get("name", ""),
                 "model": extra.get("model", ""),
                 "engine": extra.get("engine", ""),
-                "tp": tp,
-                "pp": pp,
+                "tp": run_tp,
+                "pp": run_pp,
                 "conc": int(round(conc)),
                 "input_len": in_len,
                 "output_len": out_len,
@@ -93,7 +135,7 @@ def _blank(value: object) -> object:
     return "" if value is None else value
 
 
-def parse_sglang(text: str, origin: str, tp: int, pp: int, **extra: object) -> pd.DataFrame:
+def _json_lines(text: str, origin: str) -> list:
     objs = []
     for n, line in enumerate(text.splitlines(), start=1):
         if line.strip():
@@ -102,13 +144,26 @@ def parse_sglang(text: str, origin: str, tp: int, pp: int, **extra: object) -> p
                 objs.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise UserError(f"{origin}: line {n} is not JSON ({exc.msg})") from None
+    return objs
+
+
+def parse_sglang(text: str, origin: str, tp: int | None, pp: int | None, **extra: object) -> pd.DataFrame:
+    objs = _json_lines(text, origin)
     require(objs, f"{origin}: no results (expected one JSON object per line from SGLang bench_serving)")
     return _rows_from_json(objs, origin, tp, pp, {**extra, "engine": extra.get("engine") or "sglang"})
 
 
-def parse_vllm(text: str, origin: str, tp: int, pp: int, **extra: object) -> pd.DataFrame:
-    obj = parse_json(text, origin)
+def parse_vllm(text: str, origin: str, tp: int | None, pp: int | None, **extra: object) -> pd.DataFrame:
+    """One `vllm bench serve` result (a JSON object, or a list of them), or a file it
+    appended several to (--append-result: one object per line)."""
+    try:
+        obj = parse_json(text, origin)
+    except UserError:
+        if len([line for line in text.splitlines() if line.strip()]) < 2:
+            raise
+        obj = _json_lines(text, origin)  # --append-result: its errors name the line
     objs = obj if isinstance(obj, list) else [obj]
+    require(objs, f"{origin}: no results (expected vllm bench serve's JSON)")
     return _rows_from_json(objs, origin, tp, pp, {**extra, "engine": extra.get("engine") or "vllm"})
 
 
@@ -139,7 +194,7 @@ def import_file(
     if fmt == "csv":
         new = points_frame(read_points(path, str(file), default_model, prof.engine))
     else:
-        if tp is None or pp is None:
+        if fmt != "vllm" and (tp is None or pp is None):  # vLLM's records state their split
             raise UserError(f"--tp and --pp are needed: {fmt} benchmark output does not record the split")
         parse = parse_sglang if fmt == "sglang" else parse_vllm
         rows = parse(
