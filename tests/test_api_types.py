@@ -9,7 +9,7 @@ import pytest
 import pipesim
 from pipesim import api
 from pipesim.base.errors import UserError
-from pipesim.explore.sweep import positive_numbers, whole_numbers
+from pipesim.explore.grid import positive_numbers, whole_numbers
 from pipesim.scenario.build import build_scenario
 
 FAST = dict(model="llama-3.1-8b", input_len=16, output_len=8)

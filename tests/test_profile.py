@@ -148,7 +148,8 @@ def test_a_rewrite_that_changes_no_table_copies_the_tables_as_they_are(tmp_path)
 
     import pandas as pd
 
-    from pipesim.profiles.profile import load_profile, profile_folder, rewrite_profile
+    from pipesim.profiles.profile import load_profile, profile_folder
+    from pipesim.profiles.writing import rewrite_profile
 
     folder = tmp_path / "p"
     shutil.copytree(profile_folder("rtx-pro-6000-sglang-deployment"), folder, copy_function=shutil.copy2)

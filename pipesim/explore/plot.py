@@ -22,7 +22,16 @@ from ..base.progress import bar
 from ..base.writes import write_atomic, write_files
 from .conditions import condition_slug, condition_text, conditions
 from .plot_bubble import bubble_cause
-from .plot_parts import _annotate_apart, _conc_axis, _figure, _mark_caps, _splits, _subtitle
+from .plot_parts import (
+    _annotate_apart,
+    _band_note,
+    _conc_axis,
+    _figure,
+    _mark_caps,
+    _splits,
+    _subtitle,
+    _undefined_speed,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -120,12 +129,10 @@ def tradeoff(df: pd.DataFrame) -> Figure:
     ax = fig.add_subplot()
     labels: list[Label] = []
     for label, part in _splits(df):
-        (line,) = ax.plot(part.output_throughput_tok_s, part.per_request_tok_s, marker="o", label=label)
-        labels += [
-            (x, y, str(c), line.get_color())
-            for x, y, c in zip(part.output_throughput_tok_s, part.per_request_tok_s, part.conc)
-            if y == y  # a point whose speed is not defined (NaN) is not labelled
-        ]
+        xs, ys = part.output_throughput_tok_s, part.per_request_tok_s
+        (line,) = ax.plot(xs, ys, marker="o", label=label)
+        # a point whose speed is not defined (NaN) is not labelled
+        labels += [(x, y, str(c), line.get_color()) for x, y, c in zip(xs, ys, part.conc) if y == y]
     _undefined_speed(ax, df)
     ax.set_xlabel("output throughput (tok/s, whole engine)")
     ax.set_ylabel("per-request decode speed (tok/s)")
@@ -139,34 +146,6 @@ def tradeoff(df: pd.DataFrame) -> Figure:
         fontsize=10,
     )
     return fig
-
-
-def _undefined_speed(ax: Axes, df: pd.DataFrame) -> None:
-    """Say on `ax` how many points have no per-request speed to place them by (one-token
-    outputs: no request decodes; files.UNDEFINED_OK): they are not drawn."""
-    missing = int(df.per_request_tok_s.isna().sum())
-    if missing:
-        ax.text(
-            0.5,
-            0.5,
-            f"{missing} of {len(df)} points not drawn: per-request decode speed not defined\n"
-            "(no measured request produced a second token)",
-            transform=ax.transAxes,
-            ha="center",
-            va="center",
-            fontsize=9,
-            color="dimgrey",
-        )
-
-
-def _band_note(df: pd.DataFrame) -> str:
-    """What the points' likely bands span, for a figure that draws none (two axes of
-    bands would hide the points): the widest factor on each axis."""
-    cols = ("output_throughput_tok_s", "per_request_tok_s")
-    if not all(f"{c}_hi" in df.columns for c in cols):
-        return "no likely band in the table"
-    x, y = ((df[f"{c}_hi"] / df[c]).max() for c in cols)
-    return f"each point's likely band (80%): up to x{x:.1f} on throughput, x{y:.1f} on per-request speed, either way"
 
 
 def pareto_frontier(x: Sequence[float], y: Sequence[float]) -> list[int]:
@@ -309,8 +288,12 @@ def _pareto_axes(ax: Axes, result: Search) -> None:
     ax.set_xlabel("output throughput (tok/s, whole engine)")
     ax.set_ylabel("per-request decode speed (tok/s)")
     # the axes span the points, not the band (up to x3.8 either way: it would squeeze them)
-    ax.set_xlim(0, 1.12 * float(df.output_throughput_tok_s.max()))
-    ax.set_ylim(0, 1.12 * float(df.per_request_tok_s.max()))
+    for lim, top in (
+        (ax.set_xlim, df.output_throughput_tok_s.max()),
+        (ax.set_ylim, df.per_request_tok_s.max()),
+    ):
+        if math.isfinite(top) and top > 0:  # a column of figures not defined (one-token outputs): as drawn
+            lim(0, 1.12 * float(top))
     ax.grid(True, alpha=0.3)
     # beside the axes: inside, it hid the frontier's labels (its top points sit upper right)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)

@@ -144,3 +144,31 @@ def _annotate_apart(
                 placed.append(box)
                 break
             note.remove()
+
+
+def _undefined_speed(ax: Axes, df: pd.DataFrame) -> None:
+    """Say on `ax` how many points have no per-request speed to place them by (one-token
+    outputs: no request decodes; files.UNDEFINED_OK): they are not drawn."""
+    missing = int(df.per_request_tok_s.isna().sum())
+    if missing:
+        ax.text(
+            0.5,
+            0.5,
+            f"{missing} of {len(df)} points not drawn: per-request decode speed not defined\n"
+            "(no measured request produced a second token)",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="dimgrey",
+        )
+
+
+def _band_note(df: pd.DataFrame) -> str:
+    """What the points' likely bands span, for a figure that draws none (two axes of
+    bands would hide the points): the widest factor on each axis."""
+    cols = ("output_throughput_tok_s", "per_request_tok_s")
+    if not all(f"{c}_hi" in df.columns for c in cols):
+        return "no likely band in the table"
+    x, y = ((df[f"{c}_hi"] / df[c]).max() for c in cols)
+    return f"each point's likely band (80%): up to x{x:.1f} on throughput, x{y:.1f} on per-request speed, either way"

@@ -12,19 +12,29 @@ stopped (stream.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..base.checks import MAX_CONCURRENCY, MAX_GPUS, MAX_WORKERS, is_int, whole
-from ..base.errors import UserError, require
+from ..base.checks import MAX_CONCURRENCY, MAX_WORKERS, whole
+from ..base.errors import require
 from ..base.files import TABLE_SUFFIXES
 from ..base.progress import bar as progress_bar
 from ..base.writes import cleanup_on_signals, input_paths
 from ..inputs.workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN
 from ..scenario.admission import admission
 from ..scenario.build import build_scenario
-from .grid import KEY_COLUMNS, Grid, build_grid, choices, row_key, split_name, splits_of
+from .grid import (
+    KEY_COLUMNS,
+    Grid,
+    build_grid,
+    choices,
+    positive_numbers,
+    row_key,
+    split_name,
+    splits_of,
+    whole_numbers,
+)
 
 if TYPE_CHECKING:  # pandas is imported where a table is built, so the CLI can read DEFAULT_CONC cheaply
     import pandas as pd
@@ -33,37 +43,6 @@ if TYPE_CHECKING:  # pandas is imported where a table is built, so the CLI can r
 
 DEFAULT_CONC = (1, 2, 4, 8, 16, 32, 64, 128)
 WALL_COLUMNS = ("sim_wall_s",)  # the only columns that differ between identical runs
-
-
-def whole_numbers(values: object, what: str, limit: int = MAX_GPUS) -> list[int]:
-    """An int or a sequence of ints -> sorted and distinct; each from 1 to `limit`, at
-    least one. (The command line turns '1,8,32' into a list first: `cli.options.parse_ints`.)"""
-    if is_int(values):
-        values = [values]
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):  # a bool, None
-        raise UserError(f"{what} {values!r} must be a whole number or a sequence of them, e.g. [1, 8, 32]")
-    values = list(values)
-    require(len(values) > 0, f"{what} is empty; give at least one whole number >= 1, e.g. 1,8,32")
-    for v in values:
-        require(is_int(v) and v >= 1, f"{what}: {v!r} is not a whole number >= 1")
-        require(v <= limit, f"{what}: {v} is above the limit of {limit}")
-    return sorted({int(v) for v in values})
-
-
-def positive_numbers(values: object, what: str) -> list[float]:
-    """A number or a sequence of numbers -> sorted and distinct; each finite and > 0."""
-    if isinstance(values, (int, float)) and not isinstance(values, bool):
-        values = [values]
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):  # a bool, None
-        raise UserError(f"{what} {values!r} must be a number or a sequence of them, e.g. [0.5, 1, 2]")
-    values = list(values)
-    require(len(values) > 0, f"{what} is empty; give at least one number > 0, e.g. 0.5,1,2")
-    for v in values:
-        require(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"),
-            f"{what}: {v!r} is not a number > 0",
-        )
-    return sorted(set(float(v) for v in values))
 
 
 def load_column(df: pd.DataFrame) -> str:

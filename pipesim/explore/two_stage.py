@@ -13,9 +13,9 @@ from ..base.checks import MAX_CONCURRENCY
 from ..base.errors import require
 from ..base.progress import bar as progress_bar
 from ..engines import ENGINES
-from .grid import choices
+from .grid import choices, positive_numbers, whole_numbers
 from .screen import MAX_SIMULATE, MODEL_COLUMNS, PlanSpace, model_error, screen, select
-from .sweep import positive_numbers, run_point, whole_numbers
+from .sweep import run_point
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -77,7 +77,12 @@ def _write_unlocked(
     tables: Mapping[str, pd.DataFrame],
     measured: pd.DataFrame | None,
     extra: dict[str, str] | None,
+    copied: Mapping[str, Path] | None = None,
 ) -> None:
+    """`copied`: tables of the profile being rewritten, kept as their files (loaded, so
+    checked when they were read)."""
+    import shutil
+
     from ..base.toml import dumps
 
     check_written(out, meta, tables, measured, extra)
@@ -86,6 +91,8 @@ def _write_unlocked(
         for name, df in tables.items():
             # mtime=0 keeps rebuilt files byte-identical when their content is
             df.to_csv(tmp / f"{name}.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
+        for name, src in (copied or {}).items():
+            shutil.copy2(src, tmp / f"{name}.csv.gz")
         if measured is not None and len(measured):
             measured.to_csv(tmp / "measured.csv", index=False)
         for name, text in (extra or {}).items():
@@ -205,11 +212,20 @@ def rewrite_profile(
         if points is None:
             points = points_frame(list(prof.measured)) if prof.measured else pd.DataFrame()
         files = _files(source)
+        replaced = {**(tables or {}), **changes.get("tables", {})}
+        # the tables kept: copied as files, byte for byte with their times, not decoded and
+        # encoded again (the parsed-table cache, keyed by path, size and time, still holds them)
+        copied = {
+            t: Path(str(source)) / f"{t}.csv.gz"
+            for t in prof.tables
+            if t not in replaced and isinstance(source, Path) and (source / f"{t}.csv.gz").is_file()
+        }
         _write_unlocked(
             target,
             {**prof.meta, **(meta_update or {}), **changes.get("meta_update", {})},
-            new_tables,
+            {t: df for t, df in new_tables.items() if t not in copied},
             points,
             {**files, **(extra or {}), **changes.get("extra", {})},
+            copied,
         )
     return target
