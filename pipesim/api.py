@@ -11,6 +11,7 @@ predicts a scenario and its changed copy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from .base.errors import UserError, require
@@ -190,11 +191,23 @@ def trace(tp: int = 1, pp: int = 1, conc: int | None = None, **kwargs: Any) -> t
     return build_trace(rec, result), result
 
 
-def sensitivity(scenario: Scenario, step: float = tornado.DEFAULT_STEP) -> tornado.Sensitivity:
+def sensitivity(
+    scenario: Scenario,
+    step: float = tornado.DEFAULT_STEP,
+    *,
+    jobs: int = 1,
+    cache: bool = False,
+    on_run: Callable[[], object] | None = None,
+) -> tornado.Sensitivity:
     """The tornado of a built scenario: which parameters and workload assumptions move
     its answer, each `step` (a fraction) either way; about 2 runs per item, each as long
-    as a prediction's (report/sensitivity.py)."""
-    return tornado.sensitivity(scenario, step)
+    as a prediction's (report/sensitivity.py), on `jobs` local processes, each stored with
+    `cache=True` and not simulated again while its scenario and pipesim are the same
+    (base/cache.py). `on_run()` after each run (progress)."""
+    from .base.cache import ResultCache
+
+    store = ResultCache() if cache else None
+    return tornado.sensitivity(scenario, step, jobs=jobs, cache=store, on_run=on_run)
 
 
 def whatif(base: dict, **changes: float) -> tuple[Result, Result]:

@@ -22,11 +22,14 @@ from pipesim.inputs.model import load_model
 from pipesim.profiles.profile import load_profile
 from pipesim.sim.simulation import Simulation
 
-# the session's own parsed-table cache (tables.cached_columns), not the user's: every
-# profile folder a test copies is a new cache key
-_CACHE_DIR = tempfile.mkdtemp(prefix="pipesim-test-cache-")
-os.environ.setdefault("PIPESIM_CACHE_DIR", _CACHE_DIR)
-atexit.register(shutil.rmtree, _CACHE_DIR, True)
+# the session's own cache folder (parsed tables, tables.cached_columns; simulated
+# results, base/cache.py), not the user's: every profile folder a test copies is a new
+# cache key. Made by the process that starts the session; pytest-xdist's workers inherit
+# it and share it (every write is atomic), and only its maker removes it, after them.
+if "PIPESIM_CACHE_DIR" not in os.environ:
+    _CACHE_DIR = tempfile.mkdtemp(prefix="pipesim-test-cache-")
+    os.environ["PIPESIM_CACHE_DIR"] = _CACHE_DIR
+    atexit.register(shutil.rmtree, _CACHE_DIR, True)
 
 PROFILE_NAME = "rtx-pro-6000-sglang-healthy"
 BOX_NAME = "rtx-pro-6000-server-8x"

@@ -286,3 +286,35 @@ def test_dp_attention_nodes_and_vllm_expert_parallel_are_expressed():
         )
     )
     assert two.box.nodes == 2 and two.box.gpu_count == 16
+
+
+def test_stored_and_parallel_runs_give_the_same_check(chk, tmp_path, monkeypatch):
+    """On two processes, then from the store, the same compared numbers; a stored run
+    is not simulated again, a run whose rows changed is."""
+    import pipesim.base.pool as pool
+    from pipesim.base.cache import ResultCache
+
+    store = ResultCache(tmp_path)
+    corpus = load_corpus(FIXTURE)
+    first = X.check(corpus, jobs=2, cache=store)
+    assert first.rows.equals(chk.rows) and first.roofline.equals(chk.roofline)
+    ran, real = [], pool.map_shared
+    monkeypatch.setattr(
+        pool, "map_shared", lambda fn, sh, tasks, *a: ran.extend(tasks) or real(fn, sh, tasks, *a)
+    )
+    again = X.check(corpus, cache=store)
+    assert ran == [] and again.rows.equals(chk.rows) and again.skipped.equals(chk.skipped)
+    changed = corpus.copy()
+    run_id = chk.rows.run_id.iloc[0]
+    changed.loc[changed.run_id == run_id, "value"] *= 1.1
+    X.check(changed, cache=store)
+    assert len(ran) == 1 and ran[0].run_id.iloc[0] == run_id
+
+
+def test_the_runs_left_to_simulate_are_counted_in_the_work_bound(monkeypatch):
+    import pipesim.base.checks as checks
+    from pipesim.base.errors import UserError
+
+    monkeypatch.setattr(checks, "MAX_SWEEP_BATCH_STEPS", 10)
+    with pytest.raises(UserError, match="decode batch steps together"):
+        X.check(load_corpus(FIXTURE))

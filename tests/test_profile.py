@@ -165,3 +165,38 @@ def test_a_rewrite_that_changes_no_table_copies_the_tables_as_they_are(tmp_path)
     assert (folder / "gemm.csv.gz").read_bytes() != before["gemm.csv.gz"][0]
     assert len(load_profile(folder).tables["gemm"]) == 5
     assert (folder / "moe.csv.gz").read_bytes() == before["moe.csv.gz"][0]
+
+
+def test_a_tables_lookups_are_stored_once_and_read_back_until_its_file_changes(tmp_path, monkeypatch):
+    """A profile's second load in another process reads its lookups back (no column read,
+    no build) and gets the same curves; a rewritten table file is built again; a damaged
+    stored lookup is built again, not trusted."""
+    import os
+    import shutil
+
+    from pipesim.profiles import profile as P
+    from pipesim.profiles import tables as T
+
+    monkeypatch.setenv("PIPESIM_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "prof"
+    shutil.copytree(P.profile_folder(DEPLOYMENT), folder)
+
+    def fresh() -> T.Tables:
+        P._load_profile.cache_clear()
+        return P.load_profile(str(folder)).tables
+
+    first = fresh()
+    built = {k: first.collectives[k](1e6) for k in first.collectives}
+    assert list((tmp_path / "cache").glob("lookup-collectives-*.pkl"))
+    calls = []
+    monkeypatch.setattr(T.Tables, "_collectives", lambda self: calls.append(1) or {})
+    again = fresh()
+    assert {k: again.collectives[k](1e6) for k in again.collectives} == built and calls == []
+    assert not any(isinstance(v, dict) for v in again._columns.values())  # no column read either
+    f = folder / "collectives.csv.gz"
+    f.write_bytes(f.read_bytes())  # the same bytes, a new modification time: another key
+    os.utime(f, ns=(1, 1))
+    assert fresh().collectives == {} and calls == [1]
+    for stored in (tmp_path / "cache").glob("lookup-collectives-*.pkl"):
+        stored.write_bytes(b"damaged")
+    assert fresh().collectives == {} and calls == [1, 1]

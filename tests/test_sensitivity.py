@@ -102,3 +102,40 @@ def test_json_is_strict_even_where_a_figure_is_not_a_number(capsys):
     data = _strict(capsys.readouterr().out)
     assert data["base"]["tpot_ms_p50"] is None
     assert {i["name"] for i in data["items"]} >= {"kernel_scale", "input_len"}
+
+
+def test_parallel_and_stored_runs_give_the_serial_tornado(sens, tmp_path, monkeypatch):
+    """On two processes, and again from the store, the same numbers; a stored run is not
+    simulated again, a changed scenario is."""
+    from pipesim.base.cache import ResultCache
+    from pipesim.report import sensitivity as S
+
+    sc = build_scenario(tp=2, pp=2, concurrency=8, **FAST)
+    store = ResultCache(tmp_path)
+    parallel = sensitivity(sc, 0.2, jobs=2, cache=store)
+    assert parallel.to_dict() == sens.to_dict()
+    import pipesim.base.pool as pool
+
+    ran = []
+    real = pool.map_shared
+    monkeypatch.setattr(
+        pool, "map_shared", lambda fn, sh, tasks, *a: ran.extend(tasks) or real(fn, sh, tasks, *a)
+    )
+    assert sensitivity(sc, 0.2, cache=store).to_dict() == sens.to_dict() and ran == []
+    other = build_scenario(tp=2, pp=2, concurrency=8, seed=1, **FAST)
+    sensitivity(other, 0.2, cache=store)
+    assert len(ran) == len(S.runs(other, 0.2))
+
+
+def test_every_run_of_the_tornado_is_counted_in_the_work_bound(monkeypatch):
+    import pipesim.base.checks as checks
+    from pipesim.base.errors import UserError
+    from pipesim.report import sensitivity as S
+    from pipesim.scenario.build import scenario_steps
+
+    sc = build_scenario(tp=2, pp=2, concurrency=8, **FAST)
+    one = scenario_steps(sc)[0]
+    monkeypatch.setattr(checks, "MAX_BATCH_STEPS", one * 5)  # the scenario alone fits, its 25 runs do not
+    with pytest.raises(UserError, match="runs of the tornado"):
+        sensitivity(sc, 0.2)
+    assert len(S.runs(sc, 0.2)) > 5

@@ -294,15 +294,22 @@ def test_default_intervals_run_no_extra_simulation_for_a_closed_loop(monkeypatch
     assert all(lo <= getattr(r, m) <= hi for m, (lo, hi) in r.intervals.items())
 
 
-def test_open_loops_take_the_ensemble(monkeypatch):
+def test_open_loops_run_no_extra_simulation_by_default(monkeypatch):
+    """An open loop's workload part comes from its own stretches (measure/stretches.py);
+    the ensemble runs only when asked for."""
     calls = []
     monkeypatch.setattr(
         U, "ensemble_spread", lambda sc, runs: calls.append(runs) or dict.fromkeys(U.HEADLINE, 0.0)
     )
     from pipesim.sim.runner import run
 
-    sc = build_scenario(tp=1, pp=1, rate_rps=5.0, num_requests=20, **FAST)
-    U.attach(run(sc), sc)
+    sc = build_scenario(tp=1, pp=1, rate_rps=5.0, num_requests=40, **FAST)
+    r = U.attach(run(sc), sc)
+    assert calls == [] and r.interval_basis["workload_method"] == "run"
+    parts = r.interval_basis["parts"]
+    assert parts["ttft_ms_p50"]["workload"] > 0
+    assert all(lo <= getattr(r, m) <= hi for m, (lo, hi) in r.intervals.items())
+    U.attach(run(sc), sc, workload="ensemble")
     assert calls == [U.ENSEMBLE_RUNS]
 
 

@@ -28,6 +28,7 @@ MAX_TRACE_ROWS = 1_000_000  # rows of a replayed trace
 MAX_LAYERS = 4096  # a model's decoder layers
 MAX_CONFIG_SIZE = 2**31  # any other size in a model config (hidden, heads, vocab, context, ...)
 MAX_WORKERS = 1024  # sweep worker processes
+MAX_SIMULATE = 32  # the plans a two-stage search simulates at most, by default (explore/screen.py)
 MAX_SEED = 2**63  # numpy seeds are 64-bit
 # decode batch steps of one run (requests x output tokens / batch): a simulation runs
 # about 4 events a step at 10-50 thousand events a second, so this is a minute or two

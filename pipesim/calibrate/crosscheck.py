@@ -45,8 +45,9 @@ from .corpus_scenario import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
 
+    from ..base.cache import ResultCache
     from ..measure.metrics import Result
     from ..scenario.build import Scenario
 
@@ -153,60 +154,97 @@ def _rows(part: pd.DataFrame, sc: Scenario, result: Result, path: str) -> list[d
     return rows
 
 
-def _compare(item: tuple) -> tuple[list, list, dict | None]:
-    """One corpus run: (its numbers by the user's path, by the roofline path, None), or
-    ([], [], the skipped run). A user path with no table is the roofline path: run once."""
-    from ..api import run as simulate
-
-    run_id, part = item
+def _scenarios(part: pd.DataFrame) -> tuple[Scenario, Scenario | None]:
+    """A corpus run's scenarios by the user's path and by the roofline (None: the same
+    as the user's, which has no table, or one the roofline cannot express); Skip when
+    pipesim cannot express the run."""
     first = part.iloc[0].to_dict()
     totals = dict(zip(part.metric, part.value))
+    user = scenario_for(first, totals, "user")
+    if not len(user.profile.tables):
+        return user, None
     try:
-        user = scenario_for(first, totals, "user")
-    except Skip as exc:
-        return (
-            [],
-            [],
-            {"run_id": run_id, "source_id": first["source_id"], "rows": len(part), "reason": str(exc)},
-        )
+        return user, scenario_for(first, totals, "roofline")
+    except Skip:  # a run the user's tables can express but the roofline cannot (none known)
+        return user, None
+
+
+def _compare(shared: object, part: pd.DataFrame) -> tuple[list, list]:
+    """One corpus run's compared numbers by the user's path and by the roofline path
+    (a worker's task, base/pool.py). A user path with no table is the roofline path:
+    run once."""
+    from ..api import run as simulate
+
+    user, roof = _scenarios(part)
     got = _rows(part, user, simulate(user), "user")
     if not len(user.profile.tables):
-        return got, [{**r, "path": "roofline"} for r in got], None
-    try:
-        roof = scenario_for(first, totals, "roofline")
-    except Skip:  # a run the user's tables can express but the roofline cannot (none known)
-        return got, [], None
-    return got, _rows(part, roof, simulate(roof), "roofline"), None
+        return got, [{**r, "path": "roofline"} for r in got]
+    return got, [] if roof is None else _rows(part, roof, simulate(roof), "roofline")
 
 
-def check(corpus: pd.DataFrame, progress: Callable[[object], None] | None = None, jobs: int = 1) -> Check:
+def check(
+    corpus: pd.DataFrame,
+    progress: Callable[[object], object] | None = None,
+    jobs: int = 1,
+    cache: ResultCache | None = None,
+) -> Check:
     """Simulate every expressible run of `corpus` (pipesim.calibrate.corpus.load_corpus()) by
     both paths and compare each of its measured numbers; intervals are the cheap form
-    (calibration and the run's CI, no ensemble: docs/uncertainty.md). `jobs` > 1 spreads
-    the runs over that many processes (the same numbers: every run is deterministic)."""
-    items = list(corpus.groupby("run_id", sort=True))
-    rows, roof, skipped = [], [], []
-    outcomes: Iterable[tuple[list, list, dict | None]]  # _compare's, in order
-    if jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
+    (calibration and the run's CI, no ensemble: docs/uncertainty.md). Every run is
+    first built and looked up in `cache` (base/cache.py: a run whose rows, scenarios and
+    pipesim did not change is not simulated again); the runs left are counted in a
+    sweep's work bound (base/checks.py) and spread over `jobs` processes (the same
+    numbers: every run is deterministic). `progress(run_id)` after each run, skipped,
+    found or simulated."""
+    from ..base.cache import result_key
+    from ..base.checks import check_sweep_work
+    from ..base.pool import map_shared
+    from ..scenario.build import scenario_steps
+    from ..scenario.fingerprint import fingerprint
 
-        with ProcessPoolExecutor(jobs) as pool:
-            outcomes = list(pool.map(_compare, items, chunksize=1))
-    else:
-        outcomes = map(_compare, items)
-    for (run_id, _), (got, got_roof, skip) in zip(items, outcomes):
-        rows += got
-        roof += got_roof
-        skipped += [skip] if skip else []
-        if progress and not skip:
-            progress(run_id)
+    items = list(corpus.groupby("run_id", sort=True))
+    outcomes: dict = {}
+    todo, keys, steps = [], {}, 0.0
+    for run_id, part in items:
+        try:
+            user, roof = _scenarios(part)
+        except Skip as exc:
+            outcomes[run_id] = {"source_id": part.iloc[0]["source_id"], "rows": len(part), "reason": str(exc)}
+            if progress:
+                progress(run_id)
+            continue
+        keys[run_id] = result_key(
+            "corpus", fingerprint(user), "-" if roof is None else fingerprint(roof), part.to_csv(index=False)
+        )
+        found = cache.get(keys[run_id]) if cache is not None else None
+        if found is not None:
+            outcomes[run_id] = found
+            if progress:
+                progress(run_id)
+            continue
+        todo.append((run_id, part))
+        steps += scenario_steps(user)[0] + (scenario_steps(roof)[0] if roof is not None else 0.0)
+    check_sweep_work(steps, len(todo))
+    finished = (lambda i: progress(todo[i][0])) if progress else None
+    for (run_id, _), got in zip(todo, map_shared(_compare, None, [p for _, p in todo], jobs, finished)):
+        outcomes[run_id] = got
+        if cache is not None:
+            cache.put(keys[run_id], got)
+    rows, roof_rows, skipped = [], [], []
+    for run_id, _ in items:
+        out = outcomes[run_id]
+        if isinstance(out, dict):
+            skipped.append({"run_id": run_id, **out})
+        else:
+            rows += out[0]
+            roof_rows += out[1]
     df = pd.DataFrame(rows)
     return Check(
         df,
         pd.DataFrame(skipped, columns=["run_id", "source_id", "rows", "reason"]),
         _ranking(df),
         summary(corpus),
-        pd.DataFrame(roof),
+        pd.DataFrame(roof_rows),
     )
 
 

@@ -4,24 +4,29 @@ The tables pin kernel and collective costs; what they cannot pin (CPU time per
 iteration, CPU launch time without CUDA graphs, how far a box's TP path is from its
 measured NCCL table, a kernel-efficiency factor) is fitted here by bounded least
 squares over the relative errors of the measured points, each predicted by the full
-simulation. Leave-one-out errors (fit on all points but one, predict that one) show
+simulation, in tens of simulations: a surrogate of each point's prediction refined
+where the fit looks, every simulation kept and shared by the fit and its leave-one-out
+solves (surrogate.py), the simulations of a round spread over local processes (base/
+pool.py). Leave-one-out errors (fit on all points but one, predict that one) show
 whether a profile predicts or merely memorises.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from ..base.errors import require
 from ..profiles.measured import Point
 from ..profiles.profile import FITTABLE, Profile
+from .surrogate import MAX_ROUNDS, Box, Fit, Samples, design
+
+if TYPE_CHECKING:
+    from ..scenario.build import Scenario
 
 if TYPE_CHECKING:
     from ..scenario.build import Scenario
@@ -29,7 +34,7 @@ if TYPE_CHECKING:
 
 
 def point_scenario(profile: Profile, point: Point) -> Scenario:
-    """The measured run of `point` as a scenario of `profile`."""
+    """The measured run as a scenario (its engine knobs as measured)."""
     from ..scenario.build import build_scenario
 
     return build_scenario(
@@ -59,16 +64,11 @@ def predict_point(profile: Profile, point: Point) -> float:
     return r.output_throughput_tok_s if point.metric == "output_tok_s" else r.per_request_tok_s
 
 
-# a least-squares solve (_solve): a coarse grid of GRID_POINTS values a parameter (with
-# one or two parameters), then at most MAX_NFEV evaluations, each with a 2-point Jacobian
-# of one more per parameter; each evaluation predicts every point once
-GRID_POINTS = 8
-MAX_NFEV = 60
-
-
 def runs_per_solve(params: int) -> int:
-    """Evaluations of the points a solve makes at most (an upper bound for the work bound)."""
-    return (GRID_POINTS**params if params <= 2 else 0) + MAX_NFEV * (1 + params)
+    """Evaluations of the points one fit makes at most with one solve (surrogate.py: its
+    first vectors, then MAX_ROUNDS rounds of one vector and a probe per parameter): an
+    upper bound for the work bound."""
+    return len(design(np.zeros(params))) + MAX_ROUNDS * (1 + params)
 
 
 def points_work(profile: Profile, points: Sequence[Point], what: str, hint: str) -> tuple[Work, list]:
@@ -124,61 +124,20 @@ class FitResult:
         return "\n".join(lines)
 
 
-class _Objective:
-    def __init__(self, profile: Profile, names: list[str], points: list[Point]):
-        self.profile, self.names, self.points = profile, names, points
-        self.units = np.array([FITTABLE[n][2] for n in names])
-        self.evaluations = 0
-
-    def profile_at(self, u: np.ndarray) -> Profile:
-        return self.profile.with_params(
-            **{n: float(v) for n, v in zip(self.names, np.asarray(u) * self.units)}
-        )
-
-    def predictions(self, u: np.ndarray) -> list[float]:
-        self.evaluations += len(self.points)
-        prof = self.profile_at(u)
-        return [predict_point(prof, p) for p in self.points]
-
-    def __call__(self, u: np.ndarray) -> np.ndarray:
-        return np.array([p.error(v) for p, v in zip(self.points, self.predictions(u))])
+def _predict_task(
+    shared: tuple[Profile, tuple[str, ...], tuple[Point, ...]], task: tuple[tuple, int]
+) -> float:
+    """One simulation of a fit (a worker's task): point k at parameter values x."""
+    profile, names, points = shared
+    x, k = task
+    return predict_point(profile.with_params(**dict(zip(names, x))), points[k])
 
 
-def _solve(obj: _Objective, start: np.ndarray) -> np.ndarray:
-    lo = np.array([FITTABLE[n][0] for n in obj.names]) / obj.units
-    hi = np.array([FITTABLE[n][1] for n in obj.names]) / obj.units
-    x0 = np.clip(np.asarray(start, dtype=float), lo, hi)
-    if len(obj.names) <= 2:
-        # the simulated response is not smooth everywhere: start from the best point
-        # of a coarse grid over each parameter's range
-        axes = [
-            np.unique(
-                np.clip(
-                    np.concatenate(([x], lo_ + (hi_ - lo_) * np.geomspace(1e-3, 1, GRID_POINTS - 1))),
-                    lo_,
-                    hi_,
-                )
-            )
-            for x, lo_, hi_ in zip(x0, lo, hi)
-        ]
-        x0 = min((np.array(c) for c in itertools.product(*axes)), key=lambda c: float(np.sum(obj(c) ** 2)))
-    # diff_step is array_like (scipy's documentation): a scalar is the same step for every
-    # parameter, which scipy-stubs' narrower annotation (arrays, sequences) leaves out
-    sol = least_squares(
-        obj,
-        x0,
-        bounds=(lo, hi),
-        diff_step=1e-2,  # type: ignore[arg-type]
-        xtol=1e-4,
-        ftol=1e-4,
-        max_nfev=MAX_NFEV,
-    )
-    return sol.x
-
-
-def solves(points: Sequence[Point], loo: bool) -> int:
-    """Least-squares solves a fit runs: the fit, and one per point left out."""
-    return 1 + (len(points) if loo and len(points) > 1 else 0)
+def max_simulations(names: Sequence[str], points: Sequence[Point], loo: bool) -> int:
+    """The most simulations a fit may run: its first vectors, then every solve's rounds
+    (the fit's, and one per point left out), each vector at every point."""
+    solves = 1 + (len(points) if loo and len(points) > 1 else 0)
+    return len(points) * (runs_per_solve(len(names)) + (solves - 1) * MAX_ROUNDS * (1 + len(names)))
 
 
 def fit(
@@ -186,11 +145,17 @@ def fit(
     names: list[str],
     points: list[Point] | None = None,
     loo: bool = True,
-    on_solve: Callable[[], object] | None = None,
+    on_simulation: Callable[[int, int], object] | None = None,
+    jobs: int = 1,
 ) -> FitResult:
-    """Fit `names` (see FITTABLE) to the profile's measured points (or `points`).
-    `on_solve` is called after each least-squares solve: 1 for the fit, then one per
-    point left out (`solves(points, loo)` in all), for a progress bar."""
+    """Fit `names` (see FITTABLE) to the profile's measured points (or `points`), with
+    leave-one-out errors unless `loo=False`. The simulations of each round run on `jobs`
+    local processes (the same fit as one: every run is deterministic), counted in a
+    sweep's work bound at their most before the first starts. `on_simulation(done,
+    expected)` after each one, `expected` the simulations the fit expects in all (it
+    grows if the fit needs more), for a progress bar with an ETA from the first."""
+    from ..base.pool import map_shared
+
     points = list(points if points is not None else profile.measured)
     require(
         points,
@@ -199,37 +164,60 @@ def fit(
     unknown = [n for n in names if n not in FITTABLE]
     require(not unknown, f"cannot fit {', '.join(unknown)}; fittable: {', '.join(FITTABLE)}")
     require(names, "name at least one parameter to fit")
-    n = solves(points, loo)
+    most = max_simulations(names, points, loo)
     work, scenarios = points_work(
         profile,
         points,
         f"fitting {len(names)} parameter(s)",
         "fit fewer points, or leave out the leave-one-out errors",
     )
-    work.add("the solves' evaluations", scenarios, n * runs_per_solve(len(names))).add(
-        "the results", scenarios, n
-    )
-    work.check()
-    obj = _Objective(profile, names, points)
-    start = np.array([getattr(profile.params, n) for n in names]) / obj.units
-    x = _solve(obj, start)
-    if on_solve:
-        on_solve()
-    predicted = obj.predictions(x)
-    errors = [p.error(v) for p, v in zip(points, predicted)]
-    loo_errors: list = [None] * len(points)
-    if loo and len(points) > 1:
-        for i in range(len(points)):
-            rest = points[:i] + points[i + 1 :]
-            sub = _Objective(profile, names, rest)
-            xi = _solve(sub, x)
-            obj.evaluations += sub.evaluations
-            if on_solve:
-                on_solve()
-            loo_errors[i] = points[i].error(predict_point(obj.profile_at(xi), points[i]))
-    values = {n: float(v) for n, v in zip(names, x * obj.units)}
+    work.add("the fit's simulations, at most", scenarios, most // len(points)).check()
+    box = Box(np.array([FITTABLE[n][0] for n in names]), np.array([FITTABLE[n][1] for n in names]))
+    n, npts = len(names), len(points)
+    solves = 1 + (npts if loo and npts > 1 else 0)
+    done = [0, 0]  # simulations done, solves finished
+
+    def expected() -> int:
+        # a solve usually takes a few vectors and a probe; a point left out fewer
+        left = (4 + n if done[1] == 0 else 0) + (solves - max(done[1], 1)) * (2 + n)
+        return done[0] + npts * left
+
+    def one_done(_: int) -> None:
+        done[0] += 1
+        if on_simulation:
+            on_simulation(done[0], max(expected(), done[0]))
+
+    shared = (profile, tuple(names), tuple(points))
+
+    def simulate(xs: list[np.ndarray]) -> np.ndarray:
+        tasks = [(tuple(float(v) for v in x), k) for x in xs for k in range(npts)]
+        return np.array(map_shared(_predict_task, shared, tasks, jobs, one_done)).reshape(len(xs), npts)
+
+    samples = Samples(box, simulate, npts)
+    start = box.to_t(np.array([float(getattr(profile.params, name)) for name in names]))
+    samples.add(design(start))
+    lo, hi = np.array([p.lo for p in points]), np.array([p.hi for p in points])
+    best = Fit(samples, lo, hi, np.arange(npts)).solve(start)
+    done[1] = 1
+    predicted = samples.y[best]
+    loo_errors: list = [None] * npts
+    if solves > 1:
+        for i in range(npts):
+            use = np.array([k for k in range(npts) if k != i])
+            # from the profile's own values, as the fit: a start (and tie-break) at the
+            # full fit would hand an underdetermined solve the point it left out
+            b = Fit(samples, lo, hi, use).solve(start)
+            loo_errors[i] = points[i].error(float(samples.y[b, i]))
+            done[1] += 1
+    values = {name: float(v) for name, v in zip(names, box.to_x(samples.t[best]))}
+    errors = [p.error(float(v)) for p, v in zip(points, predicted)]
     return FitResult(
-        values, tuple(points), tuple(predicted), tuple(errors), tuple(loo_errors), obj.evaluations
+        values,
+        tuple(points),
+        tuple(float(v) for v in predicted),
+        tuple(errors),
+        tuple(loo_errors),
+        int(samples.y.size),
     )
 
 
@@ -238,17 +226,18 @@ def fit_profile(
     names: list[str],
     out: str | Path | None = None,
     loo: bool = True,
-    on_solve: Callable[[], object] | None = None,
+    on_simulation: Callable[[int, int], object] | None = None,
+    jobs: int = 1,
 ) -> FitResult:
-    """Fit `names` to a profile's measured points and write the profile again (in
-    place unless `out`) with the fitted values, their sources, a summary and
-    fit_report.md."""
+    """Fit `names` to a profile's measured points (`fit`: on `jobs` processes,
+    `on_simulation` its progress) and write the profile again (in place unless `out`)
+    with the fitted values, their sources, a summary and fit_report.md."""
     from ..profiles.profile import load_profile
     from ..profiles.writing import check_profile_out, rewrite_profile
 
     check_profile_out(profile_dir if out is None else out)
     prof = load_profile(profile_dir)
-    result = fit(prof, names, loo=loo, on_solve=on_solve)
+    result = fit(prof, names, loo=loo, on_simulation=on_simulation, jobs=jobs)
     params = {**prof.meta.get("params", {}), **result.params}
     sources = {
         **prof.meta.get("param_sources", {}),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -116,20 +115,34 @@ def import_bench(
 @click.option(
     "--progress/--no-progress", default=None, help="progress bar with ETA on stderr [default: on a terminal]"
 )
-def calibrate_fit(profile_dir: str, names: str, out: str | None, no_loo: bool, progress: bool | None) -> None:
+@click.option(
+    "--jobs",
+    type=int,
+    default=None,
+    help="processes to spread each round's simulations over [default: the CPUs, at most 4]",
+)
+def calibrate_fit(
+    profile_dir: str, names: str, out: str | None, no_loo: bool, progress: bool | None, jobs: int | None
+) -> None:
     """Fit free parameters to the profile's measured points by least squares."""
+    from ..base.pool import default_jobs
     from ..base.progress import bar
-    from ..calibrate.fit import fit_profile, solves
-    from ..profiles.profile import load_profile
+    from ..calibrate.fit import fit_profile
 
-    n = solves(load_profile(profile_dir).measured, not no_loo)
-    with bar(n, "fit (solves: the fit, then one per point left out)", progress, unit="solve") as b:
+    procs = default_jobs() if jobs is None else whole(jobs, "--jobs", 1, 64)
+    with bar(None, "fit (simulations, of about the total shown)", progress, unit="sim") as b:
+
+        def advance(done: int, expected: int) -> None:
+            b.total = expected
+            b.update(done - b.n)
+
         result = fit_profile(
             profile_dir,
             [n.strip() for n in names.split(",") if n.strip()],
             out,
             loo=not no_loo,
-            on_solve=b.update,
+            on_simulation=advance,
+            jobs=procs,
         )
     click.echo(result.report())
 
@@ -163,6 +176,13 @@ def calibrate_fit(profile_dir: str, names: str, out: str | None, no_loo: bool, p
     default=None,
     help="with --corpus: processes to spread the runs over [default: the CPUs, at most 4]",
 )
+@click.option(
+    "--cache/--no-cache",
+    default=True,
+    show_default=True,
+    help="with --corpus: keep each run's compared numbers, so a run whose rows, scenario and pipesim "
+    "did not change is not simulated again (PIPESIM_CACHE_DIR, default ~/.cache/pipesim)",
+)
 def validate(
     profile: str | None,
     max_error: float,
@@ -170,6 +190,7 @@ def validate(
     corpus_dir: str | None,
     progress: bool | None,
     jobs: int | None,
+    cache: bool,
 ) -> None:
     """Every measured point of a profile: predicted vs measured. Exit 1 if one is off by more than --max-error.
     With --corpus: every corpus run pipesim can express, its error, ranking agreement and interval coverage."""
@@ -178,11 +199,15 @@ def validate(
     from ..profiles.profile import DEFAULT_PROFILE, load_profile
 
     if corpus_dir is not None:
+        from ..base.cache import ResultCache
+        from ..base.pool import default_jobs
         from ..calibrate import crosscheck
         from ..calibrate.corpus import load_corpus
 
-        n = min(os.cpu_count() or 1, 4) if jobs is None else whole(jobs, "--jobs", 1, 64)
-        chk = crosscheck.check(load_corpus(corpus_dir or None), jobs=n)
+        n = default_jobs() if jobs is None else whole(jobs, "--jobs", 1, 64)
+        corpus = load_corpus(corpus_dir or None)
+        with bar(corpus.run_id.nunique(), "validate --corpus", progress) as b:
+            chk = crosscheck.check(corpus, lambda _: b.update(), jobs=n, cache=ResultCache(enabled=cache))
         click.echo(crosscheck.to_json(chk) if as_json else crosscheck.text(chk))
         return
 

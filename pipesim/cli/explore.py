@@ -7,9 +7,8 @@ from typing import Any, TypedDict
 
 import click
 
-from ..base.checks import MAX_BATCH_TOKENS, MAX_CONCURRENCY, MAX_RUNNING, MAX_SWEEP_SCENARIOS
+from ..base.checks import MAX_BATCH_TOKENS, MAX_CONCURRENCY, MAX_RUNNING, MAX_SIMULATE, MAX_SWEEP_SCENARIOS
 from ..base.errors import require
-from ..explore.screen import MAX_SIMULATE
 from .help import GroupedCommand
 from .options import (
     DEFAULT_CONC_TEXT,

@@ -114,6 +114,19 @@ def scenario_keywords(opts: dict) -> dict:
     "--step", type=float, default=0.2, show_default=True, help="--sensitivity: relative step of each item"
 )
 @click.option(
+    "--jobs",
+    type=int,
+    default=None,
+    help="--sensitivity: processes to spread its runs over [default: the CPUs, at most 4]",
+)
+@click.option(
+    "--cache/--no-cache",
+    default=True,
+    show_default=True,
+    help="--sensitivity: keep each run's figures, so a run whose scenario and pipesim did not change "
+    "is not simulated again (PIPESIM_CACHE_DIR, default ~/.cache/pipesim)",
+)
+@click.option(
     "--plot",
     "plot_file",
     default=None,
@@ -138,6 +151,8 @@ def predict(
     ensemble: bool,
     sensitivity: bool,
     step: float,
+    jobs: int | None,
+    cache: bool,
     plot_file: str | None,
     progress: bool | None,
     **opts: object,
@@ -168,10 +183,15 @@ def predict(
         **scenario_keywords(opts),
     )
     if sensitivity:
+        from ..base.checks import whole
         from ..base.files import json_text
-        from ..report.sensitivity import plot
+        from ..base.pool import default_jobs
+        from ..base.progress import bar
+        from ..report.sensitivity import plot, runs
 
-        sens = api.sensitivity(scenario, step)
+        n = default_jobs() if jobs is None else whole(jobs, "--jobs", 1, 64)
+        with bar(len(runs(scenario, step)), "sensitivity", None) as b:
+            sens = api.sensitivity(scenario, step, jobs=n, cache=cache, on_run=b.update)
         if plot_file:
             plot(sens, plot_file)
         click.echo(json_text(sens.to_dict(), indent=2) if as_json else sens.table())

@@ -26,6 +26,7 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from ..base.checks import MAX_SIMULATE
 from ..base.errors import UserError, require
 from ..scenario.build import build_scenario
 from ..scenario.steady_model import steady_state
@@ -55,7 +56,6 @@ SCREENED = {
     "tpot_ms_p50": "tpot_ms",
     "tpot_ms_p99": "tpot_ms",
 }
-MAX_SIMULATE = 32  # the plans a two-stage search simulates at most, by default
 
 
 @cache

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ..base.checks import MAX_SIMULATE
 from ..base.errors import UserError, require
 from ..base.jsonout import plain
 from .bands import band_of
@@ -25,7 +26,6 @@ from .objectives import (
     speed_text,
 )
 from .objectives import noise as _noise
-from .screen import MAX_SIMULATE
 from .search_why import explain, gpu_ms_per_token
 from .sweep import DEFAULT_CONC, load_column, sweep
 from .two_stage import model_text, two_stage

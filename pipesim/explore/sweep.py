@@ -78,10 +78,9 @@ def run_point(
     load_kw = dict(rate_rps=float(load)) if open_loop else dict(concurrency=int(load))
     scenario = build_scenario(tp=tp, pp=pp, **load_kw, **kwargs)
     plan = scenario.plan
-    # the band without an extra run (docs/uncertainty.md): a closed loop's workload part
-    # from the run itself, an open loop's left out (it would take the ensemble's runs)
-    how = "run" if scenario.workload.kind == "closed" else "none"
-    rec, r = api.simulate(scenario, intervals=how, **run_kwargs)
+    # the band without an extra run (docs/uncertainty.md): the workload part from the
+    # run itself (a closed loop's stretches of requests, an open loop's of arrivals)
+    rec, r = api.simulate(scenario, intervals="run", **run_kwargs)
     idle = idle_breakdown(rec)
     sc = r.scenario
     eng = sc["engine"]

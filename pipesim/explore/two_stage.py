@@ -9,12 +9,12 @@ import time
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
-from ..base.checks import MAX_CONCURRENCY
+from ..base.checks import MAX_CONCURRENCY, MAX_SIMULATE
 from ..base.errors import require
 from ..base.progress import bar as progress_bar
 from ..engines import ENGINES
 from .grid import choices, positive_numbers, whole_numbers
-from .screen import MAX_SIMULATE, MODEL_COLUMNS, PlanSpace, model_error, screen, select
+from .screen import MODEL_COLUMNS, PlanSpace, model_error, screen, select
 from .sweep import run_point
 
 if TYPE_CHECKING:

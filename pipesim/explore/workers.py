@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ..base.errors import UserError
+from ..base.pool import die_with_parent
 
 if TYPE_CHECKING:
     from dask.distributed import Client, Future
@@ -50,7 +51,7 @@ def _run_local(
 ) -> Iterator[dict]:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    pool = ProcessPoolExecutor(max_workers=n, initializer=_die_with_parent, initargs=(os.getpid(),))
+    pool = ProcessPoolExecutor(max_workers=n, initializer=die_with_parent, initargs=(os.getpid(),))
     finished = False
     try:
         futures = [
@@ -64,31 +65,6 @@ def _run_local(
         # all done: the idle workers exit and are joined; stopped early, the runs not
         # started are dropped, not waited for
         pool.shutdown(wait=finished, cancel_futures=not finished)
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """In a worker process: exit when the sweep's process dies (a killed parent would
-    otherwise leave its workers running). Linux: the kernel sends SIGKILL
-    (prctl PR_SET_PDEATHSIG); elsewhere a thread watches the parent's pid."""
-    import signal
-    import threading
-    import time
-
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 def connect(address: str) -> Client:

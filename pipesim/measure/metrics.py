@@ -131,6 +131,9 @@ class Result:
     # run keeps no request; record="full" keeps them)
     request_columns: dict = field(repr=False)
     stage_columns: dict = field(repr=False)  # STAGE_COLUMNS -> array, one row per stage
+    # an open loop's or a trace's headline figures per stretch of its requests in completion
+    # order (stretches.py; empty for a closed loop): its band's workload part, from the run
+    stretch_samples: dict = field(default_factory=dict, repr=False)
     # prediction intervals (pipesim.report.uncertainty): metric -> (lo, hi), empty unless asked for
     intervals: dict = field(default_factory=dict)
     interval_basis: dict = field(default_factory=dict)  # what each part of the band contributed
@@ -180,7 +183,7 @@ class Result:
         d = {
             k: v
             for k, v in self.__dict__.items()
-            if k not in ("requests", "stages", "request_columns", "stage_columns")
+            if k not in ("requests", "stages", "request_columns", "stage_columns", "stretch_samples")
         }
         d["window_s"] = list(self.window_s)
         if not self.intervals:
@@ -291,7 +294,7 @@ def collect(
             tpot_ms_p99=percentile(tpot, 99),
             e2e_ms_mean=float(e2e.mean()) if len(e2e) else float("nan"),
         )
-        saturation, rel_error = None, 0.0
+        saturation, rel_error, stretches = None, 0.0, {}
     else:  # an open loop or a trace: running figures (request_tally.py)
         assert st.token_times is not None  # an open loop's tally keeps them
         ci = st.token_times.window_ci(t0, t1)
@@ -305,6 +308,7 @@ def collect(
             tpot_ms_p99=done.tpot_ms.percentile(99),
             e2e_ms_mean=done.e2e_ms.mean,
         )
+        stretches = {} if done.stretches is None else done.stretches.samples(t0)
         sat = done.saturation()
         saturation = None if sat is None else sat.to_dict()
         # the percentiles no longer exact: each within its sketch's error
@@ -360,6 +364,7 @@ def collect(
         percentile_rel_error=rel_error,
         request_columns=cols,
         stage_columns=stages,
+        stretch_samples=stretches,
         provenance_shares=dict(provenance_shares or {}),
         data_parallel=dict(data_parallel or {}),
         cpu_parts={p: st.host_s[p] / span / rec.dp for p in LOOP_PARTS},

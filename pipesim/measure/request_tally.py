@@ -6,8 +6,10 @@ band (uncertainty.py) read them in completion order, and its stopping rule bound
 their number (runner.py: at most 20 times the minimum). An open loop or a trace folds
 each request into running figures instead: counts, means, the TTFT and TPOT
 percentiles (sketch.Percentiles: exact up to EXACT_VALUES requests, within 0.5% past
-that) and the saturation (saturation.SaturationTally). It keeps rows only when asked
-(record="full"), so its memory does not grow with the number of requests.
+that), the saturation (saturation.SaturationTally) and, an open loop, the same figures
+of each stretch of its arrivals (stretches.StretchTally: its band's workload part).
+It keeps rows only when asked (record="full"), so its memory does not grow with the
+number of requests.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from .saturation import Saturation, SaturationTally
 from .sketch import Percentiles
+from .stretches import StretchTally
 
 if TYPE_CHECKING:
     from ..engines.batches import Request
@@ -42,10 +45,16 @@ INT_COLUMNS = frozenset({"rid", "client", "input_len", "output_len", "slot"})
 class RequestTally:
     """A run's finished requests: rows (closed loops; any run with `keep_rows`) and,
     for an open loop or a trace, running figures. `arrivals_s`: an open loop's first
-    and last arrival, known before the run (its saturation needs them)."""
+    and last arrival, known before the run (its saturation needs them); `requests`: the
+    requests an open loop will measure (its stretches are cut by them; 0: none)."""
 
     def __init__(
-        self, *, closed: bool, keep_rows: bool = False, arrivals_s: tuple[float, float] | None = None
+        self,
+        *,
+        closed: bool,
+        keep_rows: bool = False,
+        arrivals_s: tuple[float, float] | None = None,
+        requests: int = 0,
     ) -> None:
         self.closed = closed
         self.keep_rows = closed or keep_rows
@@ -58,6 +67,7 @@ class RequestTally:
         self.ttft_ms, self.tpot_ms, self.e2e_ms = Percentiles(), Percentiles(), Percentiles()
         self.decode_tok_s = Percentiles()
         self._saturation = SaturationTally(*arrivals_s) if arrivals_s is not None else None
+        self.stretches = StretchTally(requests) if requests else None
 
     def arrival(self, t_s: float) -> None:
         if self._saturation is not None:
@@ -81,13 +91,19 @@ class RequestTally:
         if self.closed:
             return
         first, finish, out = r.first_token_s, r.finish_s, r.output_len
-        self.ttft_ms.add((first - r.arrival_s) * 1e3)
+        ttft_ms = (first - r.arrival_s) * 1e3
+        self.ttft_ms.add(ttft_ms)
         self.e2e_ms.add((finish - r.arrival_s) * 1e3)
+        tpot_ms = speed = None
         if out > 1:
             decode_s = finish - first
-            self.tpot_ms.add(decode_s / (out - 1) * 1e3)
+            tpot_ms = decode_s / (out - 1) * 1e3
+            self.tpot_ms.add(tpot_ms)
             if decode_s > 0:
-                self.decode_tok_s.add((out - 1) / decode_s)
+                speed = (out - 1) / decode_s
+                self.decode_tok_s.add(speed)
+        if self.stretches is not None:
+            self.stretches.add(r.rid, r.arrival_s, ttft_ms, tpot_ms, speed, out)
 
     def rows(self) -> dict[str, np.ndarray] | None:
         """The measured requests' rows in completion order (None: not kept)."""

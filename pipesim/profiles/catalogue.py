@@ -282,14 +282,14 @@ def _shipped_profile(system: str, engine: str, version: str | None) -> Profile:
             f"--engine-version {version}: AIConfigurator measured {system}'s {engine} kernels with "
             f"{', '.join(have)}; pick one of those"
         )
-    columns, read = got
+    columns, read, keys = got
     idx = derived.index(system)
     assert idx is not None  # load_tables found the system's index
     built_by = (
         f"pipesim's derived tables (calibration/build_catalogue.py) of aiconfigurator-core "
         f"{idx['aiconfigurator_core']}, shipped"
     )
-    return _profile(system, engine, Tables(columns=columns), read, built_by)
+    return _profile(system, engine, Tables(columns=columns, keys=keys), read, built_by)
 
 
 @lru_cache(maxsize=8)

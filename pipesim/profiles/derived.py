@@ -25,7 +25,7 @@ import hashlib
 import io
 import json
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,14 +87,18 @@ def _columns(system: str, file: str) -> dict[str, np.ndarray]:
         return {name: z[name] for name in z.files}
 
 
-def load_tables(system: str, engine: str, version: str | None) -> tuple[dict, dict] | None:
-    """(table -> numpy columns, table -> the version it was measured with) of one shipped
-    profile, or None when it is not shipped."""
+def load_tables(system: str, engine: str, version: str | None) -> tuple[dict, dict, dict] | None:
+    """(table -> a function returning its numpy columns, read when first called and then
+    kept; table -> the version it was measured with; table -> a key naming its content,
+    for its stored lookups, stored_lookups.py) of one shipped profile, or None when it
+    is not shipped."""
     entry = (index(system) or {}).get("profiles", {}).get(profile_key(engine, version))
     if entry is None:
         return None
-    tables = {t: _columns(system, e["file"]) for t, e in entry["tables"].items()}
-    return tables, {t: e["version"] for t, e in entry["tables"].items()}
+    tables = {t: partial(_columns, system, e["file"]) for t, e in entry["tables"].items()}
+    # a file's name holds a hash of its content
+    keys = {t: f"catalogue|{FORMAT}|{system}|{e['file']}" for t, e in entry["tables"].items()}
+    return tables, {t: e["version"] for t, e in entry["tables"].items()}, keys
 
 
 # ---- writing (calibration/build_catalogue.py) ------------------------------------------------

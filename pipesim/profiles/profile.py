@@ -17,7 +17,7 @@ import math
 import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +28,7 @@ from ..base.writes import lock, old_versions
 from ..inputs.routing import exponent
 from .bounds import check_tables, datasheet
 from .measured import Point, read_points
-from .tables import TABLE_COLUMNS, Tables, cached_columns
+from .tables import TABLE_COLUMNS, Tables, cached_columns, table_key
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -315,6 +315,14 @@ def shipped_meta() -> list[dict]:
     return out
 
 
+def _checked_columns(f: Path, table: str, box: str) -> dict:
+    """A profile table's columns, checked against the physics of the GPU of the box it was
+    measured on (bounds.py) as they are read."""
+    columns = cached_columns(f, table)
+    check_tables({table: columns}, lambda t: str(f), datasheet(box))
+    return columns
+
+
 @lru_cache(maxsize=8)
 def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
     folder = Path(folder_text)
@@ -324,14 +332,15 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
     box = str(meta["box"])
     if box.endswith(".toml") and folder.joinpath(box).is_file():
         box = str(folder.joinpath(box))  # a box file written beside the profile (calibrate live)
-    columns = {}
+    columns, keys = {}, {}
     for table in TABLE_COLUMNS:
         f = folder.joinpath(f"{table}.csv.gz")
         if f.is_file():
-            columns[table] = cached_columns(f, table)
-    # every table against the physics of the GPU it was measured on (bounds.py)
-    check_tables(columns, lambda t: str(folder.joinpath(f"{t}.csv.gz")), datasheet(box))
-    tables = Tables(columns=columns)
+            # read when first used, and then held to the physics of its GPU (bounds.py)
+            columns[table] = partial(_checked_columns, f, table, box)
+            if (key := table_key(f)) is not None:
+                keys[table] = key
+    tables = Tables(columns=columns, keys=keys)
     measured: tuple[Point, ...] = ()
     f = folder.joinpath("measured.csv")
     if f.is_file():

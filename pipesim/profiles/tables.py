@@ -9,7 +9,7 @@ import hashlib
 import io
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +22,7 @@ from ..base.writes import write_atomic
 from ..inputs.quantization import KERNELS
 from ..inputs.routing import exponent
 from .curves import Curves, Surface, group_curves
+from .stored_lookups import stored_lookup
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -63,10 +64,21 @@ class Tables(Mapping):
     with other parameters (a what-if, a fit candidate) shares the same indexed tables."""
 
     def __init__(
-        self, frames: Mapping | None = None, *, columns: dict[str, dict[str, np.ndarray]] | None = None
+        self,
+        frames: Mapping | None = None,
+        *,
+        columns: Mapping[str, dict[str, np.ndarray] | Callable[[], dict[str, np.ndarray]]] | None = None,
+        keys: Mapping[str, str] | None = None,
     ):
+        """`columns`: per table its numpy columns, or a function that reads them, called
+        the first time the table is used (a prediction reads the tables its model uses:
+        an MLA model no GQA table, a dense one no MoE table). `keys`: per table a text
+        naming its content (a shipped file's name and stamp): a table with a key has
+        its lookups stored once built (stored_lookups.py), and read back in the next
+        process instead of built again."""
         self._frames = dict(frames or {})
         self._columns = dict(columns or {})
+        self._keys = dict(keys or {})
 
     def __getitem__(self, table: str) -> pd.DataFrame:
         if table not in self._frames:
@@ -74,7 +86,7 @@ class Tables(Mapping):
                 raise KeyError(table)
             import pandas as pd
 
-            self._frames[table] = pd.DataFrame(self._columns[table])
+            self._frames[table] = pd.DataFrame(self._read(table))
         return self._frames[table]
 
     def __iter__(self) -> Iterator[str]:
@@ -91,18 +103,49 @@ class Tables(Mapping):
         return Tables(
             {k: v for k, v in self._frames.items() if k != table},
             columns={k: v for k, v in self._columns.items() if k != table},
+            keys={k: v for k, v in self._keys.items() if k != table},
         )
 
     def columns(self, table: str) -> dict[str, np.ndarray] | None:
         """The table's columns as numpy arrays (None: the profile has no such table)."""
         if table in self._columns:
-            return self._columns[table]
+            return self._read(table)
         df = self._frames.get(table)
         return None if df is None else {c: df[c].to_numpy() for c in df.columns}
+
+    def _read(self, table: str) -> dict[str, np.ndarray]:
+        cols = self._columns[table]
+        if callable(cols):
+            cols = self._columns[table] = cols()
+        return cols
+
+    @cached_property
+    def digest(self) -> str:
+        """A SHA-256 of every table's columns (names, types, values), computed once per
+        object: what a stored result's key holds of the tables (scenario/fingerprint.py)."""
+        h = hashlib.sha256()
+        for table in self:
+            cols = self.columns(table) or {}
+            for name in sorted(cols):
+                a = np.asarray(cols[name])
+                h.update(f"|{table}|{name}|{a.dtype.str}|{a.shape}|".encode())
+                if a.dtype == object:
+                    h.update("\0".join(map(str, a.tolist())).encode())
+                else:
+                    h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()
+
+    def _stored(self, table: str, build: Callable[[], dict]) -> dict:
+        if table not in self._columns or table not in self._keys:
+            return build()
+        return stored_lookup(table, self._keys[table], build)
 
     @cached_property
     def gemm(self) -> dict:
         """dtype -> (ns, ks, {(n, k): Curve over m})."""
+        return self._stored("gemm", self._gemm)
+
+    def _gemm(self) -> dict[str, tuple[list[int], list[int], Curves]]:
         out: dict[str, tuple[list[int], list[int], Curves]] = {}
         df = self.columns("gemm")
         if df is None:
@@ -117,12 +160,17 @@ class Tables(Mapping):
     @cached_property
     def moe(self) -> dict:
         """(dtype, hidden, inter, topk, experts, moe_tp, distribution) -> Curve over tokens."""
-        return self._moe_curves("moe", ("hidden", "inter", "topk", "experts", "moe_tp"))
+        return self._stored(
+            "moe", lambda: self._moe_curves("moe", ("hidden", "inter", "topk", "experts", "moe_tp"))
+        )
 
     @cached_property
     def moe_ep(self) -> dict:
         """(dtype, hidden, inter, topk, experts, moe_tp, moe_ep, distribution) -> Curve over tokens."""
-        return self._moe_curves("moe_ep", ("hidden", "inter", "topk", "experts", "moe_tp", "moe_ep"))
+        return self._stored(
+            "moe_ep",
+            lambda: self._moe_curves("moe_ep", ("hidden", "inter", "topk", "experts", "moe_tp", "moe_ep")),
+        )
 
     @cached_property
     def moe_by_routing(self) -> dict:
@@ -160,24 +208,27 @@ class Tables(Mapping):
     @cached_property
     def mla_decode(self) -> dict:
         """(heads_per_gpu,) -> Surface over (batch, context)."""
-        return self._surfaces("mla_decode", "batch", "context")
+        return self._stored("mla_decode", lambda: self._surfaces("mla_decode", "batch", "context"))
 
     @cached_property
     def mla_prefill(self) -> dict:
         """(heads_per_gpu,) -> Surface over (batch, isl)."""
-        return self._surfaces("mla_prefill", "batch", "isl")
+        return self._stored("mla_prefill", lambda: self._surfaces("mla_prefill", "batch", "isl"))
 
     @cached_property
     def gqa_decode(self) -> dict:
-        return self._surfaces("gqa_decode", "batch", "context")
+        return self._stored("gqa_decode", lambda: self._surfaces("gqa_decode", "batch", "context"))
 
     @cached_property
     def gqa_prefill(self) -> dict:
-        return self._surfaces("gqa_prefill", "batch", "isl")
+        return self._stored("gqa_prefill", lambda: self._surfaces("gqa_prefill", "batch", "isl"))
 
     @cached_property
     def collectives(self) -> dict:
         """(op, impl, gpus) -> Curve over nbytes."""
+        return self._stored("collectives", self._collectives)
+
+    def _collectives(self) -> dict:
         df = self.columns("collectives")
         if df is None:
             return {}
@@ -268,6 +319,16 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("PIPESIM_CACHE_DIR") or Path.home() / ".cache" / "pipesim")
 
 
+def table_key(f: Path | Traversable) -> str | None:
+    """A table file's key in the cache: its path, size and modification time (None: a
+    file that cannot be stat'ed)."""
+    try:
+        st = Path(str(f)).stat()
+    except OSError:
+        return None
+    return f"{Path(str(f)).resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+
 def cached_columns(f: Path | Traversable, table: str) -> dict[str, np.ndarray]:
     """A table's checked columns, kept as .npz under the cache folder (PIPESIM_CACHE_DIR,
     default ~/.cache/pipesim) keyed by the file's path, size and modification time:
@@ -277,12 +338,9 @@ def cached_columns(f: Path | Traversable, table: str) -> dict[str, np.ndarray]:
     CACHE_MAX_FILES tables: a read marks its copy used, a write drops the least
     recently used beyond that (every copy of a profile's folder is keyed anew)."""
     try:
-        st = Path(str(f)).stat()
-        if st.st_size < CACHE_MIN_BYTES:
+        if Path(str(f)).stat().st_size < CACHE_MIN_BYTES:
             raise OSError("small table: parsed each time")
-        key = hashlib.sha256(
-            f"{Path(str(f)).resolve()}|{st.st_size}|{st.st_mtime_ns}|{CACHE_VERSION}".encode()
-        ).hexdigest()[:24]
+        key = hashlib.sha256(f"{table_key(f)}|{CACHE_VERSION}".encode()).hexdigest()[:24]
         cached = _cache_dir() / f"{table}-{key}.npz"
     except OSError:
         cached = None
@@ -299,8 +357,7 @@ def cached_columns(f: Path | Traversable, table: str) -> dict[str, np.ndarray]:
     if cached is not None:
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
-            # the stubs match the columns against savez's own allow_pickle keyword too
-            write_atomic(cached, lambda tmp: np.savez(tmp, **cols))  # type: ignore[arg-type]
+            write_atomic(cached, lambda tmp: np.savez(tmp, **cols))  # type: ignore[arg-type]  # stubs: cols vs allow_pickle
             _trim_cache(cached.parent)
         except (OSError, UserError):  # a cache folder that cannot be written (or a link): no copy
             pass

@@ -13,17 +13,18 @@ run-to-run noise out of it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from ..base.errors import require
 from ..profiles.profile import FITTABLE, HOST_PARAMS
-from ..scenario.work import Work
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..inputs.workload import Lengths, Workload
+    from ..base.cache import ResultCache
+    from ..inputs.workload import Lengths
     from ..scenario.build import Scenario
 
 METRICS = ("output_throughput_tok_s", "per_request_tok_s", "ttft_ms_p50", "tpot_ms_p50")
@@ -138,15 +139,44 @@ class Sensitivity:
         }
 
 
-def _metrics(scenario: Scenario) -> dict:
-    """A perturbed scenario's headline figures from a run as long as a prediction's (the
-    same stopping rule: its CI within 2%, or whole periods of a run that repeats). A
-    short run's figures move with where its window falls in the run's cycle, which
-    a swing would take for the item's effect (input length +20%: +13% over a short
-    run against +2.6% over a prediction's)."""
+# A run of the tornado: what it changes in the base scenario, as ("params", {name: value})
+# or ("workload", {field: value}); None is the base itself. Small, so that a worker
+# process (base/pool.py) rebuilds the run from the base it holds.
+Change = tuple[str, dict] | None
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One bar before it is run: what it changes either way."""
+
+    name: str
+    kind: str
+    low_label: str
+    high_label: str
+    low: Change  # None: not moved down
+    high: Change
+    note: str = ""
+
+
+def changed(base: Scenario, change: Change) -> Scenario:
+    """The base scenario with one change applied (everything else, the seed included, kept)."""
+    if change is None:
+        return base
+    what, values = change
+    if what == "params":
+        return replace(base, profile=base.profile.with_params(**values))
+    return replace(base, workload=replace(base.workload, **values))
+
+
+def _metrics(base: Scenario, change: Change) -> dict:
+    """One run's headline figures (a worker's task: module-level), from a run as long as
+    a prediction's (the same stopping rule: its CI within 2%, or whole periods of a run
+    that repeats). A short run's figures move with where its window falls in the run's
+    cycle, which a swing would take for the item's effect (input length +20%: +13% over
+    a short run against +2.6% over a prediction's)."""
     from ..sim.runner import run
 
-    r = run(scenario)
+    r = run(changed(base, change))
     return {m: float(getattr(r, m)) for m in METRICS}
 
 
@@ -154,32 +184,23 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
-def _param_items(scenario: Scenario, step: float, measure: Callable[[Scenario], dict]) -> list[Item]:
+def _param_bars(scenario: Scenario, step: float) -> list[Bar]:
     prof = scenario.profile
-    items = []
+    bars = []
     for f in fields(prof.params):
         if f.name in NOT_COSTS or f.name in HOST_TOGETHER:
             continue
         v = float(getattr(prof.params, f.name))
         if v == 0:
             unit = FITTABLE.get(f.name, (0, 0, 1.0))[2]
-            hi = measure(replace(scenario, profile=prof.with_params(**{f.name: unit})))
-            items.append(
-                Item(
-                    f.name,
-                    "parameter",
-                    "0",
-                    _fmt(unit),
-                    None,
-                    hi,
-                    f"at 0: moved up only, by its fit step {_fmt(unit)}",
-                )
-            )
+            note = f"at 0: moved up only, by its fit step {_fmt(unit)}"
+            bars.append(Bar(f.name, "parameter", "0", _fmt(unit), None, ("params", {f.name: unit}), note))
             continue
-        lo = measure(replace(scenario, profile=prof.with_params(**{f.name: v * (1 - step)})))
-        hi = measure(replace(scenario, profile=prof.with_params(**{f.name: v * (1 + step)})))
-        items.append(Item(f.name, "parameter", _fmt(v * (1 - step)), _fmt(v * (1 + step)), lo, hi))
-    return items
+        lo, hi = v * (1 - step), v * (1 + step)
+        bars.append(
+            Bar(f.name, "parameter", _fmt(lo), _fmt(hi), ("params", {f.name: lo}), ("params", {f.name: hi}))
+        )
+    return bars
 
 
 def _scaled(lengths: Lengths, f: float) -> Lengths:
@@ -188,75 +209,110 @@ def _scaled(lengths: Lengths, f: float) -> Lengths:
     return Lengths(max(1, round(lengths.lo * f)), max(1, round(lengths.hi * f)))
 
 
-def _with_lengths(w: Workload, name: str, lengths: Lengths) -> Workload:
-    """The workload with its input_len or output_len (`name`) replaced."""
-    return replace(w, input_len=lengths) if name == "input_len" else replace(w, output_len=lengths)
-
-
-def _workload_items(scenario: Scenario, step: float, measure: Callable[[Scenario], dict]) -> list[Item]:
+def _workload_bars(scenario: Scenario, step: float) -> list[Bar]:
     from ..inputs.workload import Lengths
 
     w = scenario.workload
     if w.kind == "trace":
         return []  # a trace pins lengths and arrivals
-    items = []
+    bars = []
     for name in ("input_len", "output_len"):
         cur = getattr(w, name)
         lo, hi = _scaled(cur, 1 - step), _scaled(cur, 1 + step)
-        items.append(
-            Item(
-                name,
-                "workload",
-                str(lo),
-                str(hi),
-                measure(replace(scenario, workload=_with_lengths(w, name, lo))),
-                measure(replace(scenario, workload=_with_lengths(w, name, hi))),
-            )
+        bars.append(
+            Bar(name, "workload", str(lo), str(hi), ("workload", {name: lo}), ("workload", {name: hi}))
         )
         if cur.lo == cur.hi:
             n = cur.lo
             spread = Lengths(max(1, round(n * (1 - LENGTH_SPREAD))), max(1, round(n * (1 + LENGTH_SPREAD))))
-            items.append(
-                Item(
+            note = f"fixed {n} against uniform {spread} (same mean)"
+            bars.append(
+                Bar(
                     f"{name} spread",
                     "workload",
                     str(cur),
                     str(spread),
                     None,
-                    measure(replace(scenario, workload=_with_lengths(w, name, spread))),
-                    f"fixed {n} against uniform {spread} (same mean)",
+                    ("workload", {name: spread}),
+                    note,
                 )
             )
     if w.kind == "poisson":
-        items.append(
-            Item(
+        rate_lo, rate_hi = w.rate_rps * (1 - step), w.rate_rps * (1 + step)
+        bars.append(
+            Bar(
                 "rate_rps",
                 "workload",
-                _fmt(w.rate_rps * (1 - step)),
-                _fmt(w.rate_rps * (1 + step)),
-                measure(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 - step)))),
-                measure(replace(scenario, workload=replace(w, rate_rps=w.rate_rps * (1 + step)))),
+                _fmt(rate_lo),
+                _fmt(rate_hi),
+                ("workload", {"rate_rps": rate_lo}),
+                ("workload", {"rate_rps": rate_hi}),
             )
         )
-    return items
+    return bars
 
 
-def sensitivity(scenario: Scenario, step: float = DEFAULT_STEP) -> Sensitivity:
-    """The tornado of a built scenario (about 2 runs per item, each as long as a
-    prediction's)."""
+def runs(scenario: Scenario, step: float = DEFAULT_STEP) -> list[Change]:
+    """Every run of a tornado of `scenario`, the base first, then each bar's low (if
+    moved down) and high."""
+    bars = _param_bars(scenario, step) + _workload_bars(scenario, step)
+    return [None] + [c for b in bars for c in (b.low, b.high) if c is not None]
+
+
+def _run_all(
+    scenario: Scenario,
+    changes: list[Change],
+    jobs: int,
+    cache: ResultCache | None,
+    on_run: Callable[[], object] | None,
+) -> list[dict]:
+    """The figures of every run: found in `cache`, else simulated on `jobs` processes
+    (each run to simulate counted in the work bound before the first starts) and stored."""
+    from ..base.cache import result_key
+    from ..base.checks import check_work
+    from ..base.pool import map_shared
+    from ..scenario.build import scenario_steps
+    from ..scenario.fingerprint import fingerprint
+
+    keys = [result_key("sensitivity", fingerprint(changed(scenario, c))) for c in changes]
+    stored = [cache.get(k) if cache is not None else None for k in keys]
+    found: list[dict | None] = [v if isinstance(v, dict) else None for v in stored]  # as _metrics gave
+    todo = [i for i, v in enumerate(found) if v is None]
+    steps = sum(scenario_steps(changed(scenario, changes[i]))[0] for i in todo)
+    check_work(steps, f"{len(todo)} runs of the tornado, {len(changes) - len(todo)} more found stored")
+    for _ in range(len(changes) - len(todo)):
+        if on_run:
+            on_run()
+    done = (lambda _: on_run()) if on_run else None
+    for i, value in zip(todo, map_shared(_metrics, scenario, [changes[i] for i in todo], jobs, done)):
+        found[i] = value
+        if cache is not None:
+            cache.put(keys[i], value)
+    return [v for v in found if v is not None]
+
+
+def sensitivity(
+    scenario: Scenario,
+    step: float = DEFAULT_STEP,
+    *,
+    jobs: int = 1,
+    cache: ResultCache | None = None,
+    on_run: Callable[[], object] | None = None,
+) -> Sensitivity:
+    """The tornado of a built scenario: the base and about 2 runs per item, each as long
+    as a prediction's
+    (`runs`), on `jobs` local processes (base/pool.py: the same numbers as one), each
+    looked up in `cache` first (a run whose scenario and pipesim did not change is not
+    simulated again, base/cache.py). The runs to simulate are counted in the work bound
+    before the first starts (base/checks.py). `on_run()` after each run (progress)."""
     require(0 < step < 1, f"sensitivity step must be between 0 and 1 (a fraction, e.g. 0.2), got {step}")
-    # every run it will make, counted before the first (scenario/work.py)
-    planned: list[Scenario] = []
-
-    def plan(sc: Scenario) -> dict:
-        planned.append(sc)
-        return dict.fromkeys(METRICS, 1.0)
-
-    _param_items(scenario, step, plan), _workload_items(scenario, step, plan)
-    work = Work("this sensitivity", "give it a shorter scenario (fewer requests or shorter outputs)")
-    work.add("the base run", scenario).add("a run per item and side", planned).check()
-    base = _metrics(scenario)
-    items = _param_items(scenario, step, _metrics) + _workload_items(scenario, step, _metrics)
+    bars = _param_bars(scenario, step) + _workload_bars(scenario, step)
+    base, *rest = _run_all(scenario, runs(scenario, step), jobs, cache, on_run)
+    figures = iter(rest)
+    items = []
+    for b in bars:
+        low = None if b.low is None else next(figures)
+        items.append(Item(b.name, b.kind, b.low_label, b.high_label, low, next(figures), b.note))
     items.sort(key=lambda i: -abs(i.swing(base)))
     return Sensitivity(base, step, tuple(items), scenario.describe())
 

@@ -13,10 +13,10 @@ half-width of a "likely" band (about 80% coverage, a 1.28-sigma band):
     corpus (residual_band.py), blended with the profile's part by that share;
 (b) workload: the spread of what the user did not pin, at the size of a short run
     (C warm-up, max(2C, 16) measured; an open loop's whole run). By default from the
-    run itself (`run_spread`: batch means over stretches of its measured requests,
-    arrival order and sampling at the lengths as given, no extra run); with
-    `workload="ensemble"` (`--ensemble`), and always for open loops and traces (a
-    member is a whole run there), from ENSEMBLE_RUNS short runs more, which also
+    run itself, no extra run (`run_spread`: batch means over stretches of its measured
+    requests, arrival order and sampling at the lengths as given; an open loop's or a
+    trace's stretches folded as its requests finished, measure/stretches.py); with
+    `workload="ensemble"` (`--ensemble`) from ENSEMBLE_RUNS short runs more, which also
     widen fixed lengths and move a front-end cost (`ensemble_spread`);
 (c) simulation: the run's own 95% confidence half-width, rescaled to 80%.
 
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..measure.sketch import percentile
+from ..measure.stretches import spread as stretch_spread
 from .residual_band import (
     CORRECTED,
     RESIDUAL_GROUP,
@@ -169,10 +170,10 @@ def _spread(lengths: Lengths, s: float) -> Lengths:
 
 
 def takes_ensemble(scenario: Scenario, workload: str) -> bool:
-    """Whether intervals of `workload` run the ensemble (ENSEMBLE_RUNS runs more): asked
-    for, or an open loop's or a trace's, whose member is a whole run that its own run
-    cannot be cut into."""
-    return workload == "ensemble" or (workload == "run" and scenario.workload.kind != "closed")
+    """Whether intervals of `workload` run the ensemble (ENSEMBLE_RUNS runs more): only
+    when asked for (--ensemble), and never for a trace, which pins its arrivals and
+    lengths (every run takes its workload part from its own stretches: `attach`)."""
+    return workload == "ensemble" and scenario.workload.kind != "trace"
 
 
 def ensemble_scenarios(scenario: Scenario, runs: int = ENSEMBLE_RUNS) -> list[Scenario]:
@@ -203,8 +204,13 @@ def _values(result: Result) -> dict:
 
 def ensemble_spread(scenario: Scenario, runs: int = ENSEMBLE_RUNS) -> dict:
     """Part (b): metric -> relative half-width (Z_LIKELY x std / mean of the members),
-    each member a short fixed-length run (C warm-up, max(2C, 16) measured)."""
+    each member a short fixed-length run (C warm-up, max(2C, 16) measured). A trace's
+    members differ in their seed only, which a replay does not read (its arrivals and
+    lengths are pinned): the same run each time, so 0 without running them."""
     from ..sim.runner import run
+
+    if scenario.workload.kind == "trace":
+        return dict.fromkeys(HEADLINE, 0.0)
 
     vals = []
     for sc in ensemble_scenarios(scenario, runs):
@@ -250,7 +256,11 @@ def _stretch_values(cols: dict, idx: np.ndarray, throughput: float) -> dict:
 
 
 def run_spread(result: Result, scenario: Scenario) -> dict:
-    """Part (b) of a closed loop from the run itself, no extra run. Its measured
+    """Part (b) from the run itself, no extra run. An open loop is measured whole, so
+    its member is the run: its stretches of consecutive arrivals (Result.stretch_samples,
+    folded as its requests finished) give metric -> Z_LIKELY x the spread of a whole
+    run's figure / its mean (measure/stretches.py). A trace pins its arrivals and
+    lengths: 0, as its ensemble is (`ensemble_spread`). A closed loop's measured
     requests, in completion order, are cut into k stretches of at least one member's
     size (k = requests // member size), or into RUN_BATCHES smaller ones when the run
     holds fewer members than that (unless it repeats: then RUN_BATCHES member-sized
@@ -259,6 +269,11 @@ def run_spread(result: Result, scenario: Scenario) -> dict:
     (renewal-reward, robust to the waves a fixed-length loop runs in). A member's
     spread is the samples' standard deviation x sqrt(stretch / member size) (a mean
     over n requests varies as 1/sqrt(n)); metric -> Z_LIKELY x that / mean."""
+    if scenario.workload.kind == "trace":
+        return dict.fromkeys(HEADLINE, 0.0)  # pinned: nothing left to the workload (ensemble_spread)
+    if scenario.workload.kind != "closed":
+        samples = result.stretch_samples
+        return {m: stretch_spread(samples.get(m, []), Z_LIKELY) for m in HEADLINE}
     cols = result.request_columns
     n = len(cols["finish_s"])
     member = member_requests(scenario) or n
@@ -266,8 +281,6 @@ def run_spread(result: Result, scenario: Scenario) -> dict:
     if n < 2 * k:
         return dict.fromkeys(HEADLINE, 0.0)
     finish, out_len = cols["finish_s"], cols["output_len"].astype(float)
-    if scenario.workload.kind != "closed":
-        raise ValueError("run_spread is for closed loops (an open loop's member is a whole run)")
     w = scenario.workload
     e2e_s = cols["e2e_ms"] * 1e-3
     order = np.argsort(finish, kind="stable")
@@ -279,16 +292,16 @@ def run_spread(result: Result, scenario: Scenario) -> dict:
         # as from a longer run, starting at phases spread over one period
         starts = np.arange(RUN_BATCHES) * p // RUN_BATCHES
         stretches, size = [order[(a + np.arange(member)) % n] for a in starts], member
-    samples = []
+    by_stretch = []
     for g in stretches:
         lat = e2e_s[g].sum()
-        samples.append(
+        by_stretch.append(
             _stretch_values(cols, g, w.concurrency * out_len[g].sum() / lat if lat > 0 else np.nan)
         )
     scale = math.sqrt(size / member)
     spread = {}
     for m in HEADLINE:
-        x = np.array([v[m] for v in samples], dtype=float)
+        x = np.array([v[m] for v in by_stretch], dtype=float)
         x = x[np.isfinite(x)]
         ok = len(x) >= 2 and x.mean() != 0
         spread[m] = float(Z_LIKELY * x.std(ddof=1) * scale / abs(x.mean())) if ok else 0.0
@@ -315,13 +328,17 @@ def intervals(
     cal = calibration_spread(
         scenario.profile, scenario.plan.tp, scenario.plan.pp, w.concurrency if w.kind == "closed" else None
     )
-    if takes_ensemble(scenario, workload):
+    if workload != "none" and w.kind == "trace":
+        ens = dict.fromkeys(HEADLINE, 0.0)
+        how = "none: a trace pins its arrivals and lengths (an ensemble's members would be the same run)"
+    elif workload == "ensemble":
         ens = ensemble_spread(scenario, runs)
         how = f"{runs} short runs (seeds, lengths +-{LENGTH_SPREAD:.0%}, front-end cost +-{FRONTEND_SPREAD:.0%})"
     elif workload == "run":
         ens = run_spread(result, scenario)
+        size = "short-run-sized stretches" if w.kind == "closed" else "stretches"
         how = (
-            "the run's own spread: batch means over short-run-sized stretches of its requests "
+            f"the run's own spread: batch means over {size} of its requests "
             "(arrival order and sampling at the lengths as given; --ensemble also widens them)"
         )
     else:

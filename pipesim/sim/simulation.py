@@ -88,7 +88,10 @@ class Simulation:
         self.frontend = FrontEnd(env, workload, params, self.stop)
         plan_s = self.frontend.plan
         self.done = RequestTally(  # an open loop's arrival plan: None for a closed loop
-            closed=closed, keep_rows=self.full, arrivals_s=None if plan_s is None else plan_s.span_s
+            closed=closed,
+            keep_rows=self.full,
+            arrivals_s=None if plan_s is None else plan_s.span_s,
+            requests=measure_requests if workload.kind == "poisson" else 0,  # its stretches
         )
         self.running = 0  # admitted, not finished, over every instance
         self.completed = 0
