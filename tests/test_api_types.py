@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import pipesim
 from pipesim import api
 from pipesim.base.errors import UserError
-from pipesim.explore.grid import whole_numbers
+from pipesim.explore.grid import positive_numbers, whole_numbers
 from pipesim.scenario.build import build_scenario
 
 FAST = dict(model="llama-3.1-8b", input_len=16, output_len=8)
@@ -97,3 +98,14 @@ def test_sweep_counts_take_numpy_integers_and_refuse_bools():
         whole_numbers([True], "gpus")
     with pytest.raises(UserError, match="above the limit of 65536"):
         whole_numbers([10**11], "gpus")
+
+
+def test_sweep_lists_refuse_what_is_neither_a_number_nor_a_list():
+    """A bool, or None (a sweep given conc=None and no rate), is the one-line error, not
+    a TypeError from iterating it."""
+    with pytest.raises(UserError, match="gpus True must be a whole number or a sequence of them"):
+        whole_numbers(True, "gpus")
+    with pytest.raises(UserError, match="rate False must be a number or a sequence of them"):
+        positive_numbers(False, "rate")
+    with pytest.raises(UserError, match="conc None must be a whole number or a sequence of them"):
+        pipesim.sweep(gpus=1, conc=None, workers=1, **FAST)

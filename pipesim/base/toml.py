@@ -37,4 +37,6 @@ def dumps(data: dict[str, Any]) -> str:
     numbers as numbers, None left out."""
     import tomli_w
 
-    return tomli_w.dumps(_plain(data, "toml"))  # type: ignore[arg-type]
+    plain = _plain(data, "toml")
+    assert isinstance(plain, dict)  # a dict stays a dict (its keys as text)
+    return tomli_w.dumps(plain)

@@ -171,7 +171,8 @@ def _load_text(text: str, origin: str, stem: str) -> list[dict]:
     header = reader.fieldnames or []
     missing = [c for c in COLUMNS if c not in header]
     require(not missing, f"{origin}: missing column(s) {', '.join(missing)}; needed: {', '.join(COLUMNS)}")
-    rows, runs = [], {}
+    rows: list[dict] = []
+    runs: dict[str, dict] = {}  # run_id -> its first row
     for row in reader:
         where = f"{origin}: line {reader.line_num}"
         require(

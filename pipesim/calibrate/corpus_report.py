@@ -5,14 +5,12 @@ condition, the text and JSON forms."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
-
-if TYPE_CHECKING:
-    from numpy.typing import ArrayLike
 
 # what one split is compared under: runs of a source equal on all of these
 CONDITION = (
@@ -46,7 +44,9 @@ def _filled(df: pd.DataFrame) -> pd.DataFrame:
     return df.fillna({"num_prompts": -1, "concurrency": -1, "request_rate": -1})
 
 
-def pairwise_agreement(measured: ArrayLike, predicted: ArrayLike) -> tuple[float, int]:
+def pairwise_agreement(
+    measured: Sequence[float] | np.ndarray, predicted: Sequence[float] | np.ndarray
+) -> tuple[float, int]:
     """(share of pairs ordered alike, pairs): ties in either count half."""
     agree, pairs = 0.0, 0
     for i in range(len(measured)):
@@ -57,7 +57,7 @@ def pairwise_agreement(measured: ArrayLike, predicted: ArrayLike) -> tuple[float
     return (agree / pairs if pairs else float("nan")), pairs
 
 
-def kendall_tau(measured: ArrayLike, predicted: ArrayLike) -> float:
+def kendall_tau(measured: Sequence[float] | np.ndarray, predicted: Sequence[float] | np.ndarray) -> float:
     """Kendall's tau-b of the two orderings (scipy)."""
     from scipy.stats import kendalltau
 
@@ -84,7 +84,7 @@ def _ranking(df: pd.DataFrame) -> pd.DataFrame:
     several splits and a ranked metric: how often predicted and measured order the
     splits alike."""
     cols = ["source_id", "metric", "condition", "splits", "pairs", "agreement", "kendall_tau"]
-    out = []
+    out: list[dict] = []
     if df.empty or "launch_flags" not in df:
         return pd.DataFrame(out, columns=cols)
     d = _filled(df[df.metric.isin(RANKED)]).assign(other_flags=lambda x: x.launch_flags.map(other_flags))
@@ -107,7 +107,17 @@ def _ranking(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
-def split_name(r: object) -> str:
+class Split(Protocol):
+    """A corpus run, or a row of its table: the split it states (dp and ep where it
+    states them); only printed."""
+
+    @property
+    def tp(self) -> object: ...
+    @property
+    def pp(self) -> object: ...
+
+
+def split_name(r: Split) -> str:
     """TP4xPP1, TP4xPP1xEP4, TP8xPP1xDP8: a run's split as the corpus states it."""
     dp, ep = getattr(r, "dp", 1), getattr(r, "ep", 1)
     return f"TP{r.tp}xPP{r.pp}" + (f"xDP{dp}" if dp > 1 else "") + (f"xEP{ep}" if ep > 1 else "")
@@ -188,6 +198,7 @@ def text(chk: Check) -> str:
         "",
     ]
     ps = per_source(chk.rows)
+    r: Any  # a row: its columns' values (the stubs make each field any scalar)
     lines.append(f"  {'source':52s} {'numbers':>7s} {'runs':>5s} {'MAPE':>8s} {'median':>8s} {'in band':>8s}")
     for r in ps.itertuples():
         lines.append(
@@ -236,7 +247,7 @@ def to_json(chk: Check) -> str:
 
     from ..base.files import json_text
 
-    def records(df):
+    def records(df: pd.DataFrame) -> list[dict]:
         return json.loads(df.to_json(orient="records"))
 
     rk = chk.ranking

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -147,10 +147,11 @@ def lengths_for(workload: str, totals: dict | None = None) -> tuple[str, str]:
     m = re.search(r"~(\d+)k input tokens and ~(\d+)k output tokens \(\+-(\d+)% variance\)", w)
     if m:  # uniform within the stated variance
         spread = int(m.group(3)) / 100
-        return tuple(
+        inp, out = (
             f"{round(int(g) * 1000 * (1 - spread))}:{round(int(g) * 1000 * (1 + spread))}"
             for g in m.group(1, 2)
         )
+        return inp, out
     m = re.search(r"--random-input (\d+) --random-output (\d+), random_range_ratio 0\.0", w)
     if m and "sglang.bench_serving" in w:
         return f"1:{m.group(1)}", f"1:{m.group(2)}"
@@ -246,7 +247,7 @@ def scenario_for(run: dict, totals: dict | None = None, path: str = "user") -> S
     conc = None if conc is None or pd.isna(conc) else int(conc)
     n = None if n is None or pd.isna(n) else int(n)
 
-    def at_load(**load: object) -> Scenario:  # the run's scenario, at the load its benchmark sent
+    def at_load(**load: Any) -> Scenario:  # the run's scenario, at the load its benchmark sent
         return build_scenario(
             tp=run["tp"],
             pp=run["pp"],

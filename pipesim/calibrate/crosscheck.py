@@ -13,7 +13,7 @@ path's numbers, with its leave-one-out coverage).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..base.cache import ResultCache
+    from ..measure.metrics import Result
     from ..scenario.build import Scenario
 
 # corpus metric -> (Result field or derived name, interval family)
@@ -66,7 +67,7 @@ METRIC_MAP = {
 }
 
 
-def _predicted(result, inp: str, out: str) -> dict:
+def _predicted(result: Result, inp: str, out: str) -> dict:
     from ..inputs.workload import Lengths
 
     vals = {f: getattr(result, f) for f, _ in METRIC_MAP.values() if hasattr(result, f)}
@@ -99,13 +100,14 @@ def summary(corpus: pd.DataFrame) -> dict:
     }
 
 
-def _rows(part: pd.DataFrame, sc: Scenario, result: object, path: str) -> list[dict]:
+def _rows(part: pd.DataFrame, sc: Scenario, result: Result, path: str) -> list[dict]:
     """The compared numbers of one run's prediction by one path, with its band."""
     from ..report.uncertainty import intervals
 
     _iv, basis = intervals(result, sc, workload="none")
     pred = _predicted(result, str(sc.workload.input_len), str(sc.workload.output_len))
     rows = []
+    r: Any  # a row: its columns' values (the stubs make each field any scalar)
     for r in part.itertuples():
         if r.metric not in METRIC_MAP:
             continue  # p90s, ITL: pipesim reports p50 / p99 and TPOT

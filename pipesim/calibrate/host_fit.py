@@ -98,7 +98,10 @@ class Evaluator:
     on_batch: Callable[[int], object] | None = None  # told how many simulations a batch runs
 
     def __post_init__(self) -> None:
-        self.parts = {rid: part for rid, part in self.corpus.groupby("run_id", sort=True)}
+        self.parts: dict[str, pd.DataFrame] = {}
+        for rid, part in self.corpus.groupby("run_id", sort=True):
+            assert isinstance(rid, str)  # a corpus's run_id is text (corpus.py reads it so)
+            self.parts[rid] = part
         self.engine = {rid: part.engine.iloc[0] for rid, part in self.parts.items()}
         self.source = {rid: part.source_id.iloc[0] for rid, part in self.parts.items()}
 

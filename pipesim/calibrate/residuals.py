@@ -24,6 +24,7 @@ one is ~80% by construction.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -76,7 +77,7 @@ def fit(rows: pd.DataFrame, kind: str = "roofline") -> dict[str, Residuals]:
             continue
         x, w = g.log_residual.to_numpy(float), g.weight.to_numpy(float)
         q_lo, q_mid, q_hi = (weighted_quantile(x, w, q) for q in (Q_LO, 0.5, Q_HI))
-        out[group] = Residuals(q_lo, q_hi, len(g), q_mid)
+        out[str(group)] = Residuals(q_lo, q_hi, len(g), q_mid)  # a RESIDUAL_GROUP name
     return out
 
 
@@ -91,6 +92,7 @@ def inside(
     (the cheap band of crosscheck: calibration and the run's CI, no ensemble); `tables`
     for the rows whose profile had no measured point of its own."""
     out = []
+    r: Any  # a row: its columns' values (the stubs make each field any scalar)
     for r in rows.itertuples():
         c, below, above = band_log(
             r.family,
@@ -137,6 +139,7 @@ def corrected_error(rows: pd.DataFrame, by: str = "source", roof: pd.DataFrame |
     roof = rows if roof is None else roof
     keys, roof_keys = _keys(rows, by), _keys(roof, by)
     out = []
+    r: Any  # a row: its columns' values (the stubs make each field any scalar)
     for key in sorted(keys.unique()):
         held = rows[keys == key]
         res, tab = fit(roof[roof_keys != key]), fit(rows[keys != key], "tables")

@@ -85,7 +85,7 @@ class Samples:
 
     def add(self, ts: Sequence[np.ndarray]) -> None:
         """Simulate every point at the vectors not simulated yet."""
-        new = []
+        new: list[np.ndarray] = []
         for t in ts:
             t = np.clip(np.asarray(t, dtype=float), 0, 1)
             if self.nearest(t)[1] > XTOL / 10 and all(np.max(np.abs(t - u)) > XTOL / 10 for u in new):
@@ -157,9 +157,14 @@ class Fit:
         cands = np.vstack([grid, self.s.t, start[None, :]])
         values = cost(cands)
         best = cands[np.argsort(values, kind="stable")[:4]]
+
+        def one(t: np.ndarray, *_args: object, **_kw: object) -> float:
+            # minimize's stubs take an objective that accepts extra arguments too
+            return float(cost(t[None, :])[0])
+
         found = []
         for t0 in best:
-            res = minimize(lambda t: float(cost(t[None, :])[0]), t0, method="L-BFGS-B", bounds=[(0, 1)] * n)
+            res = minimize(one, t0, method="L-BFGS-B", bounds=[(0, 1)] * n)
             found.append((float(res.fun), tuple(np.clip(res.x, 0, 1))))
         return np.array(min(found)[1])
 

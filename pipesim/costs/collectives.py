@@ -55,7 +55,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from .roofline import PROVENANCE_FITTED
 
@@ -69,9 +69,18 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall")
 PROTOCOLS = ("LL", "LL128", "Simple")
 SCALED = "scaled"  # a measured table value whose bandwidth part was rescaled to this box's links
 
+
+class HwLatency(TypedDict, total=False):
+    """One fabric's hardware latencies (us): (LL, LL128, Simple) per algorithm, NVLS on NVLink."""
+
+    tree: tuple[float, float, float]
+    ring: tuple[float, float, float]
+    nvls: float
+
+
 # ---- NCCL v2.29.2-1, src/graph/tuning.cc (ncclTunerConstantsDefaults), microseconds and GB/s ----
 BASE_LAT_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4)}  # (LL, LL128, Simple)
-HW_LAT_US = {
+HW_LAT_US: dict[str, HwLatency] = {
     "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": 25.0},
     "pcie": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7)},
     "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0)},
@@ -312,10 +321,9 @@ class Collectives:
 
     def __init__(self, box: Box, profile: Profile, fit: NcclFit | None = None):
         self.box, self.profile, self.params = box, profile, profile.params
-        self.fit = shipped_fit() if fit is None else fit
-        self.model_source = PROVENANCE_FITTED if self.fit is not None else "roofline"
-        if self.fit is None:
-            self.fit = NEUTRAL
+        chosen = shipped_fit() if fit is None else fit
+        self.model_source = PROVENANCE_FITTED if chosen is not None else "roofline"
+        self.fit: NcclFit = NEUTRAL if chosen is None else chosen
         self._measured_on = measured_box(profile) if profile.collectives else None
         self._splits: dict = {}
         self._ratio: dict = {}
@@ -362,11 +370,13 @@ class Collectives:
         hit = self._ratio.get(gpus)
         if hit is None:
             there = self._measured_on
-            ok = there is not None and there.nodes == 1
-            # the nodes of a cluster are copies of the measured box: the group's GPUs there
-            local = tuple(g % there.gpu_count for g in gpus) if ok else ()
-            ok = ok and len(set(local)) == len(gpus)
-            hit = self._ratio[gpus] = ring_bw(self.box, gpus) / ring_bw(there, local) if ok else 1.0
+            hit = 1.0
+            if there is not None and there.nodes == 1:
+                # the nodes of a cluster are copies of the measured box: the group's GPUs there
+                local = tuple(g % there.gpu_count for g in gpus)
+                if len(set(local)) == len(gpus):
+                    hit = ring_bw(self.box, gpus) / ring_bw(there, local)
+            self._ratio[gpus] = hit
         return hit
 
 

@@ -44,11 +44,12 @@ class DPStepCosts:
     def __init__(self, costs: CostModel, dp: int):
         self.costs, self.dp = costs, dp
         plan, model = costs.plan, costs.model
-        alone = dict(dp=1, dp_attention=False, moe_spans_dp=False)
+        # each part alone: one rank, no DP
+        alone = replace(plan, dp=1, dp_attention=False, moe_spans_dp=False)
         # one rank: its attention group (SGLang DP attention: tp / dp GPUs)
-        self.rank = CostModel(costs.box, model, replace(plan, tp=plan.attn_tp, ep=1, **alone), costs.profile)
+        self.rank = CostModel(costs.box, model, replace(alone, tp=plan.attn_tp, ep=1), costs.profile)
         # the MoE layers: every GPU of the stage, the experts split ep ways
-        self.group = CostModel(costs.box, model, replace(plan, tp=plan.moe_width, **alone), costs.profile)
+        self.group = CostModel(costs.box, model, replace(alone, tp=plan.moe_width), costs.profile)
         layers = plan.stage_layers(0)
         self.n_moe = sum(1 for i in layers if model.is_moe_layer(i))
         self.n_dense = len(layers) - self.n_moe

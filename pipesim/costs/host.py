@@ -92,6 +92,7 @@ def layer_kernels(model: Model, layer: int, tp: int) -> float:
     k = kernels()
     n = k["attention_mla"] if model.mla else k["attention_gqa"]
     if model.is_moe_layer(layer):
+        assert model.moe is not None  # is_moe_layer: a MoE model
         n += k["moe_routed"] + (k["moe_shared"] if model.moe.n_shared_experts else 0.0)
     else:
         n += k["mlp_dense"]

@@ -58,6 +58,7 @@ def ep_moe_time(cm: Primitives, tokens: int) -> tuple[float, str]:
     `cm.plan` (the primitive costs, primitives.py): the measured `moe_ep` table at (moe_tp, ep), else the
     roofline of the busiest rank (module docstring)."""
     m, mo, plan, params = cm.model, cm.model.moe, cm.plan, cm.params
+    assert mo is not None  # priced only for a MoE layer
     dist = params.moe_distribution
     base = (
         m.expert_dtype.kernel,
@@ -88,6 +89,7 @@ def alltoall_ops(cm: Primitives, tokens: int, gpus: tuple[int, ...]) -> list[tup
     The all-to-all is the measured alltoall table at the per-rank buffer (rows x hidden
     x 2 bytes), else latency + off-rank bytes over the ring's narrowest link."""
     m, w = cm.model, len(gpus)
+    assert m.moe is not None  # priced only for a MoE layer
     rows = tokens * m.moe.topk / w
     buf = rows * m.hidden * ACT_BYTES
     a2a = cm.collective("alltoall", gpus, buf)

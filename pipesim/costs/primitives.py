@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..base.errors import require
-from ..inputs.box import Box
+from ..inputs.box import Box, LinkDir
 from ..inputs.model import Model
 from ..inputs.plan import Plan
 from ..inputs.quantization import WeightFormat, as_format
@@ -50,7 +50,9 @@ KERNEL_TABLES = ("gemm", "moe", "gqa_decode", "gqa_prefill", "mla_decode", "mla_
 class Op(NamedTuple):
     name: str
     seconds: float  # for one layer / one occurrence
-    count: int  # occurrences in the stage
+    # the field shadows tuple.count (a method), which nothing here calls: the checker
+    # refuses the override whatever the code does with it
+    count: int  # type: ignore[assignment]  # occurrences in the stage
     source: str  # its provenance, one of PROVENANCE
     kind: str  # "compute" or "tp_comm"
 
@@ -265,8 +267,8 @@ class Primitives:
             hit = self._hop_cache[key] = (latency, per_byte)
         return hit
 
-    def hop_links(self, src_stage: int, dst_stage: int) -> tuple:
-        links = set()
+    def hop_links(self, src_stage: int, dst_stage: int) -> tuple[LinkDir, ...]:
+        links: set[LinkDir] = set()
         for a, b in zip(self.plan.stage_gpus(src_stage), self.plan.stage_gpus(dst_stage)):
             links.update(self.box.path(a, b))
         return tuple(sorted(links))

@@ -57,7 +57,7 @@ class CostModel(Primitives):
 
         foreign = self.foreign
 
-        def add(name, result, count, kind="compute"):
+        def add(name: str, result: tuple[float, str], count: int, kind: str = "compute") -> None:
             if count:
                 source = "borrowed" if foreign and not result[1].startswith("roofline") else result[1]
                 ops.append(Op(name, result[0], count, source, kind))
@@ -111,6 +111,7 @@ class CostModel(Primitives):
             add("dense mlp down", self.gemm(T, h, inter, dt), n_dense)
         if n_moe:
             mo = m.moe
+            assert mo is not None  # n_moe > 0: a MoE model
             add("router gate", self.gemm(T, mo.n_routed_experts, h, BF16), n_moe)
             add("routed experts", self.moe(T, tp) if self.plan.ep == 1 else ep_moe_time(self, T), n_moe)
             if mo.n_shared_experts:
@@ -182,7 +183,7 @@ class CostModel(Primitives):
         layers = self.plan.stage_layers(stage)
         n_moe = sum(1 for i in layers if self.model.is_moe_layer(i))
         gpus = self.plan.stage_gpus(stage)
-        ring = ()
+        ring: tuple[float, ...] = ()
         if self.plan.tp > 1:
             ring = (
                 self.ring_bw(gpus),

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import simpy
 
 if TYPE_CHECKING:
+    from dataclasses import Field
+
     from ..costs.host import HostCosts
     from ..inputs.box import Box
     from ..inputs.memory import MemoryRule
@@ -128,6 +130,8 @@ class EngineConfig(Protocol):
     # knob -> the knobs the engine derives from it when they are not given: a profile's
     # deployment value for them yields once the user gives the source knob
     derived_from: ClassVar[Mapping[str, tuple[str, ...]]]
+    # a frozen dataclass: a search changes its knobs with dataclasses.replace (explore/screen.py)
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
     def validate(self) -> None: ...  # every knob within its declaration; UserError otherwise
 

@@ -170,7 +170,7 @@ def _label(combo: dict, several: bool) -> str:
 
 def build_grid(
     gpu_counts: list[int],
-    loads: list[float],
+    loads: Sequence[float],
     open_loop: bool,
     kwargs: dict,
     lists: dict[str, Sequence],
@@ -242,7 +242,7 @@ def build_grid(
     return grid
 
 
-def whole_numbers(values: int | Sequence[int], what: str, limit: int = MAX_GPUS) -> list[int]:
+def whole_numbers(values: object, what: str, limit: int = MAX_GPUS) -> list[int]:
     """An int or a sequence of ints -> sorted and distinct; each from 1 to `limit`, at
     least one. (The command line turns '1,8,32' into a list first: `cli.options.parse_ints`.)"""
     require(
@@ -257,7 +257,7 @@ def whole_numbers(values: int | Sequence[int], what: str, limit: int = MAX_GPUS)
     return sorted({int(v) for v in items})
 
 
-def positive_numbers(values: float | Sequence[float], what: str) -> list[float]:
+def positive_numbers(values: object, what: str) -> list[float]:
     """A number or a sequence of numbers -> sorted and distinct; each finite and > 0."""
     require(
         not isinstance(values, (str, bytes)),

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from matplotlib.axes import Axes
 
+    from .plot_parts import Label
     from .search import Search, Searches
 
 # GPU time of a stage: these five add up to 100% (metrics.idle_breakdown)
@@ -126,14 +127,12 @@ def tradeoff(df: pd.DataFrame) -> Figure:
     concurrency (top left: fast requests, little throughput) to high (bottom right)."""
     fig = _figure()
     ax = fig.add_subplot()
-    labels = []
+    labels: list[Label] = []
     for label, part in _splits(df):
-        (line,) = ax.plot(part.output_throughput_tok_s, part.per_request_tok_s, marker="o", label=label)
-        labels += [
-            (r.output_throughput_tok_s, r.per_request_tok_s, str(r.conc), line.get_color())
-            for r in part.itertuples()
-            if r.per_request_tok_s == r.per_request_tok_s
-        ]
+        xs, ys = part.output_throughput_tok_s, part.per_request_tok_s
+        (line,) = ax.plot(xs, ys, marker="o", label=label)
+        # a point whose speed is not defined (NaN) is not labelled
+        labels += [(x, y, str(c), line.get_color()) for x, y, c in zip(xs, ys, part.conc) if y == y]
     _undefined_speed(ax, df)
     ax.set_xlabel("output throughput (tok/s, whole engine)")
     ax.set_ylabel("per-request decode speed (tok/s)")
@@ -168,8 +167,9 @@ def pareto(result: Search | Searches) -> Figure:
     lines; the winner starred. A search of several conditions (`Searches`): one panel
     per condition, titled with it."""
     from .objectives import CONSTRAINTS
+    from .search import Searches
 
-    results = getattr(result, "results", (result,))
+    results = result.results if isinstance(result, Searches) else (result,)
     cols = min(2, len(results))
     rows = math.ceil(len(results) / cols)
     fig = _figure(10.5 * cols, 5.5 * rows) if len(results) > 1 else _figure(10.5, 5.5)
@@ -191,7 +191,7 @@ def pareto(result: Search | Searches) -> Figure:
     return fig
 
 
-def _pareto_axes(ax, result: Search) -> None:
+def _pareto_axes(ax: Axes, result: Search) -> None:
     """One search's points, frontier, constraint lines and winner on `ax`."""
     from .objectives import CONSTRAINTS, load_text
     from .sweep import load_column
@@ -370,7 +370,7 @@ def compare(
         for r in best.itertuples():
             if i == 0 or reference.get(r.conc) != r.split:
                 ax.annotate(
-                    r.split.replace(" ", ""),
+                    str(r.split).replace(" ", ""),
                     (r.conc, getattr(r, column)),
                     textcoords="offset points",
                     xytext=(5, -10),

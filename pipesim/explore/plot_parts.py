@@ -4,9 +4,22 @@ label placer that keeps labels from printing over each other."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullLocator
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from matplotlib.axes import Axes
+    from matplotlib.transforms import Bbox
+    from matplotlib.typing import ColorType
+
+    # a point's label: (x, y, text), or (x, y, text, color)
+    Label: TypeAlias = tuple[float, float, str] | tuple[float, float, str, ColorType]
 
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
 
@@ -14,7 +27,7 @@ ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
 def _subtitle(df: pd.DataFrame) -> str:
     """Box, model and engine (and the workload and profile) of the sweep, two lines."""
 
-    def names(col):
+    def names(col: str) -> str:
         return ", ".join(dict.fromkeys(ENGINE_NAMES.get(str(x), str(x)) for x in df[col]))
 
     return (
@@ -27,7 +40,7 @@ def _label(df: pd.DataFrame, gpus: int, split: str) -> str:
     return split if df.gpus.nunique() == 1 else f"{split} ({gpus} GPUs)"
 
 
-def _splits(df: pd.DataFrame):
+def _splits(df: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame]]:
     """(label, rows) of each split, by GPUs, tp, pp and dp: keyed by the split's name, so
     a DP split with a plain split's tp and pp stays apart. A table of several conditions
     (box, engine, lengths: conditions.py) gives one per split and condition, labelled
@@ -48,7 +61,7 @@ def _splits(df: pd.DataFrame):
         yield label, part.drop(columns="_condition")
 
 
-def _conc_axis(ax, concs) -> None:
+def _conc_axis(ax: Axes, concs: Iterable[float]) -> None:
     ax.set_xscale("log", base=2)
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticks(sorted(set(int(c) for c in concs)))
@@ -60,13 +73,15 @@ def _figure(width: float = 8.0, height: float = 5.0) -> Figure:
     return Figure(figsize=(width, height), dpi=110, layout="constrained")
 
 
-def _mark_caps(ax, df: pd.DataFrame, column: str, scale=lambda part: 1.0) -> None:
+def _mark_caps(
+    ax: Axes, df: pd.DataFrame, column: str, scale: Callable[[pd.DataFrame], float] = lambda part: 1.0
+) -> None:
     """Where the running cap or the KV cache flattens a split's curve: the first swept
     concurrency at or above the split's `effective_cap` (sweep.caps), labelled with the
     bound; past it more clients only queue. Needs the sweep table's cap columns."""
     if "effective_cap" not in df.columns:
         return
-    texts = []
+    texts: list[Label] = []
     for _label, part in _splits(df):
         cap = int(part.effective_cap.iloc[0])
         at = part[part.conc >= cap]
@@ -80,16 +95,19 @@ def _mark_caps(ax, df: pd.DataFrame, column: str, scale=lambda part: 1.0) -> Non
         _annotate_apart(ax, texts, fontsize=7, color="dimgrey", arrows=True)
 
 
-def _annotate_apart(ax, texts, fontsize: int = 7, color=None, arrows: bool = False) -> None:
+def _annotate_apart(
+    ax: Axes, texts: Sequence[Label], fontsize: int = 7, color: ColorType | None = None, arrows: bool = False
+) -> None:
     """Label points so that labels do not print over each other: each label goes to the
     first of a ring of offsets where its drawn box overlaps no label placed before it
     (measured with the Agg renderer at the figure's size)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     fig = ax.figure
+    assert isinstance(fig, Figure)  # drawn on a figure of _figure, never a subfigure
     renderer = FigureCanvasAgg(fig).get_renderer()
     fig.draw_without_rendering()  # lays the figure out, fixing the axes' transforms
-    placed = []
+    placed: list[Bbox] = []
     offsets = [
         (5, 4),
         (5, -12),
@@ -128,7 +146,7 @@ def _annotate_apart(ax, texts, fontsize: int = 7, color=None, arrows: bool = Fal
             note.remove()
 
 
-def _undefined_speed(ax, df: pd.DataFrame) -> None:
+def _undefined_speed(ax: Axes, df: pd.DataFrame) -> None:
     """Say on `ax` how many points have no per-request speed to place them by (one-token
     outputs: no request decodes; files.UNDEFINED_OK): they are not drawn."""
     missing = int(df.per_request_tok_s.isna().sum())

@@ -37,8 +37,10 @@ from .objectives import CONSTRAINTS, OBJECTIVES
 if TYPE_CHECKING:
     import pandas as pd
 
+    from ..engines.protocol import EngineConfig, EngineSettings
     from ..inputs.workload import Workload
     from ..scenario.build import Scenario
+    from ..scenario.steady_model import Estimate
 
 # model figure -> the sweep column a search reads (a constraint's or an objective's)
 MODEL_COLUMNS = {
@@ -193,7 +195,7 @@ def _structural(tp: int, pp: int, base: dict, chunk: int | None, space: PlanSpac
     return build_scenario(tp=tp, pp=pp, **load, **{**base, **engine_kw})
 
 
-def _engine(kw: dict):
+def _engine(kw: dict) -> type[EngineConfig]:
     """The engine config class a scenario of `kw` runs: the one named, else its profile's
     (build_scenario's rule)."""
     from ..engines import ENGINES
@@ -207,14 +209,14 @@ def _engine(kw: dict):
     return ENGINES[name]
 
 
-def _with_cap(sc: Scenario, cap: int | None):
+def _with_cap(sc: Scenario, cap: int | None) -> EngineSettings:
     """The scenario's settings with the running cap `cap` (None: as resolved), the
     knobs the engine derives from it derived again unless the user gave them."""
     if cap is None:
         return sc.settings
     cfg = sc.engine
     knob = cfg.running_cap_knob
-    changes = {knob: cap}
+    changes: dict[str, int | None] = {knob: cap}
     for d in cfg.derived_from.get(knob, ()):
         if sc.knob_sources.get(d) != "user":
             changes[d] = None
@@ -251,7 +253,17 @@ def _fixed(sc: Scenario) -> dict:
     )
 
 
-def _append(cols, fixed, settings, est, load, open_loop, ep, cap, chunk) -> None:
+def _append(
+    cols: dict[str, list],
+    fixed: dict,
+    settings: EngineSettings,
+    est: Estimate,
+    load: float,
+    open_loop: bool,
+    ep: bool,
+    cap: int | None,
+    chunk: int | None,
+) -> None:
     knobs = [f"cap {settings.running_cap}"] if cap is not None else []
     knobs += [f"chunk {settings.prefill_budget}"] if chunk is not None else []
     label = fixed["label"]
@@ -297,7 +309,9 @@ def screen(space: PlanSpace, kwargs: dict, workers: int | None = None) -> tuple[
     return df, [f"{k}: {v}" for k, v in skipped.items()]
 
 
-def _screen_task(_tp, _pp, _load, shared: dict, _run: dict, _open: bool, combo: dict) -> dict:
+def _screen_task(
+    _tp: int, _pp: int, _load: float, shared: dict, _run: dict, _open: bool, combo: dict
+) -> dict:
     """One task of `screen` (the signature explore/workers.py runs)."""
     return screen_combo(shared["space"], shared["kwargs"], combo)
 
@@ -356,11 +370,11 @@ def select(
         )
     else:
         col, larger, _ = OBJECTIVES[objective]
-        m = {
+        figure_of = {
             "output_throughput_tok_s": "output_throughput_tok_s",
             "output_tok_s_per_gpu": "output_throughput_tok_s",
         }
-        fig = m.get(col, "per_request_tok_s" if col == "per_request_tok_s" else "ttft_ms")
+        fig = figure_of.get(col, "per_request_tok_s" if col == "per_request_tok_s" else "ttft_ms")
         scale = 1.0 / df.gpus if col == "output_tok_s_per_gpu" else 1.0
         lo, hi = df[f"band_{fig}_lo"] * scale, df[f"band_{fig}_hi"] * scale
         point = df[f"model_{fig}"] * scale

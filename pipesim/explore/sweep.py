@@ -225,12 +225,13 @@ def sweep(
 
     only = None
     if splits is not None:
-        only = [tuple(x) for x in splits]
+        pairs = [tuple(x) for x in splits]
         require(
-            len(only) > 0
-            and all(len(x) == 2 and all(isinstance(v, int) and v >= 1 for v in x) for x in only),
+            len(pairs) > 0
+            and all(len(x) == 2 and all(isinstance(v, int) and v >= 1 for v in x) for x in pairs),
             f"splits {splits!r} must be (tp, pp) pairs of whole numbers >= 1, e.g. [(2, 4), (8, 1)]",
         )
+        only = [(tp, pp) for tp, pp in pairs]
         gpus = sorted({tp * pp for tp, pp in only})
     gpu_counts = whole_numbers(gpus, "gpus")
     dps = whole_numbers(dp, "dp")
@@ -252,7 +253,7 @@ def sweep(
     from ..api import RUN_KEYS
 
     run_kwargs = {k: kwargs.pop(k) for k in RUN_KEYS if k in kwargs}
-    lists = dict(
+    lists: dict[str, Sequence] = dict(
         box=choices(box, "box"),
         engine=choices(engine, "engine"),
         input_len=choices(input_len, "input length"),
@@ -375,7 +376,7 @@ def summary(df: pd.DataFrame) -> str:
     return "\n\n".join([*blocks, bands, skipped]).rstrip()
 
 
-def _heading(df: pd.DataFrame, varying: list[str] = ()) -> list[str]:
+def _heading(df: pd.DataFrame, varying: Sequence[str] = ()) -> list[str]:
     """The sweep's model, box, profile, engine and lengths (those in `varying` listed),
     what the cells hold, and a blank line."""
     lc = load_column(df)
@@ -403,7 +404,7 @@ def _table(df: pd.DataFrame) -> list[str]:
     splits_ = (
         df[["gpus", "tp", "pp", "dp", "split"]].drop_duplicates().sort_values(["gpus", "dp", "tp", "pp"])
     )
-    best = {(r.gpus, getattr(r, lc)): r.split for r in best_by_conc(df).itertuples()}
+    best: dict[tuple, object] = {(r.gpus, getattr(r, lc)): r.split for r in best_by_conc(df).itertuples()}
     width = max(20, 2 + max(len(s) for s in splits_.split))
     header = f"{'GPUs':>4} {'req/s' if lc == 'rate_rps' else 'C':>5}  " + "".join(
         f"{s:>{width}}" for s in splits_.split

@@ -6,7 +6,7 @@ those rows as it ranks a sweep."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from ..base.checks import MAX_CONCURRENCY, MAX_SIMULATE
@@ -65,7 +65,7 @@ def two_stage(
             positive_numbers(rate, "rate") if open_loop else whole_numbers(conc, "conc", MAX_CONCURRENCY)
         ),
         open_loop=open_loop,
-        splits=None if splits is None else tuple(tuple(s) for s in splits),
+        splits=None if splits is None else tuple((tp, pp) for tp, pp in splits),
         dps=tuple(whole_numbers(kwargs.pop("dp", 1), "dp")),
         expert_parallel=tuple(expert_parallel) if expert_parallel is not None else (ep_flag,),
         running_caps=tuple(running_caps) if running_caps else (None,),
@@ -113,7 +113,7 @@ def two_stage(
     return table, text
 
 
-def _combo(r: pd.Series, index: int) -> dict:
+def _combo(r: pd.Series, index: Hashable) -> dict:
     """What a simulated plan is built with beside its split and load: its box, engine,
     lengths, data-parallel ranks, expert parallel and the knobs the plan sets."""
     from ..engines import ENGINES

@@ -134,7 +134,8 @@ class Box:
         up, down = self._ancestors(f"gpu{src_gpu}"), self._ancestors(f"gpu{dst_gpu}")
         below = {n: i for i, n in enumerate(down)}  # linear in the depth, not quadratic
         at = next((i for i, n in enumerate(up) if n in below), None)
-        require(at is not None, f"box {self.name}: gpu{src_gpu} and gpu{dst_gpu} are not connected")
+        if at is None:
+            raise UserError(f"box {self.name}: gpu{src_gpu} and gpu{dst_gpu} are not connected")
         hops_up = up[:at]
         hops_down = down[: below[up[at]]]
         parent = self._parents
@@ -177,11 +178,11 @@ def cluster(box: Box, nodes: int, network: Network | None = None) -> Box:
     net = network or box.network
     if nodes == 1:
         return box if net is box.network else replace(box, network=net)
-    require(
-        net is not None,
-        f"box {box.name} has no [network] section; give one with --network "
-        f"({', '.join(network_names())}) to join {nodes} nodes",
-    )
+    if net is None:
+        raise UserError(
+            f"box {box.name} has no [network] section; give one with --network "
+            f"({', '.join(network_names())}) to join {nodes} nodes"
+        )
     g = box.gpu_count
     require(g * nodes <= MAX_GPUS, f"--nodes {nodes} makes {g * nodes} GPUs, above the limit of {MAX_GPUS}")
 
@@ -263,17 +264,22 @@ def load_box(name_or_path: str | Path, nodes: int = 1, network: str | None = Non
     return box
 
 
-def _number(value, what: str, positive: bool = True) -> float:
+def _number(value: object, what: str, positive: bool = True) -> float:
     """A finite number (not a bool or a string); > 0 when `positive`, else >= 0."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > 0 if positive else value >= 0)
-    require(ok, f"{what} = {value!r} must be a finite number {'> 0' if positive else '>= 0'}")
+    if not (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > 0 if positive else value >= 0)
+    ):
+        raise UserError(f"{what} = {value!r} must be a finite number {'> 0' if positive else '>= 0'}")
     return float(value)
 
 
 def _text(d: dict, key: str, what: str, default: str | None = None) -> str:
     value = d.get(key, default)
-    require(isinstance(value, str), f"{what}.{key} must be a string, got {value!r}")
+    if not isinstance(value, str):
+        raise UserError(f"{what}.{key} must be a string, got {value!r}")
     return value
 
 
@@ -282,7 +288,8 @@ def box_from_dict(data: dict, origin: str = "box") -> Box:
     child has one parent, no cycle) that reaches every GPU; then build it."""
     where = f"box {origin}"
     g = data.get("gpu")
-    require(isinstance(g, dict), f"{where}: missing [gpu] section")
+    if not isinstance(g, dict):
+        raise UserError(f"{where}: missing [gpu] section")
     for key in ("name", "count", "memory_bytes", "mem_bw_bytes_s", "flops_bf16"):
         require(key in g, f"{where}: missing field gpu.{key}")
     count = g["count"]
@@ -345,7 +352,9 @@ def box_from_dict(data: dict, origin: str = "box") -> Box:
     # depth): a repeat within one walk is a cycle; a node's depth is its parent's + 1
     depth: dict[str, int] = {}
     for node in parents:
-        walk, on_walk, n = [], set(), node
+        walk: list[str] = []
+        on_walk: set[str] = set()
+        n = node
         while n in parents and n not in depth:
             if n in on_walk:
                 cycle = walk[walk.index(n) :] + [n]

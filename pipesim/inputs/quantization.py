@@ -36,6 +36,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from ..base.checks import Fields
 from ..base.errors import UserError, require
@@ -86,6 +87,10 @@ _ATTENTION = re.compile(r"self_attn|(?:^|[.*:])attn(?:$|[.*])|\b[qkvo]_proj|qkv_
 _EXPERTS = re.compile(r"(?<!shared_)experts")
 
 
+@overload
+def as_format(dtype: str | WeightFormat) -> WeightFormat: ...
+@overload
+def as_format(dtype: None) -> None: ...
 def as_format(dtype: str | WeightFormat | None) -> WeightFormat | None:
     """A format, or the one a name in FORMATS stands for (None stays None)."""
     if dtype is None or isinstance(dtype, WeightFormat):

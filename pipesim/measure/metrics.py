@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -191,7 +191,21 @@ class Result:
         return _clean(d)
 
 
-def _clean(v):
+class Figures(TypedDict):
+    """A Result's per-request figures: a closed loop's from its rows, an open loop's
+    from its running tallies (`collect`)."""
+
+    per_request_tok_s: float
+    ttft_ms_mean: float
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    tpot_ms_mean: float
+    tpot_ms_p50: float
+    tpot_ms_p99: float
+    e2e_ms_mean: float
+
+
+def _clean(v: Any) -> Any:
     if isinstance(v, dict):
         return {k: _clean(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -242,14 +256,15 @@ def collect(
         out, latency_s = done.closed_loop_sample(queued)
         # its throughput's CI as the stopping rule measured it (a record built by hand
         # carries none: then from its requests)
+        load = rec.engine_load if rec.engine_load is not None else rec.clients  # queued: the admitted
         ci = (
             rec.verdict[:2]
             if rec.verdict is not None
-            else closed_loop_ci(rec.engine_load if queued else rec.clients, out, latency_s, period_requests)
+            else closed_loop_ci(load, out, latency_s, period_requests)
         )
         # more clients than admitted: the run is too short for the queue to reach its
         # steady wait, which Little's law gives exactly in mean (steady.py)
-        if queued and len(out):
+        if rec.engine_load is not None and len(out):
             wait_s = queue_wait_s(rec.clients, rec.engine_load, float(np.mean(latency_s)))
     if rows is not None:
         order = np.argsort(rows["rid"], kind="stable")
@@ -269,7 +284,7 @@ def collect(
         ttft, e2e = cols["ttft_ms"], cols["e2e_ms"]
         tpot = cols["tpot_ms"][~np.isnan(cols["tpot_ms"])]
         speeds = cols["decode_tok_s"][~np.isnan(cols["decode_tok_s"])]
-        figures = dict(
+        figures = Figures(
             per_request_tok_s=float(speeds.mean()) if len(speeds) else float("nan"),
             ttft_ms_mean=float(ttft.mean()) if len(ttft) else float("nan"),
             ttft_ms_p50=percentile(ttft, 50),
@@ -281,8 +296,9 @@ def collect(
         )
         saturation, rel_error, stretches = None, 0.0, {}
     else:  # an open loop or a trace: running figures (request_tally.py)
+        assert st.token_times is not None  # an open loop's tally keeps them
         ci = st.token_times.window_ci(t0, t1)
-        figures = dict(
+        figures = Figures(
             per_request_tok_s=done.decode_tok_s.mean,
             ttft_ms_mean=done.ttft_ms.mean,
             ttft_ms_p50=done.ttft_ms.percentile(50),
@@ -295,7 +311,8 @@ def collect(
         stretches = {} if done.stretches is None else done.stretches.samples(t0)
         sat = done.saturation()
         saturation = None if sat is None else sat.to_dict()
-        sketched = [p.sketch.rel_error for p in (done.ttft_ms, done.tpot_ms) if not p.exact]
+        # the percentiles no longer exact: each within its sketch's error
+        sketched = [p.sketch.rel_error for p in (done.ttft_ms, done.tpot_ms) if p.sketch is not None]
         rel_error = max(sketched, default=0.0)
 
     compute = np.array(st.compute_s) / span

@@ -66,6 +66,7 @@ def freeze(
     if keep_rows:
         rows.clip(end_s)
     names = tuple(hop_name(s, pp) for s in range(pp)) if pp > 1 and dp == 1 else ()
+    assert steps.window_s is not None  # set by the final fold
     return Record(
         compute=tuple(rows.compute),
         comm=tuple(rows.comm),

@@ -40,7 +40,11 @@ from .rows import HOST_PARTS, Recorder, upto
 from .steady import TimeHistogram
 
 if TYPE_CHECKING:
-    from numpy.typing import ArrayLike
+    from collections.abc import Sequence
+    from typing import TypeAlias
+
+    # [(start, end)]: a list of pairs or an (n, 2) array
+    Intervals: TypeAlias = Sequence[Sequence[float]] | np.ndarray
 
 # Gaps shorter than this are float noise between touching intervals, not bubbles.
 BUBBLE_MIN_S = 1e-9
@@ -52,7 +56,7 @@ FOLD_RETURNS = 4096
 # ---- interval arithmetic (one clipping rule for every figure) ----------------------
 
 
-def rows_array(intervals: ArrayLike) -> np.ndarray:
+def rows_array(intervals: Intervals) -> np.ndarray:
     """[(start, end)] as an (n, 2) float array (a list of pairs read flat: several
     times faster than np.asarray on a list of tuples)."""
     if isinstance(intervals, list):
@@ -61,13 +65,13 @@ def rows_array(intervals: ArrayLike) -> np.ndarray:
     return np.asarray(intervals, dtype=float).reshape(-1, 2)
 
 
-def _clipped(intervals: ArrayLike, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray]:
+def _clipped(intervals: Intervals, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray]:
     """Starts and ends of [(start, end)] clipped to [t0, t1] (empty ones keep end <= start)."""
     a = rows_array(intervals)
     return np.maximum(a[:, 0], t0), np.minimum(a[:, 1], t1)
 
 
-def busy_in(intervals: ArrayLike, t0: float, t1: float) -> float:
+def busy_in(intervals: Intervals, t0: float, t1: float) -> float:
     """Seconds of `intervals` inside [t0, t1], overlaps counted each time (a resource
     busy twice at once, e.g. two transfers waiting, counts both)."""
     if len(intervals) == 0:
@@ -76,7 +80,7 @@ def busy_in(intervals: ArrayLike, t0: float, t1: float) -> float:
     return float(np.clip(end - start, 0.0, None).sum())
 
 
-def merge(intervals: ArrayLike, t0: float = -np.inf, t1: float = np.inf) -> np.ndarray:
+def merge(intervals: Intervals, t0: float = -np.inf, t1: float = np.inf) -> np.ndarray:
     """The union of [(start, end)] clipped to [t0, t1], as sorted disjoint rows.
     Touching intervals merge (compute then its all-reduce is one busy stretch)."""
     start, end = _clipped(intervals, t0, t1)
@@ -92,7 +96,7 @@ def merge(intervals: ArrayLike, t0: float = -np.inf, t1: float = np.inf) -> np.n
     return np.column_stack((starts, ends))
 
 
-def covered_s(intervals: ArrayLike, t0: float, t1: float) -> float:
+def covered_s(intervals: Intervals, t0: float, t1: float) -> float:
     """Seconds of [t0, t1] covered by at least one of `intervals` (overlaps once)."""
     m = merge(intervals, t0, t1)
     return float((m[:, 1] - m[:, 0]).sum())

@@ -19,7 +19,7 @@ import importlib.util
 from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..base.errors import UserError, require
 from ..inputs.box import Box
@@ -127,11 +127,11 @@ def profile_for_box(box: Box, engine: str, model: str | None, version: str | Non
             prof = replace(prof, meta={**prof.meta, "table_sources": sources, "sources": sources})
     else:
         root = data_root()
-        require(
-            root is not None,
-            f"box {box.name} is costed from AIConfigurator's measured {choice.name} tables, which pipesim "
-            f"does not ship and are not installed: {CATALOGUE_EXTRA} (or name a profile with --profile)",
-        )
+        if root is None:
+            raise UserError(
+                f"box {box.name} is costed from AIConfigurator's measured {choice.name} tables, which pipesim "
+                f"does not ship and are not installed: {CATALOGUE_EXTRA} (or name a profile with --profile)"
+            )
         folder = root / choice.name
         require(
             folder.is_dir() and any(folder.iterdir()),
@@ -250,7 +250,7 @@ def _profile(system: str, engine: str, tables: Tables, read: dict, built_by: str
     )
     version = _engine_version(read, engine)
     sources = {t: f"AIConfigurator {system} {v}" for t, v in read.items()}
-    meta = {
+    meta: dict[str, Any] = {
         "name": f"aiconfigurator-{system}-{engine}",
         "engine": engine,
         "engine_version": version,
@@ -284,6 +284,7 @@ def _shipped_profile(system: str, engine: str, version: str | None) -> Profile:
         )
     columns, read, keys = got
     idx = derived.index(system)
+    assert idx is not None  # load_tables found the system's index
     built_by = (
         f"pipesim's derived tables (calibration/build_catalogue.py) of aiconfigurator-core "
         f"{idx['aiconfigurator_core']}, shipped"
@@ -314,7 +315,7 @@ def first_principles_profile(box: Box, engine: str) -> Profile:
 
     die = box.same_die_as
     fitted_on = f"on AIConfigurator's {die} tables (the same die)" if die else "on measured GPUs"
-    meta = {
+    meta: dict[str, Any] = {
         "name": f"first-principles-{box.name}",
         "engine": engine,
         "built_by": "pipesim catalogue (no measured tables: roofline)",

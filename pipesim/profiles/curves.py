@@ -13,7 +13,7 @@ range; a lookup over several axes is as weak as its weakest axis.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,7 +43,7 @@ class Curve:
 
     __slots__ = ("xs", "ys")
 
-    def __init__(self, xs, ys):
+    def __init__(self, xs: ArrayLike, ys: ArrayLike) -> None:
         xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
         keep = ~(np.isnan(xs) | np.isnan(ys))
         order = np.argsort(xs[keep])
@@ -53,7 +53,7 @@ class Curve:
             raise ValueError("a curve needs at least one measured point")
 
     @classmethod
-    def from_sorted(cls, xs: ArrayLike, ys: ArrayLike) -> Curve:
+    def from_sorted(cls, xs: Iterable[float], ys: Iterable[float]) -> Curve:
         """A curve from points already sorted by x, with no NaN (checked tables)."""
         c = cls.__new__(cls)
         c.xs, c.ys = [float(v) for v in xs], [float(v) for v in ys]
@@ -87,7 +87,7 @@ def bracket(grid: list[float], x: float) -> list[tuple[int, float]]:
     return [(i, 1.0 - w), (i + 1, w)]
 
 
-class Curves(Mapping):
+class Curves(Mapping[tuple, Curve]):
     """{key: Curve} over parallel arrays sorted by key, then size: each curve is built
     the first time it is read (a GEMM table holds thousands; a run reads a few)."""
 
@@ -99,14 +99,14 @@ class Curves(Mapping):
         self._spans = dict(zip(map(tuple, starts), zip(bounds[:-1], bounds[1:])))
         self._built: dict = {}
 
-    def __getitem__(self, key) -> Curve:
+    def __getitem__(self, key: tuple) -> Curve:
         curve = self._built.get(key)
         if curve is None:
             a, b = self._spans[key]
             curve = self._built[key] = Curve.from_sorted(self._xs[a:b], self._ys[a:b])
         return curve
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple]:
         return iter(self._spans)
 
     def __len__(self) -> int:

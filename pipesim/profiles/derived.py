@@ -28,8 +28,14 @@ from collections.abc import Mapping
 from functools import lru_cache, partial
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
+    import pandas as pd
 
 from .tables import TABLE_COLUMNS, TEXT_COLUMNS
 
@@ -37,7 +43,7 @@ INDEX = "index.json"
 FORMAT = 1  # of index.json and the .npz columns
 
 
-def _root():
+def _root() -> Traversable:
     """The shipped catalogue: the installed package `pipesim.data.catalogue`, or
     calibration/catalogue beside the source when pipesim runs uninstalled."""
     try:
@@ -98,7 +104,7 @@ def load_tables(system: str, engine: str, version: str | None) -> tuple[dict, di
 # ---- writing (calibration/build_catalogue.py) ------------------------------------------------
 
 
-def _npz(table: str, df) -> tuple[bytes, str]:
+def _npz(table: str, df: pd.DataFrame) -> tuple[bytes, str]:
     """One table as compressed numpy columns (keys and latency_ms only, in TABLE_COLUMNS'
     order; text as fixed-width unicode, no pickles) and the hash of its content."""
     cols = {}
@@ -112,7 +118,8 @@ def _npz(table: str, df) -> tuple[bytes, str]:
         digest.update(f"{c}|{v.dtype.str}|{len(v)}|".encode())
         digest.update(np.ascontiguousarray(v).tobytes())
     buf = io.BytesIO()
-    np.savez_compressed(buf, **cols)
+    # the stubs match the columns against savez_compressed's own allow_pickle keyword too
+    np.savez_compressed(buf, **cols)  # type: ignore[arg-type]
     return buf.getvalue(), digest.hexdigest()[:16]
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 from ..base.checks import (
     MAX_ASYNC_DEPTH,
@@ -148,7 +148,18 @@ def read_points(
         )
         row = dict(zip(header, cells))
 
-        def num(col, kind, required=False, row=row, line=line):
+        # an int for kind int, else a float; None only for a blank cell not required
+        @overload
+        def num(col: str, kind: type[int], required: Literal[True]) -> int: ...
+        @overload
+        def num(col: str, kind: type[int], required: Literal[False] = ...) -> int | None: ...
+        @overload
+        def num(col: str, kind: type[float], required: Literal[True]) -> float: ...
+        @overload
+        def num(col: str, kind: type[float], required: Literal[False] = ...) -> float | None: ...
+        def num(
+            col: str, kind: type, required: bool = False, row: dict[str, str] = row, line: int = line
+        ) -> float | None:
             text = str(row.get(col, "")).strip()
             if text == "":
                 require(not required, f"{origin}: line {line}, column {col}: a value is required")
@@ -185,7 +196,7 @@ def read_points(
             f"{origin}: line {line}: a per-request decode speed at output_len 1 is not defined "
             "(a one-token output has no decode); give output_tok_s or a longer output",
         )
-        knobs = []
+        knobs: list[tuple[str, bool | int]] = []
         for k in KNOBS:
             text = str(row.get(k, "")).strip()
             if text == "":
@@ -197,7 +208,7 @@ def read_points(
                 )
                 knobs.append((k, text.lower() in ("true", "1")))
             else:
-                knobs.append((k, num(k, int)))
+                knobs.append((k, num(k, int, True)))  # not blank: a blank cell is skipped above
         points.append(
             Point(
                 name=str(row.get("name", "")).strip(),

@@ -27,12 +27,14 @@ from ..base.errors import require
 from ..base.writes import lock, old_versions
 from ..inputs.routing import exponent
 from .bounds import check_tables, datasheet
-from .measured import read_points
+from .measured import Point, read_points
 from .table_cache import cached_columns, table_key
 from .tables import TABLE_COLUMNS, Tables
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
+
+    from ..inputs.box import Box
 
 DEFAULT_PROFILE = "rtx-pro-6000-sglang-deployment"  # the reference deployment
 # profile.toml: keys that must be tables, and keys that must be strings
@@ -87,7 +89,7 @@ class Params:
         require(
             not unknown, f"{origin}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(known)}"
         )
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {}  # each value checked below against its field
         for f in fields(cls):
             if f.name not in data:
                 continue
@@ -174,11 +176,11 @@ class Profile:
     params: Params
     meta: dict = field(hash=False, compare=False)
     tables: Tables = field(hash=False, compare=False)
-    measured: tuple = field(default=(), hash=False, compare=False)  # measured.Point, to fit and validate
+    measured: tuple[Point, ...] = field(default=(), hash=False, compare=False)  # to fit and validate
     foreign: str = field(
         default="", hash=False, compare=False
     )  # what differs from the run it costs (borrowed)
-    box_spec: object = field(
+    box_spec: Box | None = field(
         default=None, hash=False, compare=False
     )  # the Box it was built for (catalogue), else box names it
 
@@ -196,7 +198,11 @@ class Profile:
         then its own (`meta["params"]`), so the host loop's defaults do not replace them
         (profiles/hostloop.py)."""
         meta = {**self.meta, "params": {**self.meta.get("params", {}), **values}}
-        return replace(self, params=replace(self.params, **values), meta=meta)
+        # replace() refuses a name that is not a field; that each value suits its field
+        # (a float, moe_distribution a str) is the caller's: keywords of one type cannot
+        # be matched field by field
+        params = replace(self.params, **values)  # type: ignore[arg-type]
+        return replace(self, params=params, meta=meta)
 
     # lookups, from the shared tables
     gemm = property(lambda self: self.tables.gemm)
@@ -212,7 +218,7 @@ class Profile:
 # ---- loading and writing -----------------------------------------------------------------
 
 
-def _shipped():
+def _shipped() -> Traversable:
     """Where the shipped profiles are: the installed package `pipesim.data.profiles`, or
     calibration/profiles beside the source when pipesim runs uninstalled."""
     try:
@@ -226,7 +232,7 @@ def profile_names() -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and p.joinpath("profile.toml").is_file())
 
 
-def _profile_dir(name_or_path: str | Path):
+def _profile_dir(name_or_path: str | Path) -> Traversable:
     """A shipped profile's folder (a resource of the package) or the folder given, as an
     absolute path ('.' has a name then); a folder whose write was killed between its two
     renames is put back first (`_recover`)."""
@@ -306,7 +312,7 @@ def shipped_meta() -> list[dict]:
     out = []
     for name in profile_names():
         f = root.joinpath(name).joinpath("profile.toml")
-        out.append(parse_toml(read_text(f, "profile file"), str(f)))
+        out.append(parse_toml(read_text(Path(str(f)), "profile file"), str(f)))
     return out
 
 
@@ -340,7 +346,7 @@ def _load_profile(folder_text: str, _stamp: tuple) -> Profile:
             if (key := table_key(f)) is not None:
                 keys[table] = key
     tables = Tables(columns=columns, keys=keys)
-    measured: tuple = ()
+    measured: tuple[Point, ...] = ()
     f = folder.joinpath("measured.csv")
     if f.is_file():
         measured = tuple(read_points(f, str(f), str(meta.get("model", "kimi-k2.6")), str(meta["engine"])))

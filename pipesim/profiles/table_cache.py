@@ -68,7 +68,7 @@ def cached_columns(f: Path | Traversable, table: str) -> dict[str, np.ndarray]:
     if cached is not None:
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(cached, lambda tmp: np.savez(tmp, **cols))
+            write_atomic(cached, lambda tmp: np.savez(tmp, **cols))  # type: ignore[arg-type]  # stubs: cols vs allow_pickle
             _trim_cache(cached.parent)
         except (OSError, UserError):  # a cache folder that cannot be written (or a link): no copy
             pass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,7 +18,7 @@ from ..base.checks import MAX_TABLE_BYTES, MAX_TABLE_ROWS, read_bounded
 from ..base.errors import UserError, require
 from ..inputs.quantization import KERNELS
 from ..inputs.routing import exponent
-from .curves import Surface, group_curves
+from .curves import Curves, Surface, group_curves
 from .stored_lookups import stored_lookup
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class Tables(Mapping):
             self._frames[table] = pd.DataFrame(self._read(table))
         return self._frames[table]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(sorted(set(self._frames) | set(self._columns), key=list(TABLE_COLUMNS).index))
 
     def __len__(self) -> int:
@@ -137,12 +137,12 @@ class Tables(Mapping):
         """dtype -> (ns, ks, {(n, k): Curve over m})."""
         return self._stored("gemm", self._gemm)
 
-    def _gemm(self) -> dict:
-        out: dict = {}
+    def _gemm(self) -> dict[str, tuple[list[int], list[int], Curves]]:
+        out: dict[str, tuple[list[int], list[int], Curves]] = {}
         df = self.columns("gemm")
         if df is None:
             return out
-        for dtype, part in _groups(df, ("dtype",)):
+        for (dtype,), part in _groups(df, ("dtype",)):
             curves = group_curves(_keys(part, ("n", "k")), part["m"], part["latency_ms"])
             ns = sorted({n for n, _ in curves})
             ks = sorted({k for _, k in curves})
@@ -240,11 +240,11 @@ def _by_routing(curves: dict) -> dict:
     return out
 
 
-def _keys(cols: dict, names) -> np.ndarray:
+def _keys(cols: dict, names: Iterable[str]) -> np.ndarray:
     return np.column_stack([np.asarray(cols[c]).astype(np.int64) for c in names])
 
 
-def _groups(cols: dict, by: tuple[str, ...]):
+def _groups(cols: dict, by: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], dict[str, np.ndarray]]]:
     """(key, columns of its rows in table order) per distinct value of the `by`
     columns, keys sorted (as a DataFrame groupby)."""
     # each column's distinct values sorted (as strings) and each row's rank among them;
@@ -257,7 +257,7 @@ def _groups(cols: dict, by: tuple[str, ...]):
     order = np.argsort(code, kind="stable")  # table order within a key
     for idx in np.split(order, np.flatnonzero(np.diff(code[order])) + 1) if len(order) else ():
         key = tuple(str(t[idx[0]]) for t in texts)
-        yield (key[0] if len(by) == 1 else key), {c: np.asarray(v)[idx] for c, v in cols.items()}
+        yield key, {c: np.asarray(v)[idx] for c, v in cols.items()}
 
 
 # the enumerated text columns and the values each may hold (a value pipesim does not know

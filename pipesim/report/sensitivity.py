@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..base.cache import ResultCache
+    from ..inputs.workload import Lengths
     from ..scenario.build import Scenario
 
 METRICS = ("output_throughput_tok_s", "per_request_tok_s", "ttft_ms_p50", "tpot_ms_p50")
@@ -65,8 +66,8 @@ class Item:
     kind: str  # "parameter" or "workload"
     low_label: str  # the value moved to, as text
     high_label: str
-    low: dict  # metric -> value with the item moved down (None: not moved down)
-    high: dict
+    low: dict | None  # metric -> value with the item moved down (None: not moved down)
+    high: dict | None
     note: str = ""
 
     def swing(self, base: dict, metric: str = "output_throughput_tok_s") -> float:
@@ -202,7 +203,7 @@ def _param_bars(scenario: Scenario, step: float) -> list[Bar]:
     return bars
 
 
-def _scaled(lengths, f: float):
+def _scaled(lengths: Lengths, f: float) -> Lengths:
     from ..inputs.workload import Lengths
 
     return Lengths(max(1, round(lengths.lo * f)), max(1, round(lengths.hi * f)))
@@ -237,15 +238,15 @@ def _workload_bars(scenario: Scenario, step: float) -> list[Bar]:
                 )
             )
     if w.kind == "poisson":
-        lo, hi = w.rate_rps * (1 - step), w.rate_rps * (1 + step)
+        rate_lo, rate_hi = w.rate_rps * (1 - step), w.rate_rps * (1 + step)
         bars.append(
             Bar(
                 "rate_rps",
                 "workload",
-                _fmt(lo),
-                _fmt(hi),
-                ("workload", {"rate_rps": lo}),
-                ("workload", {"rate_rps": hi}),
+                _fmt(rate_lo),
+                _fmt(rate_hi),
+                ("workload", {"rate_rps": rate_lo}),
+                ("workload", {"rate_rps": rate_hi}),
             )
         )
     return bars
@@ -273,7 +274,8 @@ def _run_all(
     from ..scenario.work import Work
 
     keys = [result_key("sensitivity", fingerprint(changed(scenario, c))) for c in changes]
-    found = [cache.get(k) if cache is not None else None for k in keys]
+    stored = [cache.get(k) if cache is not None else None for k in keys]
+    found: list[dict | None] = [v if isinstance(v, dict) else None for v in stored]  # as _metrics gave
     todo = [i for i, v in enumerate(found) if v is None]
     work = Work("this sensitivity", "give it a shorter scenario (fewer requests or shorter outputs)")
     work.add(

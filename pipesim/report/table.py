@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..base.files import json_text
 from ..measure.metrics import Result
 from ..measure.occupancy import ordinal
@@ -23,6 +25,7 @@ def _positions(r: Result, engine: str) -> list[str]:
     means, empty = r.occupancy_by_position, r.empty_share_by_position
     if not means or len(means) < 2:
         return []
+    assert empty is not None  # kept with occupancy_by_position
     cells: list[tuple[str, str, str]] = []  # (positions, mean requests, time empty)
     for k, (m, e) in enumerate(zip(means, empty), start=1):
         mean, share = f"{m:.1f}", f"{e:.0%}"
@@ -73,7 +76,7 @@ def _evicted(engine: str) -> str:
 _SHORT = {"user": "user", "profile deployment": "profile", "engine default": "default"}
 
 
-def _sources(sources: dict):
+def _sources(sources: dict) -> Callable[[str], str]:
     """A formatter: ' [user]' / ' [profile]' / ' [default]' after a knob's value."""
     return lambda knob: f" [{_SHORT[sources[knob]]}]" if knob in sources else ""
 

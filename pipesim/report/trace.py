@@ -46,7 +46,7 @@ def _slice(
     return ev
 
 
-def _meta(kind: str, pid: int, tid: int, value) -> dict:
+def _meta(kind: str, pid: int, tid: int, value: str | int) -> dict:
     key = "name" if kind.endswith("_name") else "sort_index"
     return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": {key: value}}
 
@@ -177,7 +177,7 @@ def build_trace(rec: Record, result: Result) -> dict:
         # (rows of a dp > 1 record) each run their own batches: no such order.
         if rec.dp > 1:
             return {"dp_rank": stage}
-        d = {"micro_batch": i, "stage": stage}
+        d: dict[str, int | str] = {"micro_batch": i, "stage": stage}
         if i < len(batches):
             b = batches[i]
             d.update(slot=b.slot, requests=b.requests, kind=b.kind)

@@ -57,7 +57,9 @@ from .residual_band import (
 from .unchecked import unchecked
 
 if TYPE_CHECKING:
+    from ..inputs.workload import Lengths
     from ..measure.metrics import Result
+    from ..profiles.measured import Point
     from ..profiles.profile import Profile
     from ..scenario.build import Scenario
 
@@ -101,7 +103,7 @@ def regime(tp: int, pp: int, conc: int | None) -> tuple[str, str]:
     return ("C=1" if conc == 1 else "batched", "PP" if pp > 1 else "TP")
 
 
-def loo_residuals(profile: Profile) -> list[tuple[object, float]]:
+def loo_residuals(profile: Profile) -> list[tuple[Point, float]]:
     """(point, leave-one-out relative error) of the profile's measured points, as its
     fit stored them in profile.toml [fit.loo_error_pct] (point label -> %)."""
     stored = profile.meta.get("fit", {}).get("loo_error_pct", {})
@@ -158,7 +160,7 @@ def calibration_spread(profile: Profile, tp: int, pp: int, conc: int | None) -> 
     )
 
 
-def _spread(lengths, s: float):
+def _spread(lengths: Lengths, s: float) -> Lengths:
     from ..inputs.workload import Lengths
 
     if lengths.lo != lengths.hi:
@@ -196,7 +198,7 @@ def ensemble_scenarios(scenario: Scenario, runs: int = ENSEMBLE_RUNS) -> list[Sc
     return members
 
 
-def _values(result) -> dict:
+def _values(result: Result) -> dict:
     return {m: getattr(result, m) for m in HEADLINE}
 
 
@@ -290,16 +292,16 @@ def run_spread(result: Result, scenario: Scenario) -> dict:
         # as from a longer run, starting at phases spread over one period
         starts = np.arange(RUN_BATCHES) * p // RUN_BATCHES
         stretches, size = [order[(a + np.arange(member)) % n] for a in starts], member
-    samples = []
+    by_stretch = []
     for g in stretches:
         lat = e2e_s[g].sum()
-        samples.append(
+        by_stretch.append(
             _stretch_values(cols, g, w.concurrency * out_len[g].sum() / lat if lat > 0 else np.nan)
         )
     scale = math.sqrt(size / member)
     spread = {}
     for m in HEADLINE:
-        x = np.array([v[m] for v in samples], dtype=float)
+        x = np.array([v[m] for v in by_stretch], dtype=float)
         x = x[np.isfinite(x)]
         ok = len(x) >= 2 and x.mean() != 0
         spread[m] = float(Z_LIKELY * x.std(ddof=1) * scale / abs(x.mean())) if ok else 0.0

@@ -38,6 +38,7 @@ The two layouts of a system folder (flat and nested) are read by
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -70,7 +71,7 @@ _GQA_COLS = (
 def _finish(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Apply the common contract: drop NaN, average duplicate keys, round, sort."""
     df = df[keys + ["latency"]].dropna()
-    df = df.groupby(keys, as_index=False, sort=True)["latency"].mean()
+    df = df.groupby(keys, as_index=False, sort=True)[["latency"]].mean()
     df["latency_ms"] = df.pop("latency").map(sig6).astype(float)
     for col in keys:
         if pd.api.types.is_numeric_dtype(df[col]):
@@ -85,7 +86,7 @@ def _rename(df: pd.DataFrame, pairs: tuple[tuple[str, str], ...]) -> tuple[pd.Da
 
 
 def _pick_kernels(
-    raw: pd.DataFrame, kernels: dict[str, tuple[tuple[str, str], ...]], dtype_col: str
+    raw: pd.DataFrame, kernels: Mapping[str, tuple[tuple[str, str], ...]], dtype_col: str
 ) -> pd.DataFrame:
     """For each derived dtype, the rows of the first (kernel_source, source dtype) pair
     in its preference list that the table has, with `dtype` added."""
@@ -262,7 +263,7 @@ def build_tables(
         layout = Layout(src_dir, "vllm", flat_kernels=subdirs[0])
     if kernel_set == "sglang":
         # H200 has no flashinfer attention rows; SGLang's Hopper default fa3 comes next.
-        gqa_pref = ("flashinfer", "fa3", "triton", "flash_attention")
+        gqa_pref: tuple[str, ...] = ("flashinfer", "fa3", "triton", "flash_attention")
         parts = {
             "gemm": lambda: _gemm(layout, vllm=False),
             "moe": lambda: _moe(layout, vllm=False),

@@ -96,7 +96,7 @@ class Layout:
         """Read one AIConfigurator table; missing files are a user error, not a crash."""
         import pandas as pd
 
-        if self.nested:
+        if self.flat_kernels is None:  # nested
             path = self._nested_folder(stem) / f"{stem}.parquet"
             import pyarrow.parquet as pq
 

@@ -75,12 +75,13 @@ def _rows_from_json(
         require(isinstance(o, dict), f"{origin}: record {i} is not a JSON object")
         run_tp, run_pp = _split(o, "tp", tp, origin, i), _split(o, "pp", pp, origin, i)
         out = o.get("output_throughput")
-        require(
-            is_number(out) and math.isfinite(out) and out > 0,
-            f"{origin}: record {i} has no positive output_throughput (tok/s): output_throughput = {out!r}",
-        )
+        if not (is_number(out) and math.isfinite(out) and out > 0):
+            raise UserError(
+                f"{origin}: record {i} has no positive output_throughput (tok/s): output_throughput = {out!r}"
+            )
         conc = o.get("max_concurrency") or o.get("concurrency") or extra.get("conc")
-        require(conc is not None, f"{origin}: record {i} has no max_concurrency; pass --conc")
+        if conc is None:
+            raise UserError(f"{origin}: record {i} has no max_concurrency; pass --conc")
         require(
             is_int(conc) or (is_number(conc) and math.isfinite(conc) and conc == int(conc)),
             f"{origin}: record {i}: max_concurrency = {conc!r} must be a whole number from 1 to {MAX_CONCURRENCY}",
@@ -130,7 +131,7 @@ def _rows_from_json(
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def _blank(value):
+def _blank(value: object) -> object:
     return "" if value is None else value
 
 
@@ -193,10 +194,8 @@ def import_file(
     if fmt == "csv":
         new = points_frame(read_points(path, str(file), default_model, prof.engine))
     else:
-        require(
-            fmt == "vllm" or (tp is not None and pp is not None),
-            f"--tp and --pp are needed: {fmt} benchmark output does not record the split",
-        )
+        if fmt != "vllm" and (tp is None or pp is None):  # vLLM's records state their split
+            raise UserError(f"--tp and --pp are needed: {fmt} benchmark output does not record the split")
         parse = parse_sglang if fmt == "sglang" else parse_vllm
         rows = parse(
             read_text(path, "benchmark output"), str(file), tp, pp, conc=conc, name=name, model=model
