@@ -245,29 +245,29 @@ def build_grid(
 def whole_numbers(values: object, what: str, limit: int = MAX_GPUS) -> list[int]:
     """An int or a sequence of ints -> sorted and distinct; each from 1 to `limit`, at
     least one. (The command line turns '1,8,32' into a list first: `cli.options.parse_ints`.)"""
-    require(
-        not isinstance(values, (str, bytes)),
-        f"{what} {values!r} must be a whole number or a sequence of them, e.g. [1, 8, 32]",
-    )
-    items: list = [values] if is_int(values) or not isinstance(values, Iterable) else list(values)
-    require(len(items) > 0, f"{what} is empty; give at least one whole number >= 1, e.g. 1,8,32")
-    for v in items:
+    if is_int(values):
+        values = [values]
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):  # a bool, None
+        raise UserError(f"{what} {values!r} must be a whole number or a sequence of them, e.g. [1, 8, 32]")
+    values = list(values)
+    require(len(values) > 0, f"{what} is empty; give at least one whole number >= 1, e.g. 1,8,32")
+    for v in values:
         require(is_int(v) and v >= 1, f"{what}: {v!r} is not a whole number >= 1")
         require(v <= limit, f"{what}: {v} is above the limit of {limit}")
-    return sorted({int(v) for v in items})
+    return sorted({int(v) for v in values})
 
 
 def positive_numbers(values: object, what: str) -> list[float]:
     """A number or a sequence of numbers -> sorted and distinct; each finite and > 0."""
-    require(
-        not isinstance(values, (str, bytes)),
-        f"{what} {values!r} must be a number or a sequence of them, e.g. [0.5, 1, 2]",
-    )
-    items: list = list(values) if isinstance(values, Iterable) else [values]
-    require(len(items) > 0, f"{what} is empty; give at least one number > 0, e.g. 0.5,1,2")
-    for v in items:
+    if isinstance(values, (int, float)) and not isinstance(values, bool):
+        values = [values]
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):  # a bool, None
+        raise UserError(f"{what} {values!r} must be a number or a sequence of them, e.g. [0.5, 1, 2]")
+    values = list(values)
+    require(len(values) > 0, f"{what} is empty; give at least one number > 0, e.g. 0.5,1,2")
+    for v in values:
         require(
             isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"),
             f"{what}: {v!r} is not a number > 0",
         )
-    return sorted(set(float(v) for v in items))
+    return sorted(set(float(v) for v in values))
