@@ -4,6 +4,7 @@ and on simulated runs well below and well above the engine's closed-loop capacit
 import json
 
 import numpy as np
+import pytest
 from conftest import fast_predict
 
 from pipesim.measure.saturation import GROWTH_SHARE, saturation
@@ -31,7 +32,8 @@ def test_server_at_half_the_arrival_rate_is_overloaded():
     assert abs(s.served_rate_req_s - 1.0) < 0.05
     assert abs(s.queue_growth_req_s - 1.0) < 0.05
     assert s.overloaded and s.queue_growth_req_s > GROWTH_SHARE * s.arrival_rate_req_s
-    assert s.text().startswith("overloaded: 2.00 req/s arrive, 1.0")
+    assert abs(s.arrival_rate_half_req_s - 2.0) < 0.05  # evenly spaced: the same in each half
+    assert s.text().startswith("overloaded: 2.00 req/s arrive; over the second half of the arrivals 2.0")
     # at the last arrival (99.5 s) the k-th has its first token at 0.1 + k s: k = 0..99
     assert s.waiting_at_last_arrival == 200 - 100
 
@@ -63,3 +65,16 @@ def test_table_says_overloaded(profile):
     r = fast_predict(profile, tp=8, pp=1, rate_rps=8.0, num_requests=120)
     line = [x for x in report.table(r).splitlines() if "req/s arrive" in x]
     assert line and "overloaded:" in line[0]
+
+
+def test_the_second_half_arrival_rate_counts_the_arrivals_in_it():
+    """A Poisson run's second half brings its own number of arrivals: the rate served
+    and growth are read against is that count over the half's length, counted here
+    directly from the arrival times."""
+    rng = np.random.default_rng(7)
+    arr = np.cumsum(rng.exponential(0.5, 300))
+    fin = arr + rng.uniform(1.0, 3.0, 300)
+    s = saturation(arr, fin - 0.5, fin)
+    mid = (arr[0] + arr[-1]) / 2
+    inside = np.sum((arr > mid) & (arr <= arr[-1]))
+    assert s.arrival_rate_half_req_s == pytest.approx(inside / (arr[-1] - mid), abs=1.0 / (arr[-1] - mid))

@@ -8,7 +8,9 @@ the run, not a steady state, and the report must say so.
 From the recorded requests (arrival, first token and finish times), over the
 arrival period [a0, a1] (first to last arrival):
 
-- arrival rate: (n - 1) / (a1 - a0);
+- arrival rate: (n - 1) / (a1 - a0); and over the period's second half, the requests
+  that arrived in it / its length, the rate the served rate and the growth are taken
+  against (a Poisson run's second half may bring more or fewer than the whole's mean);
 - served rate: requests finished in the period's second half (below) / its length;
 - queue growth: the slope of the requests in the engine (arrived, not finished) over
   the period's second half, [(a0 + a1) / 2, a1] (the first half fills the engine).
@@ -46,6 +48,7 @@ class Saturation:
     arrival_rate_req_s: float
     served_rate_req_s: float
     queue_growth_req_s: float
+    arrival_rate_half_req_s: float  # arrivals over the second half, which served and growth are over
     in_engine_mid: int  # requests arrived and not finished at the period's midpoint
     in_engine_end: int  # ... at the last arrival
     waiting_at_last_arrival: int  # arrived, no first token yet, at the last arrival
@@ -54,9 +57,10 @@ class Saturation:
     def text(self) -> str:
         head = "overloaded" if self.overloaded else "keeps up"
         return (
-            f"{head}: {self.arrival_rate_req_s:.2f} req/s arrive, {self.served_rate_req_s:.2f} served; "
+            f"{head}: {self.arrival_rate_req_s:.2f} req/s arrive; over the second half of the arrivals "
+            f"{self.arrival_rate_half_req_s:.2f} arrive, {self.served_rate_req_s:.2f} served, "
             f"queue grows {self.queue_growth_req_s:.2f} req/s ({self.in_engine_mid} -> {self.in_engine_end} "
-            f"in the engine over the second half of the arrivals, {self.waiting_at_last_arrival} waiting "
+            f"in the engine, {self.waiting_at_last_arrival} waiting "
             "for a first token at the last)"
         )
 
@@ -137,11 +141,19 @@ class SaturationTally:
         (n_mid, fin_mid), (n_end, fin_end) = self._at_ends
         rate = (n - 1) / (a1 - a0)
         served = (fin_end - fin_mid) / (a1 - mid)
+        arrived_half = ((n_end + fin_end) - (n_mid + fin_mid)) / (a1 - mid)
         growth = self._cxy / self._mxx if self._n >= 3 else (n_end - n_mid) / (a1 - mid)
         gained = growth * (a1 - mid)
         over = growth > GROWTH_SHARE * rate and gained > max(2 * np.sqrt(n_mid + 1), MIN_GROWTH_REQUESTS)
         return Saturation(
-            float(rate), float(served), float(growth), n_mid, n_end, n - self.first_by_end, bool(over)
+            float(rate),
+            float(served),
+            float(growth),
+            float(arrived_half),
+            n_mid,
+            n_end,
+            n - self.first_by_end,
+            bool(over),
         )
 
 
